@@ -1,0 +1,18 @@
+//! Generates the `damper.v1` messages and gRPC stubs from `proto/` with a
+//! protoc vendored through crates.io, so a fresh machine needs nothing
+//! installed beyond the Rust toolchain.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let proto = root.join("damper/v1/damper.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_with_config(config, &[proto], &[root])?;
+    Ok(())
+}

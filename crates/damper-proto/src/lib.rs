@@ -1,0 +1,39 @@
+//! The Damper agent↔master gRPC API, package `damper.v1`.
+//!
+//! Generated at build time from `proto/damper/v1/damper.proto` (the field
+//! documentation lives there and is carried into these types) with
+//! `tonic-prost-build` and a vendored `protoc`.
+//!
+//! # Layout
+//! - [`v1`]: the messages ([`v1::RollupRequest`], [`v1::RollupReply`], …),
+//!   the client ([`v1::master_client::MasterClient`]) and the server trait
+//!   ([`v1::master_server::Master`]).
+//!
+//! # Example
+//! ```
+//! use damper_proto::v1::{AccountCounts, OpCounts, RollupRequest};
+//! use prost::Message;
+//!
+//! let request = RollupRequest {
+//!     agent_id: "edge-1".into(),
+//!     interval_start_unix_ms: 1_700_000_000_000,
+//!     interval_end_unix_ms: 1_700_000_002_000,
+//!     ops: vec![OpCounts {
+//!         op: "messages".into(),
+//!         accounts: vec![AccountCounts {
+//!             account: "acme".into(),
+//!             attempted: 1001,
+//!             admitted: 0,
+//!             start_unix_ms: 0,
+//!         }],
+//!     }],
+//! };
+//! let bytes = request.encode_to_vec();
+//! assert_eq!(RollupRequest::decode(bytes.as_slice()).unwrap(), request);
+//! ```
+
+/// Version 1 of the API (`damper.v1`).
+#[allow(missing_docs, clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("damper.v1");
+}

@@ -1,0 +1,484 @@
+//! The agent's state machine: the admission decision on every operation,
+//! the counters that rollups drain, and the factors the master sends back.
+//!
+//! Shared by every thread of a node (`&self` everywhere). For an (account,
+//! op) already seen, [`AgentState::check`] takes no lock, allocates nothing
+//! and makes no system call: one lock-free hash lookup, a few atomic loads,
+//! a random draw only when a factor is in force, and one atomic add.
+//!
+//! ```
+//! use std::time::Duration;
+//! use damper_core::agent::{AgentConfig, AgentState, Decision};
+//! use damper_core::time::Nanos;
+//! use rand::SeedableRng;
+//!
+//! let agent = AgentState::new(AgentConfig::default());
+//! let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+//! let now = Nanos::from_secs(1_700_000_000);
+//!
+//! // Nothing known yet: admitted, and counted for the next rollup.
+//! assert!(agent.check(now, "acme", "messages", 1001, &mut rng).is_admit());
+//!
+//! // The master says: reject everything for 6 s.
+//! agent.apply(now, "acme", "messages", 1.0, 1000.0, Duration::from_secs(6));
+//! assert!(!agent.check(now, "acme", "messages", 1, &mut rng).is_admit());
+//!
+//! // The rollup drains what was counted, as deltas.
+//! let mut drained = Vec::new();
+//! agent.drain(|account, op, delta| drained.push((account.to_owned(), op.to_owned(), delta)));
+//! assert_eq!(drained[0].2.attempted, 1002);
+//! assert_eq!(drained[0].2.admitted, 1001);
+//!
+//! // Past the factor's validity the agent fails open.
+//! let later = now + Duration::from_secs(7);
+//! assert!(agent.check(later, "acme", "messages", 1, &mut rng).is_admit());
+//! ```
+
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use foldhash::fast::RandomState;
+use rand::Rng;
+
+use crate::MAX_NAME_LEN;
+use crate::time::{Nanos, duration_nanos};
+
+/// Settings of the agent state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// How often rollups go to the masters. A rejection's retry hint: no
+    /// fresher factor can arrive sooner. Default 2 s.
+    pub rollup_interval: Duration,
+    /// How long the local guard measures this agent's own demand before it
+    /// recomputes its factor. Short, so a single-node flood is caught within
+    /// a fraction of a second; long enough to hold many operations. Default
+    /// 250 ms.
+    pub local_window: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            rollup_interval: Duration::from_secs(2),
+            local_window: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The outcome of [`AgentState::check`]. A rejection is a value, not an
+/// error: the node turns it into an error for the publisher.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decision {
+    /// Go ahead.
+    Admit,
+    /// Refuse the operation now, at publish time.
+    Reject(Rejection),
+}
+
+impl Decision {
+    /// Whether the operation was admitted.
+    pub fn is_admit(&self) -> bool {
+        matches!(self, Decision::Admit)
+    }
+}
+
+/// Why an operation was refused, and when to try again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rejection {
+    /// The suppression factor that was applied.
+    pub factor: f64,
+    /// Whose factor it was.
+    pub source: RejectSource,
+    /// The account-wide limit in force, in cost per second.
+    pub limit: f64,
+    /// A hint for the publisher: the soonest the factor can change.
+    pub retry_after: Duration,
+}
+
+/// Which part of the limiter rejected an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectSource {
+    /// The factor the account's master computed from the demand on every agent.
+    Master,
+    /// The local guard: this agent's own demand alone exceeds the
+    /// account-wide limit.
+    LocalGuard,
+}
+
+/// What a rollup takes from one (account, op): the counts since the last
+/// drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Cost attempted: admitted plus what rejected operations would have cost.
+    pub attempted: u64,
+    /// Cost admitted.
+    pub admitted: u64,
+    /// When the counts include some put back by [`AgentState::undrain`]
+    /// (a rollup that failed), the start of the oldest interval they cover;
+    /// otherwise `None`, and they cover the interval since the last drain.
+    pub since: Option<Nanos>,
+}
+
+/// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
+const ONE: u64 = 1 << 32;
+
+fn threshold(factor: f64) -> u64 {
+    if factor.is_nan() {
+        return 0;
+    }
+    (factor.clamp(0.0, 1.0) * ONE as f64).round() as u64
+}
+
+/// An (account, op) key, owned.
+#[derive(PartialEq, Eq)]
+struct Key {
+    op: Box<str>,
+    account: Box<str>,
+}
+
+/// An (account, op) key, borrowed: hashes exactly as [`Key`] does, so the
+/// hot path looks up without building an owned key.
+#[derive(Hash)]
+struct KeyRef<'a> {
+    op: &'a str,
+    account: &'a str,
+}
+
+impl papaya::Equivalent<Key> for KeyRef<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        *key.op == *self.op && *key.account == *self.account
+    }
+}
+
+/// The state of one (account, op). Counters only grow; drains remember how
+/// far they have read, so a check never races a drain into losing or
+/// double-counting cost.
+struct Entry {
+    /// Total cost admitted since the entry was created.
+    admitted: AtomicU64,
+    /// Total cost rejected since the entry was created.
+    rejected: AtomicU64,
+    /// How much of `admitted` the drains have taken (drainer only).
+    drained_admitted: AtomicU64,
+    /// How much of `rejected` the drains have taken (drainer only).
+    drained_rejected: AtomicU64,
+    /// Start of the oldest interval of counts put back by `undrain`, or 0.
+    carried_since: AtomicU64,
+    /// Whether the last drain took anything: the next one reports a zero
+    /// once, so the master knows this agent went quiet.
+    active_last_drain: AtomicBool,
+    /// The master's factor as a threshold out of 2^32.
+    master_threshold: AtomicU64,
+    /// When the master's factor expires (nanoseconds since the epoch).
+    master_expires: AtomicU64,
+    /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
+    limit: AtomicU64,
+    /// The local guard's factor as a threshold out of 2^32.
+    local_threshold: AtomicU64,
+    /// Start of the local guard's current measurement.
+    local_start: AtomicU64,
+    /// Total attempted cost when the current local measurement began.
+    local_base: AtomicU64,
+}
+
+impl Entry {
+    fn new(now: Nanos) -> Entry {
+        Entry {
+            admitted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            drained_admitted: AtomicU64::new(0),
+            drained_rejected: AtomicU64::new(0),
+            carried_since: AtomicU64::new(0),
+            active_last_drain: AtomicBool::new(false),
+            master_threshold: AtomicU64::new(0),
+            master_expires: AtomicU64::new(0),
+            limit: AtomicU64::new(0),
+            local_threshold: AtomicU64::new(0),
+            local_start: AtomicU64::new(now.as_nanos()),
+            local_base: AtomicU64::new(0),
+        }
+    }
+
+    fn attempted_total(&self) -> u64 {
+        self.admitted
+            .load(Relaxed)
+            .saturating_add(self.rejected.load(Relaxed))
+    }
+
+    #[inline]
+    fn decide<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        cost: u64,
+        rng: &mut R,
+        config: &AgentConfig,
+    ) -> Decision {
+        let now = now.as_nanos();
+        let master = if now < self.master_expires.load(Relaxed) {
+            self.master_threshold.load(Relaxed)
+        } else {
+            0 // Expired or never set: fail open.
+        };
+        let limit = f64::from_bits(self.limit.load(Relaxed));
+        let local = if limit > 0.0 {
+            self.local_guard(now, limit, config)
+        } else {
+            0
+        };
+        let threshold = master.max(local);
+        if threshold != 0 && u64::from(rng.next_u32()) < threshold {
+            self.rejected.fetch_add(cost, Relaxed);
+            let (source, retry_after) = if local > master {
+                (RejectSource::LocalGuard, config.local_window)
+            } else {
+                (RejectSource::Master, config.rollup_interval)
+            };
+            Decision::Reject(Rejection {
+                factor: threshold as f64 / ONE as f64,
+                source,
+                limit,
+                retry_after,
+            })
+        } else {
+            self.admitted.fetch_add(cost, Relaxed);
+            Decision::Admit
+        }
+    }
+
+    /// The local guard's threshold. Once per `local_window` one caller wins
+    /// the right to measure this agent's demand over the window that ended
+    /// and to set the factor that brings that demand down to the limit.
+    #[inline]
+    fn local_guard(&self, now: u64, limit: f64, config: &AgentConfig) -> u64 {
+        let start = self.local_start.load(Relaxed);
+        let elapsed = now.saturating_sub(start);
+        if elapsed < duration_nanos(config.local_window)
+            || self
+                .local_start
+                .compare_exchange(start, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return self.local_threshold.load(Relaxed);
+        }
+        let total = self.attempted_total();
+        let base = self.local_base.swap(total, Relaxed);
+        let rate = total.saturating_sub(base) as f64 / (elapsed as f64 / 1e9);
+        let t = if rate > limit {
+            threshold(1.0 - limit / rate)
+        } else {
+            0
+        };
+        self.local_threshold.store(t, Relaxed);
+        t
+    }
+}
+
+/// The agent's state: see the module docs.
+pub struct AgentState {
+    config: AgentConfig,
+    entries: papaya::HashMap<Key, Entry, RandomState>,
+    /// Drains and undrains take this, so there is one drainer at a time.
+    /// Never taken by `check`.
+    drain_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for AgentState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentState")
+            .field("config", &self.config)
+            .field("entries", &self.entries.len())
+            .finish()
+    }
+}
+
+/// Whether a name can be counted and reported. The master refuses empty
+/// names and names over [`MAX_NAME_LEN`] bytes, so the agent never sends
+/// them: such checks are admitted and not counted.
+fn reportable(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN
+}
+
+impl AgentState {
+    /// An empty state.
+    pub fn new(config: AgentConfig) -> AgentState {
+        AgentState {
+            config,
+            entries: papaya::HashMap::builder()
+                .hasher(RandomState::default())
+                .build(),
+            drain_lock: Mutex::new(()),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Decides one operation of `cost` by `account` on `op` at `now`, and
+    /// counts it.
+    ///
+    /// Rejects with probability equal to the larger of the master's factor
+    /// (while it is valid; expired factors count as 0, so a lost master
+    /// fails open) and the local guard's. Edge cases, by design: a `cost` of
+    /// 0 is admitted and not counted (it uses nothing); an empty account or
+    /// op, or one longer than [`MAX_NAME_LEN`] bytes, is admitted and not
+    /// counted (it cannot be reported, so it cannot be limited).
+    #[inline]
+    pub fn check<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        rng: &mut R,
+    ) -> Decision {
+        if cost == 0 {
+            return Decision::Admit;
+        }
+        let guard = self.entries.guard();
+        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
+            Some(entry) => entry,
+            None => {
+                if !reportable(account) || !reportable(op) {
+                    return Decision::Admit;
+                }
+                self.entries.get_or_insert_with(
+                    Key {
+                        op: op.into(),
+                        account: account.into(),
+                    },
+                    || Entry::new(now),
+                    &guard,
+                )
+            }
+        };
+        entry.decide(now, cost, rng, &self.config)
+    }
+
+    /// Applies a factor from the master's reply: reject with probability
+    /// `factor` until `now + valid_for`, under an account-wide `limit` in
+    /// cost per second (which the local guard uses). Out-of-range values are
+    /// clamped; a NaN factor counts as 0.
+    pub fn apply(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        factor: f64,
+        limit: f64,
+        valid_for: Duration,
+    ) {
+        if !reportable(account) || !reportable(op) {
+            return;
+        }
+        let guard = self.entries.guard();
+        let entry = self.entries.get_or_insert_with(
+            Key {
+                op: op.into(),
+                account: account.into(),
+            },
+            || Entry::new(now),
+            &guard,
+        );
+        let limit = if limit.is_finite() && limit > 0.0 {
+            limit
+        } else {
+            0.0
+        };
+        entry.limit.store(limit.to_bits(), Relaxed);
+        entry.master_threshold.store(threshold(factor), Relaxed);
+        entry
+            .master_expires
+            .store((now + valid_for).as_nanos(), Relaxed);
+    }
+
+    /// The master's factor in force for an (account, op) at `now` (0 when
+    /// expired), or `None` if the pair was never seen.
+    pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
+        let guard = self.entries.guard();
+        let entry = self.entries.get(&KeyRef { op, account }, &guard)?;
+        Some(if now.as_nanos() < entry.master_expires.load(Relaxed) {
+            entry.master_threshold.load(Relaxed) as f64 / ONE as f64
+        } else {
+            0.0
+        })
+    }
+
+    /// Takes the counts of every (account, op) with activity since the last
+    /// drain and hands them to `visit` as deltas; an (account, op) that had
+    /// activity last time and none now is visited once with a zero delta,
+    /// so its master sees it go quiet. Returns how many were visited.
+    ///
+    /// One drain runs at a time (others wait). Concurrent checks are never
+    /// lost or counted twice: they land in this drain or the next.
+    pub fn drain(&self, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
+        let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.entries.guard();
+        let mut visited = 0;
+        for (key, entry) in self.entries.iter(&guard) {
+            let admitted = entry.admitted.load(Relaxed);
+            let rejected = entry.rejected.load(Relaxed);
+            let d_admitted = admitted.wrapping_sub(entry.drained_admitted.swap(admitted, Relaxed));
+            let d_rejected = rejected.wrapping_sub(entry.drained_rejected.swap(rejected, Relaxed));
+            let active = d_admitted != 0 || d_rejected != 0;
+            let was_active = entry.active_last_drain.swap(active, Relaxed);
+            if active || was_active {
+                let since = entry.carried_since.swap(0, Relaxed);
+                visit(
+                    &key.account,
+                    &key.op,
+                    Delta {
+                        attempted: d_admitted.saturating_add(d_rejected),
+                        admitted: d_admitted,
+                        since: (since != 0).then(|| Nanos::from_nanos(since)),
+                    },
+                );
+                visited += 1;
+            }
+        }
+        visited
+    }
+
+    /// Puts back a delta that a failed rollup could not deliver, so the next
+    /// drain includes it. `since` is the start of the interval it covered.
+    pub fn undrain(&self, account: &str, op: &str, delta: Delta, since: Nanos) {
+        let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.entries.guard();
+        let Some(entry) = self.entries.get(&KeyRef { op, account }, &guard) else {
+            return;
+        };
+        let rejected = delta.attempted.saturating_sub(delta.admitted);
+        entry.drained_admitted.fetch_sub(delta.admitted, Relaxed);
+        entry.drained_rejected.fetch_sub(rejected, Relaxed);
+        let since = delta.since.unwrap_or(since).as_nanos().max(1);
+        let _ = entry.carried_since.fetch_update(Relaxed, Relaxed, |old| {
+            Some(if old == 0 { since } else { old.min(since) })
+        });
+    }
+
+    /// Number of (account, op) pairs tracked.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no (account, op) is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        KeyRef {
+            op: &self.op,
+            account: &self.account,
+        }
+        .hash(state)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,299 @@
+use super::*;
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::sync::Arc;
+
+fn t(ms: u64) -> Nanos {
+    Nanos::from_millis(1_700_000_000_000 + ms)
+}
+
+fn drained(agent: &AgentState) -> Vec<(String, String, Delta)> {
+    let mut out = Vec::new();
+    agent.drain(|a, o, d| out.push((a.to_owned(), o.to_owned(), d)));
+    out.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    out
+}
+
+#[test]
+fn unknown_pairs_are_admitted_and_counted() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    for _ in 0..10 {
+        assert_eq!(
+            agent.check(t(0), "acme", "messages", 1001, &mut rng),
+            Decision::Admit
+        );
+    }
+    assert!(
+        agent
+            .check(t(0), "acme", "presence", 1, &mut rng)
+            .is_admit()
+    );
+    let d = drained(&agent);
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[0].1, "messages");
+    assert_eq!(
+        (d[0].2.attempted, d[0].2.admitted, d[0].2.since),
+        (10_010, 10_010, None)
+    );
+    assert_eq!((d[1].2.attempted, d[1].2.admitted), (1, 1));
+}
+
+#[test]
+fn zero_cost_and_unreportable_names_are_admitted_uncounted() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    let long = "a".repeat(MAX_NAME_LEN + 1);
+    agent.apply(t(0), "acme", "messages", 1.0, 10.0, Duration::from_secs(60));
+    assert!(
+        agent
+            .check(t(0), "acme", "messages", 0, &mut rng)
+            .is_admit()
+    );
+    assert!(agent.check(t(0), "", "messages", 5, &mut rng).is_admit());
+    assert!(agent.check(t(0), "acme", "", 5, &mut rng).is_admit());
+    assert!(agent.check(t(0), &long, "messages", 5, &mut rng).is_admit());
+    agent.apply(t(0), "", "messages", 1.0, 10.0, Duration::from_secs(60));
+    assert_eq!(agent.len(), 1, "only the valid pair the master named");
+    assert!(drained(&agent).is_empty());
+}
+
+#[test]
+fn rejects_with_the_masters_probability() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(42);
+    let valid = Duration::from_secs(6);
+    for factor in [0.0, 0.1, 0.5, 0.9, 1.0] {
+        agent.apply(t(0), "acme", "messages", factor, 1e12, valid);
+        let n = 100_000;
+        let rejected = (0..n)
+            .filter(|_| {
+                !agent
+                    .check(t(1), "acme", "messages", 1, &mut rng)
+                    .is_admit()
+            })
+            .count();
+        let share = rejected as f64 / n as f64;
+        // 100 000 draws: the standard error is at most 0.0016.
+        assert!(
+            (share - factor).abs() < 0.01,
+            "factor {factor}: rejected {share}"
+        );
+        if factor == 0.0 || factor == 1.0 {
+            assert_eq!(share, factor, "0 and 1 are exact");
+        }
+    }
+}
+
+#[test]
+fn a_rejection_says_why_and_when_to_retry() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.apply(t(0), "acme", "messages", 1.0, 500.0, Duration::from_secs(6));
+    match agent.check(t(10), "acme", "messages", 3, &mut rng) {
+        Decision::Reject(r) => {
+            assert_eq!(r.factor, 1.0);
+            assert_eq!(r.source, RejectSource::Master);
+            assert_eq!(r.limit, 500.0);
+            assert_eq!(r.retry_after, Duration::from_secs(2));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Rejected cost is attempted, not admitted.
+    let d = drained(&agent);
+    assert_eq!((d[0].2.attempted, d[0].2.admitted), (3, 0));
+}
+
+#[test]
+fn expired_factors_fail_open() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.apply(t(0), "acme", "messages", 1.0, 1e12, Duration::from_secs(6));
+    assert!(
+        !agent
+            .check(t(5_999), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.factor(t(5_999), "acme", "messages"), Some(1.0));
+    assert!(
+        agent
+            .check(t(6_000), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.factor(t(6_000), "acme", "messages"), Some(0.0));
+    // A fresh reply takes over again.
+    agent.apply(
+        t(7_000),
+        "acme",
+        "messages",
+        1.0,
+        1e12,
+        Duration::from_secs(6),
+    );
+    assert!(
+        !agent
+            .check(t(7_001), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+}
+
+#[test]
+fn bad_factors_from_a_reply_are_clamped() {
+    let agent = AgentState::new(AgentConfig::default());
+    let v = Duration::from_secs(6);
+    agent.apply(t(0), "a", "m", f64::NAN, f64::NAN, v);
+    assert_eq!(agent.factor(t(1), "a", "m"), Some(0.0));
+    agent.apply(t(0), "a", "m", 7.0, -1.0, v);
+    assert_eq!(agent.factor(t(1), "a", "m"), Some(1.0));
+    agent.apply(t(0), "a", "m", -7.0, f64::INFINITY, v);
+    assert_eq!(agent.factor(t(1), "a", "m"), Some(0.0));
+}
+
+#[test]
+fn local_guard_catches_a_single_node_flood_within_a_fraction_of_a_second() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(9);
+    // The master knows the limit (1000/s) but has not seen the flood yet.
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.0,
+        1_000.0,
+        Duration::from_secs(60),
+    );
+    // 10 000 ops/s, one every 100 µs, for 2 s.
+    let mut per_window = [(0u32, 0u32); 8];
+    for i in 0..20_000u64 {
+        let now = Nanos::from_nanos(t(0).as_nanos() + i * 100_000);
+        let admit = agent.check(now, "acme", "messages", 1, &mut rng);
+        let w = (i / 2_500) as usize; // 250 ms windows
+        per_window[w].0 += 1;
+        if let Decision::Reject(r) = admit {
+            assert_eq!(r.source, RejectSource::LocalGuard);
+            assert!((r.factor - 0.9).abs() < 0.01, "{r:?}");
+            per_window[w].1 += 1;
+        }
+    }
+    assert_eq!(per_window[0].1, 0, "the first window only measures");
+    for (w, (n, rejected)) in per_window.iter().enumerate().skip(1) {
+        let share = f64::from(*rejected) / f64::from(*n);
+        assert!((share - 0.9).abs() < 0.03, "window {w}: {share}");
+    }
+}
+
+#[test]
+fn local_guard_stays_out_of_the_way_under_the_limit() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(9);
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.0,
+        1_000.0,
+        Duration::from_secs(60),
+    );
+    // 900 cost per second, as 9 ops of cost 100 per second.
+    for i in 0..90u64 {
+        let now = Nanos::from_nanos(t(0).as_nanos() + i * 111_111_111);
+        assert!(
+            agent
+                .check(now, "acme", "messages", 100, &mut rng)
+                .is_admit(),
+            "op {i}"
+        );
+    }
+}
+
+#[test]
+fn quiet_pairs_report_one_zero_then_nothing() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    assert_eq!(drained(&agent)[0].2.attempted, 5);
+    let d = drained(&agent);
+    assert_eq!(d.len(), 1, "one zero report");
+    assert_eq!((d[0].2.attempted, d[0].2.admitted), (0, 0));
+    assert!(drained(&agent).is_empty());
+}
+
+#[test]
+fn undrained_counts_come_back_with_their_start() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    let first = drained(&agent);
+    // The rollup covering [t(0), t(2000)) failed: put it back.
+    agent.undrain("acme", "messages", first[0].2, t(0));
+    agent.check(t(2_500), "acme", "messages", 7, &mut rng);
+    let second = drained(&agent);
+    assert_eq!(second[0].2.attempted, 12);
+    assert_eq!(second[0].2.since, Some(t(0)));
+    // Delivered: the next drain starts afresh.
+    agent.check(t(4_500), "acme", "messages", 1, &mut rng);
+    let third = drained(&agent);
+    assert_eq!((third[0].2.attempted, third[0].2.since), (1, None));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Checks on two threads race drains on a third, with some drains
+    /// failing and put back: every unit of cost is drained exactly once.
+    #[test]
+    fn concurrent_checks_and_drains_lose_and_double_nothing(
+        costs in proptest::collection::vec(1u64..5_000, 200..2_000),
+        factor in 0.0f64..=1.0,
+        fail_every in 2usize..6,
+    ) {
+        let agent = Arc::new(AgentState::new(AgentConfig::default()));
+        agent.apply(t(0), "acct-0", "messages", factor, 1e12, Duration::from_secs(3600));
+        let costs = Arc::new(costs);
+        let workers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let (agent, costs) = (agent.clone(), costs.clone());
+                std::thread::spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(w);
+                    let (mut attempted, mut admitted) = (0u64, 0u64);
+                    for (i, &cost) in costs.iter().enumerate() {
+                        let account = format!("acct-{}", i % 7);
+                        attempted += cost;
+                        if agent.check(t(1), &account, "messages", cost, &mut rng).is_admit() {
+                            admitted += cost;
+                        }
+                    }
+                    (attempted, admitted)
+                })
+            })
+            .collect();
+        let (mut got_attempted, mut got_admitted) = (0u64, 0u64);
+        let mut drains = 0usize;
+        let mut drain_once = |agent: &AgentState, may_fail: bool| {
+            drains += 1;
+            let mut batch = Vec::new();
+            agent.drain(|a, o, d| batch.push((a.to_owned(), o.to_owned(), d)));
+            for (a, o, d) in batch {
+                if may_fail && drains % fail_every == 0 {
+                    agent.undrain(&a, &o, d, t(0));
+                } else {
+                    got_attempted += d.attempted;
+                    got_admitted += d.admitted;
+                }
+            }
+        };
+        while workers.iter().any(|w| !w.is_finished()) {
+            drain_once(&agent, true);
+        }
+        let (mut want_attempted, mut want_admitted) = (0, 0);
+        for w in workers {
+            let (a, b) = w.join().unwrap();
+            want_attempted += a;
+            want_admitted += b;
+        }
+        // The node stops: a last drain that delivers.
+        drain_once(&agent, false);
+        prop_assert_eq!(got_attempted, want_attempted);
+        prop_assert_eq!(got_admitted, want_admitted);
+    }
+}

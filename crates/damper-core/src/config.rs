@@ -1,0 +1,422 @@
+//! The master's configuration: the `[window]`, `[policy]` and `[limits]`
+//! tables of a TOML file, validated into types that cannot hold a bad value.
+//!
+//! The raw tables ([`WindowSection`], [`PolicySection`], [`LimitsSection`])
+//! are public so that other files (the simulator's scenarios) can embed them
+//! unchanged: settings tuned in a scenario deploy as they are.
+//!
+//! ```
+//! # use damper_core::config::MasterConfig;
+//! let config = MasterConfig::from_toml(r#"
+//!     [window]
+//!     sub_interval_ms = 6000
+//!     sub_intervals = 4
+//!     [policy]
+//!     kind = "demand"
+//!     [limits]
+//!     messages = 1000
+//!     "messages/acme" = 5000
+//! "#).unwrap();
+//! assert_eq!(config.limits.lookup("acme", "messages").unwrap().rate.get(), 5000.0);
+//!
+//! let err = MasterConfig::from_toml("[window]\nsub_intervals = 0").unwrap_err();
+//! assert!(err.to_string().contains("window.sub_intervals"));
+//! ```
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+
+/// A configuration that cannot be used, with the field at fault.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum ConfigError {
+    /// A field has a value outside its valid range.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid {
+        /// Dotted path of the field, such as `window.sub_intervals`.
+        field: String,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+    /// The file is not valid TOML, has an unknown key, or a value of the
+    /// wrong type. The message carries the key and the line.
+    #[error("{0}")]
+    Parse(String),
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// How the master estimates an (account, op)'s rates from its window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EstimatorKind {
+    /// The rates of the latest complete rollup round (every agent reports
+    /// once per rollup interval), or of the round being reported when that
+    /// is already higher. Rises at once on a spike and releases one rollup
+    /// interval after demand falls. The default.
+    #[default]
+    LatestRound,
+    /// Ably's modified moving average over the sub-intervals: the completed
+    /// ones, plus the one in progress only when its rate is at or above
+    /// their mean. Smooth, but holds a flood's estimate for up to a window
+    /// after it stops.
+    AblyMma,
+}
+
+/// The `[window]` table as written in a file: how time is cut up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WindowSection {
+    /// Length of one sub-interval, in milliseconds. Default 6000.
+    pub sub_interval_ms: u64,
+    /// Number of sub-intervals in the moving window (the in-progress one
+    /// included). Default 4, so the window spans 24 s.
+    pub sub_intervals: usize,
+    /// How often agents send rollups, in milliseconds. The master groups
+    /// reports into rounds of this length and scales factor validity by it.
+    /// Must match the agents'. Default 2000.
+    pub rollup_interval_ms: u64,
+    /// How late, past the end of its interval, a rollup may still arrive
+    /// (network delay and the agents' send spread), in milliseconds. A
+    /// sub-interval counts as completed only this long after the rollup
+    /// round that ends it. Default 500.
+    pub grace_ms: u64,
+    /// Which estimator turns the window into rates.
+    pub estimator: EstimatorKind,
+}
+
+impl Default for WindowSection {
+    fn default() -> Self {
+        WindowSection {
+            sub_interval_ms: 6_000,
+            sub_intervals: 4,
+            rollup_interval_ms: 2_000,
+            grace_ms: 500,
+            estimator: EstimatorKind::LatestRound,
+        }
+    }
+}
+
+/// The `[policy]` table as written in a file: how rates become a factor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySection {
+    /// `demand` (the default) or `linear-ramp`.
+    pub kind: String,
+    /// For `linear-ramp` only: the multiple of the limit at which the
+    /// factor reaches 1. Default 3 (Ably's first prototype).
+    pub ramp: Option<f64>,
+    /// How long agents may apply a factor without a fresher one, in
+    /// milliseconds. Default: three rollup intervals.
+    pub factor_validity_ms: Option<u64>,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        PolicySection {
+            kind: "demand".into(),
+            ramp: None,
+            factor_validity_ms: None,
+        }
+    }
+}
+
+/// The `[limits]` table as written in a file: key to cost per second.
+pub type LimitsSection = BTreeMap<String, f64>;
+
+/// How the window is cut up, validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowConfig {
+    /// Length of one sub-interval (> 0).
+    pub sub_interval: Duration,
+    /// Number of sub-intervals in the moving window (≥ 1).
+    pub sub_intervals: NonZeroUsize,
+    /// The agents' rollup interval (> 0).
+    pub rollup_interval: Duration,
+    /// Allowance for late rollups.
+    pub grace: Duration,
+    /// Which estimator turns the window into rates.
+    pub estimator: EstimatorKind,
+}
+
+impl WindowConfig {
+    /// How long after its end a sub-interval (or round) is complete:
+    /// one rollup interval for every agent to report it, plus the grace.
+    pub fn settle(&self) -> Duration {
+        self.rollup_interval + self.grace
+    }
+}
+
+impl Default for WindowConfig {
+    fn default() -> Self {
+        WindowSection::default()
+            .try_into()
+            .expect("the default window is valid")
+    }
+}
+
+impl TryFrom<WindowSection> for WindowConfig {
+    type Error = ConfigError;
+
+    fn try_from(w: WindowSection) -> Result<Self, ConfigError> {
+        const MAX_MS: u64 = 24 * 3600 * 1000;
+        let ms = |field: &str, v: u64, min: u64| {
+            if v < min || v > MAX_MS {
+                Err(ConfigError::invalid(
+                    field,
+                    format!("must be between {min} and {MAX_MS} milliseconds, got {v}"),
+                ))
+            } else {
+                Ok(Duration::from_millis(v))
+            }
+        };
+        let sub_interval = ms("window.sub_interval_ms", w.sub_interval_ms, 1)?;
+        let rollup_interval = ms("window.rollup_interval_ms", w.rollup_interval_ms, 1)?;
+        let grace = ms("window.grace_ms", w.grace_ms, 0)?;
+        let sub_intervals = NonZeroUsize::new(w.sub_intervals)
+            .filter(|n| n.get() <= 1024)
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    "window.sub_intervals",
+                    format!("must be between 1 and 1024, got {}", w.sub_intervals),
+                )
+            })?;
+        Ok(WindowConfig {
+            sub_interval,
+            sub_intervals,
+            rollup_interval,
+            grace,
+            estimator: w.estimator,
+        })
+    }
+}
+
+/// How rates become a suppression factor.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum PolicyKind {
+    /// `factor = max(0, 1 − limit / demand)`, from the demand (attempted)
+    /// rate: admitted demand lands at the limit, and an account at or under
+    /// its limit gets exactly 0. The production default.
+    #[default]
+    Demand,
+    /// Ably's first prototype: the factor grows linearly from 0 at the limit
+    /// to 1 at `ramp × limit`, computed from the *admitted* rate. Kept so the
+    /// simulator can show why it oscillates under a deluge.
+    LinearRamp {
+        /// Multiple of the limit at which the factor reaches 1 (> 1).
+        ramp: f64,
+    },
+}
+
+/// The policy, validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// How rates become a factor.
+    pub kind: PolicyKind,
+    /// How long agents may apply a factor without a fresher one.
+    pub factor_validity: Duration,
+}
+
+impl PolicyConfig {
+    /// Validates the `[policy]` table; the validity default depends on the
+    /// window's rollup interval.
+    pub fn from_section(p: &PolicySection, window: &WindowConfig) -> Result<Self, ConfigError> {
+        let kind = match p.kind.as_str() {
+            "demand" => {
+                if p.ramp.is_some() {
+                    return Err(ConfigError::invalid(
+                        "policy.ramp",
+                        "applies only to kind = \"linear-ramp\"",
+                    ));
+                }
+                PolicyKind::Demand
+            }
+            "linear-ramp" => {
+                let ramp = p.ramp.unwrap_or(3.0);
+                if !(ramp.is_finite() && ramp > 1.0) {
+                    return Err(ConfigError::invalid(
+                        "policy.ramp",
+                        format!("must be a finite number greater than 1, got {ramp}"),
+                    ));
+                }
+                PolicyKind::LinearRamp { ramp }
+            }
+            other => {
+                return Err(ConfigError::invalid(
+                    "policy.kind",
+                    format!("unknown policy {other:?}; expected \"demand\" or \"linear-ramp\""),
+                ));
+            }
+        };
+        let factor_validity = match p.factor_validity_ms {
+            None => window.rollup_interval * 3,
+            Some(ms) if (1..=3_600_000).contains(&ms) => Duration::from_millis(ms),
+            Some(ms) => {
+                return Err(ConfigError::invalid(
+                    "policy.factor_validity_ms",
+                    format!("must be between 1 and 3600000 milliseconds, got {ms}"),
+                ));
+            }
+        };
+        Ok(PolicyConfig {
+            kind,
+            factor_validity,
+        })
+    }
+}
+
+/// A master's configuration file: exactly the `[window]`, `[policy]` and
+/// `[limits]` tables. Unknown keys are errors.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    /// The `[window]` table.
+    pub window: WindowSection,
+    /// The `[policy]` table.
+    pub policy: PolicySection,
+    /// The `[limits]` table.
+    pub limits: LimitsSection,
+}
+
+/// Everything the master state machine needs to know, validated.
+#[derive(Clone, Debug)]
+pub struct MasterConfig {
+    /// How time is cut up and which estimator runs.
+    pub window: WindowConfig,
+    /// How rates become a factor.
+    pub policy: PolicyConfig,
+    /// The limits.
+    pub limits: Limits,
+}
+
+impl MasterConfig {
+    /// Parses and validates a TOML config file.
+    pub fn from_toml(text: &str) -> Result<MasterConfig, ConfigError> {
+        let file: ConfigFile =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        MasterConfig::from_sections(&file.window, &file.policy, &file.limits)
+    }
+
+    /// Validates the three tables (as embedded in another file).
+    pub fn from_sections(
+        window: &WindowSection,
+        policy: &PolicySection,
+        limits: &LimitsSection,
+    ) -> Result<MasterConfig, ConfigError> {
+        let window = WindowConfig::try_from(window.clone())?;
+        let policy = PolicyConfig::from_section(policy, &window)?;
+        let limits = Limits::new(limits.iter().map(|(k, v)| (k.as_str(), *v)))?;
+        Ok(MasterConfig {
+            window,
+            policy,
+            limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        MasterConfig::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let c = MasterConfig::from_toml("").unwrap();
+        assert_eq!(c.window.sub_interval, Duration::from_secs(6));
+        assert_eq!(c.window.sub_intervals.get(), 4);
+        assert_eq!(c.window.rollup_interval, Duration::from_secs(2));
+        assert_eq!(c.window.estimator, EstimatorKind::LatestRound);
+        assert_eq!(c.policy.kind, PolicyKind::Demand);
+        assert_eq!(c.policy.factor_validity, Duration::from_secs(6));
+        assert!(c.limits.is_empty());
+    }
+
+    #[test]
+    fn every_setting_is_read() {
+        let c = MasterConfig::from_toml(
+            r#"
+            [window]
+            sub_interval_ms = 5000
+            sub_intervals = 6
+            rollup_interval_ms = 1000
+            grace_ms = 100
+            estimator = "ably-mma"
+            [policy]
+            kind = "linear-ramp"
+            ramp = 2.0
+            factor_validity_ms = 4000
+            [limits]
+            messages = 1000
+            "messages/acme" = 2.5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.window.sub_interval, Duration::from_secs(5));
+        assert_eq!(c.window.sub_intervals.get(), 6);
+        assert_eq!(c.window.rollup_interval, Duration::from_secs(1));
+        assert_eq!(c.window.grace, Duration::from_millis(100));
+        assert_eq!(c.window.estimator, EstimatorKind::AblyMma);
+        assert_eq!(c.policy.kind, PolicyKind::LinearRamp { ramp: 2.0 });
+        assert_eq!(c.policy.factor_validity, Duration::from_secs(4));
+        assert_eq!(c.limits.lookup("acme", "messages").unwrap().rate.get(), 2.5);
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        for (text, field) in [
+            ("[window]\nsub_intervals = 0", "window.sub_intervals"),
+            ("[window]\nsub_interval_ms = 0", "window.sub_interval_ms"),
+            (
+                "[window]\nrollup_interval_ms = 0",
+                "window.rollup_interval_ms",
+            ),
+            ("[policy]\nkind = \"token-bucket\"", "policy.kind"),
+            (
+                "[policy]\nkind = \"linear-ramp\"\nramp = 1.0",
+                "policy.ramp",
+            ),
+            ("[policy]\nramp = 2.0", "policy.ramp"),
+            (
+                "[policy]\nfactor_validity_ms = 0",
+                "policy.factor_validity_ms",
+            ),
+            ("[limits]\nmessages = 0", "limits.\"messages\""),
+            ("[limits]\nmessages = -3", "limits.\"messages\""),
+        ] {
+            let e = err(text);
+            assert!(e.contains(field), "{text:?} gave {e:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_errors_naming_the_key() {
+        let e = err("[window]\nsub_interval = 6000");
+        assert!(e.contains("sub_interval"), "{e}");
+        let e = err("[windw]\nsub_intervals = 4");
+        assert!(e.contains("windw"), "{e}");
+        let e = err("[window]\nestimator = \"ewma\"");
+        assert!(e.contains("ewma") || e.contains("estimator"), "{e}");
+        let e = err("[limits]\nmessages = \"lots\"");
+        assert!(e.contains("messages"), "{e}");
+        // The line is reported too.
+        let e = err("\n\n[window]\nsub_intervals = \"four\"");
+        assert!(
+            e.contains("line 4") || e.contains(":4:") || e.contains("4 |"),
+            "{e}"
+        );
+    }
+}

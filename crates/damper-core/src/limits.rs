@@ -1,0 +1,266 @@
+//! Limits per operation, with per-account overrides, looked up by
+//! hierarchical key.
+//!
+//! A limit key is an op name, optionally followed by `/` and an account path:
+//! `messages` is the default for every account, `messages/acme` overrides it
+//! for account `acme`, and `messages/org` overrides it for every account whose
+//! id starts with `org/` (`org/team`, `org/team/x`, …). The most specific key
+//! wins: for account `org/team` and op `messages` the probes are
+//! `messages/org/team`, then `messages/org`, then `messages`. An (account, op)
+//! no key matches has no limit and is never suppressed.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::config::ConfigError;
+
+/// A rate in cost per second: finite and greater than zero by construction.
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+pub struct Rate(f64);
+
+impl Rate {
+    /// A rate of `per_second`, if it is finite and greater than zero.
+    pub fn per_second(per_second: f64) -> Option<Rate> {
+        (per_second.is_finite() && per_second > 0.0).then_some(Rate(per_second))
+    }
+
+    /// The rate in cost per second.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl fmt::Debug for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s", self.0)
+    }
+}
+
+/// Which configured limit applied to an (account, op): its key and rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LimitMatch<'a> {
+    /// The key that matched, such as `messages/acme` or `messages`.
+    pub key: &'a str,
+    /// The limit.
+    pub rate: Rate,
+    /// Where the key sits in its [`Limits`]: lets callers cache the match
+    /// and get it back with [`Limits::get`].
+    pub id: LimitId,
+}
+
+/// Position of a key in one [`Limits`] value (not stable across reloads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LimitId(u32);
+
+/// The configured limits, validated. Build with [`Limits::new`] or from the
+/// `[limits]` table of a config file.
+#[derive(Clone, Debug, Default)]
+pub struct Limits {
+    entries: Vec<(Box<str>, Rate)>,
+    by_key: HashMap<Box<str>, LimitId>,
+}
+
+impl Limits {
+    /// Limits from `(key, cost per second)` pairs. Errors name the key.
+    pub fn new<K: AsRef<str>>(
+        entries: impl IntoIterator<Item = (K, f64)>,
+    ) -> Result<Limits, ConfigError> {
+        let mut limits = Limits::default();
+        for (key, rate) in entries {
+            let key = key.as_ref();
+            let field = format!("limits.\"{key}\"");
+            validate_key(key).map_err(|reason| ConfigError::invalid(&field, reason))?;
+            let rate = Rate::per_second(rate).ok_or_else(|| {
+                ConfigError::invalid(
+                    &field,
+                    format!("limit must be a finite number greater than zero, got {rate}"),
+                )
+            })?;
+            match limits.by_key.get(key) {
+                Some(id) => limits.entries[id.0 as usize].1 = rate,
+                None => {
+                    let id =
+                        LimitId(u32::try_from(limits.entries.len()).map_err(|_| {
+                            ConfigError::invalid("limits", "at most 2^32 limit keys")
+                        })?);
+                    limits.entries.push((key.into(), rate));
+                    limits.by_key.insert(key.into(), id);
+                }
+            }
+        }
+        Ok(limits)
+    }
+
+    /// The key and rate of a match found earlier in this same value.
+    pub fn get(&self, id: LimitId) -> Option<LimitMatch<'_>> {
+        self.entries
+            .get(id.0 as usize)
+            .map(|(key, rate)| LimitMatch {
+                key,
+                rate: *rate,
+                id,
+            })
+    }
+
+    /// The limit for `account` doing `op`: the most specific key that matches.
+    ///
+    /// ```
+    /// # use damper_core::limits::Limits;
+    /// let limits = Limits::new([("messages", 1000.0), ("messages/org", 5000.0)]).unwrap();
+    /// let hit = limits.lookup("org/team", "messages").unwrap();
+    /// assert_eq!((hit.key, hit.rate.get()), ("messages/org", 5000.0));
+    /// assert!(limits.lookup("acme", "presence").is_none());
+    /// ```
+    pub fn lookup(&self, account: &str, op: &str) -> Option<LimitMatch<'_>> {
+        if self.by_key.is_empty() {
+            return None;
+        }
+        let mut probe = String::with_capacity(op.len() + 1 + account.len());
+        probe.push_str(op);
+        probe.push('/');
+        probe.push_str(account);
+        // `messages/org/team`, `messages/org`, then `messages`.
+        let mut end = probe.len();
+        loop {
+            if let Some(id) = self.by_key.get(&probe[..end]) {
+                return self.get(*id);
+            }
+            if end == op.len() {
+                return None;
+            }
+            end = probe[op.len()..end]
+                .rfind('/')
+                .map(|slash| op.len() + slash)
+                .expect("the probe contains the '/' after the op");
+        }
+    }
+
+    /// Number of configured keys.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether no limit is configured (nothing is ever suppressed).
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The configured `(key, rate)` pairs, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Rate)> {
+        self.entries.iter().map(|(k, r)| (&**k, *r))
+    }
+}
+
+fn validate_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("a limit key must name an operation".into());
+    }
+    if key.split('/').any(str::is_empty) {
+        return Err("a limit key has no empty segments: no leading, trailing or double '/'".into());
+    }
+    if key.len() > crate::MAX_NAME_LEN * 2 + 1 {
+        return Err(format!(
+            "a limit key is at most {} bytes",
+            crate::MAX_NAME_LEN * 2 + 1
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits() -> Limits {
+        Limits::new([
+            ("messages", 1000.0),
+            ("messages/acme", 5000.0),
+            ("messages/org", 200.0),
+            ("messages/org/team", 300.0),
+            ("presence/org/team", 7.0),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn most_specific_key_wins() {
+        let l = limits();
+        let get = |account, op| l.lookup(account, op).map(|m| (m.key, m.rate.get()));
+        assert_eq!(get("acme", "messages"), Some(("messages/acme", 5000.0)));
+        assert_eq!(get("other", "messages"), Some(("messages", 1000.0)));
+        assert_eq!(get("org", "messages"), Some(("messages/org", 200.0)));
+        assert_eq!(get("org/x", "messages"), Some(("messages/org", 200.0)));
+        assert_eq!(
+            get("org/team", "messages"),
+            Some(("messages/org/team", 300.0))
+        );
+        assert_eq!(
+            get("org/team/x/y", "messages"),
+            Some(("messages/org/team", 300.0))
+        );
+        assert_eq!(
+            get("org/team", "presence"),
+            Some(("presence/org/team", 7.0))
+        );
+        // No default for presence: other accounts are unlimited.
+        assert_eq!(get("org", "presence"), None);
+        assert_eq!(get("acme", "connections"), None);
+    }
+
+    #[test]
+    fn prefixes_match_only_at_slash_boundaries() {
+        let l = limits();
+        // `organic` is not under `org`.
+        assert_eq!(l.lookup("organic", "messages").unwrap().key, "messages");
+        // `acme2` is not `acme`.
+        assert_eq!(l.lookup("acme2", "messages").unwrap().key, "messages");
+        // An op named like a prefix of another op does not match it.
+        assert!(l.lookup("acme", "message").is_none());
+    }
+
+    #[test]
+    fn invalid_limits_name_the_key() {
+        for (key, rate, needle) in [
+            ("messages", 0.0, "greater than zero"),
+            ("messages", -5.0, "greater than zero"),
+            ("messages", f64::NAN, "finite"),
+            ("messages", f64::INFINITY, "finite"),
+            ("", 10.0, "name an operation"),
+            ("messages//acme", 10.0, "empty segments"),
+            ("messages/", 10.0, "empty segments"),
+        ] {
+            let err = Limits::new([(key, rate)]).unwrap_err().to_string();
+            assert!(err.contains(&format!("limits.\"{key}\"")), "{err}");
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    /// The reference: every key that is the op, or the op plus a prefix of
+    /// the account that ends at a '/' boundary, is a candidate; the longest wins.
+    fn reference(keys: &[(String, f64)], account: &str, op: &str) -> Option<(String, f64)> {
+        let segments: Vec<&str> = account.split('/').collect();
+        let mut candidates = vec![op.to_string()];
+        for n in 1..=segments.len() {
+            candidates.push(format!("{op}/{}", segments[..n].join("/")));
+        }
+        candidates
+            .into_iter()
+            .rev()
+            .find_map(|c| keys.iter().rev().find(|(k, _)| *k == c).cloned())
+    }
+
+    proptest! {
+        #[test]
+        fn lookup_order_matches_reference(
+            keys in proptest::collection::vec(
+                ("(m|p)(/(a|b|c)){0,3}", 1.0f64..1e6), 0..12),
+            account in "(a|b|c|ab)(/(a|b|c)){0,3}",
+            op in "m|p",
+        ) {
+            let limits = Limits::new(keys.iter().map(|(k, r)| (k.as_str(), *r))).unwrap();
+            let got = limits.lookup(&account, &op).map(|m| (m.key.to_string(), m.rate.get()));
+            prop_assert_eq!(got, reference(&keys, &account, &op));
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The master's state machine: per-(account, op) demand windows fed by
+//! agents' reports, and the suppression factor each one gets back.
+//!
+//! One [`MasterState`] is one shard: it takes `&mut self` and no locks. The
+//! master service shards (account, op) keys over several of them so ingest
+//! scales across cores; the simulator drives one per simulated master.
+//!
+//! ```
+//! use damper_core::config::MasterConfig;
+//! use damper_core::master::{MasterState, Report};
+//! use damper_core::time::Nanos;
+//!
+//! let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+//! let mut master = MasterState::new(config);
+//! let end = Nanos::from_secs(1_700_000_002);
+//! // One agent saw 8000 cost attempted in 2 s: 4000/s against a 1000/s limit.
+//! let report = Report {
+//!     account: "acme",
+//!     op: "messages",
+//!     start: Nanos::from_secs(1_700_000_000),
+//!     end,
+//!     attempted: 8000,
+//!     admitted: 8000,
+//! };
+//! let verdict = master.ingest(end, &report).unwrap().expect("messages are limited");
+//! assert_eq!(verdict.factor, 0.75);
+//! ```
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use foldhash::fast::RandomState;
+
+use crate::MAX_NAME_LEN;
+use crate::config::{MasterConfig, WindowConfig};
+use crate::limits::{LimitId, Rate};
+use crate::time::Nanos;
+use crate::window::{DemandWindow, Dropped, Rates};
+
+/// One agent's counts for one (account, op) over `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report<'a> {
+    /// Account id, 1..=256 bytes.
+    pub account: &'a str,
+    /// Operation, 1..=256 bytes.
+    pub op: &'a str,
+    /// Start of the interval the counts cover.
+    pub start: Nanos,
+    /// End (exclusive) of the interval.
+    pub end: Nanos,
+    /// Cost attempted: admitted plus what rejected operations would have cost.
+    pub attempted: u64,
+    /// Cost admitted; at most `attempted`.
+    pub admitted: u64,
+}
+
+/// Why a report was refused. Nothing of a refused report is counted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// A name is empty.
+    #[error("`{field}` is empty")]
+    Empty {
+        /// `account` or `op`.
+        field: &'static str,
+    },
+    /// A name is longer than [`MAX_NAME_LEN`] bytes.
+    #[error("`{field}` is {len} bytes long; the limit is {MAX_NAME_LEN}")]
+    TooLong {
+        /// `account` or `op`.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// More admitted than attempted, which cannot happen.
+    #[error("`admitted` ({admitted}) is more than `attempted` ({attempted})")]
+    AdmittedExceedsAttempted {
+        /// The admitted cost reported.
+        admitted: u64,
+        /// The attempted cost reported.
+        attempted: u64,
+    },
+    /// The interval ends before it starts.
+    #[error("the interval ends ({end:?}) before it starts ({start:?})")]
+    EndsBeforeStart {
+        /// Reported start.
+        start: Nanos,
+        /// Reported end.
+        end: Nanos,
+    },
+}
+
+impl Report<'_> {
+    /// Checks the report on its own, without the state.
+    pub fn validate(&self) -> Result<(), ReportError> {
+        for (field, name) in [("account", self.account), ("op", self.op)] {
+            if name.is_empty() {
+                return Err(ReportError::Empty { field });
+            }
+            if name.len() > MAX_NAME_LEN {
+                return Err(ReportError::TooLong {
+                    field,
+                    len: name.len(),
+                });
+            }
+        }
+        if self.admitted > self.attempted {
+            return Err(ReportError::AdmittedExceedsAttempted {
+                admitted: self.admitted,
+                attempted: self.attempted,
+            });
+        }
+        if self.end < self.start {
+            return Err(ReportError::EndsBeforeStart {
+                start: self.start,
+                end: self.end,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the master tells agents about one limited (account, op).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// Probability of rejecting each operation, in `[0, 1]`.
+    pub factor: f64,
+    /// The account-wide limit that applied.
+    pub limit: Rate,
+    /// How long agents may apply `factor` without a fresher one.
+    pub valid_for: Duration,
+    /// The estimated rates the factor was computed from.
+    pub rates: Rates,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    window: DemandWindow,
+    last_report: Nanos,
+    /// The limit that applied under config `generation`.
+    limit: Option<LimitId>,
+    generation: u32,
+}
+
+/// Per-(account, op) windows and the factors they give. See the module docs.
+#[derive(Debug)]
+pub struct MasterState {
+    config: MasterConfig,
+    /// Bumped by every [`set_config`](Self::set_config); cached limit
+    /// matches from an older generation are looked up again.
+    generation: u32,
+    ops: HashMap<Box<str>, HashMap<Box<str>, KeyState, RandomState>, RandomState>,
+    keys: usize,
+    dropped: Dropped,
+}
+
+impl MasterState {
+    /// An empty state under `config`.
+    pub fn new(config: MasterConfig) -> MasterState {
+        MasterState {
+            config,
+            generation: 0,
+            ops: HashMap::default(),
+            keys: 0,
+            dropped: Dropped::default(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    /// Replaces the configuration. New limits and the policy apply from the
+    /// next report on, with the windows kept; a change to how the window is
+    /// cut up (sub-interval length or count, rollup interval, grace) starts
+    /// every window afresh, since old counts no longer fit it.
+    pub fn set_config(&mut self, config: MasterConfig) {
+        let shape =
+            |w: &WindowConfig| (w.sub_interval, w.sub_intervals, w.rollup_interval, w.grace);
+        if shape(&config.window) != shape(&self.config.window) {
+            for accounts in self.ops.values_mut() {
+                for key in accounts.values_mut() {
+                    key.window = DemandWindow::new(&config.window);
+                }
+            }
+        }
+        self.config = config;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Adds one report and returns the verdict for its (account, op), or
+    /// `None` when no limit applies to it.
+    ///
+    /// A report that ends after `now` (an agent whose clock runs ahead) is
+    /// moved back to end at `now`, keeping its length, so it is neither
+    /// counted in the future nor read as a higher rate.
+    pub fn ingest(
+        &mut self,
+        now: Nanos,
+        report: &Report<'_>,
+    ) -> Result<Option<Verdict>, ReportError> {
+        report.validate()?;
+        let (mut start, mut end) = (report.start, report.end);
+        if end > now {
+            let ahead = end.since(now);
+            start = start - ahead;
+            end = now;
+        }
+        let window_config = &self.config.window;
+        let accounts = match self.ops.get_mut(report.op) {
+            Some(accounts) => accounts,
+            None => self.ops.entry(report.op.into()).or_default(),
+        };
+        let key = match accounts.get_mut(report.account) {
+            Some(key) => key,
+            None => {
+                self.keys += 1;
+                accounts
+                    .entry(report.account.into())
+                    .or_insert_with(|| KeyState {
+                        window: DemandWindow::new(window_config),
+                        last_report: now,
+                        limit: None,
+                        generation: self.generation.wrapping_sub(1),
+                    })
+            }
+        };
+        let dropped =
+            key.window
+                .record(window_config, start, end, report.attempted, report.admitted);
+        self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
+        self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
+        key.last_report = key.last_report.max(now);
+        if key.generation != self.generation {
+            key.limit = self
+                .config
+                .limits
+                .lookup(report.account, report.op)
+                .map(|m| m.id);
+            key.generation = self.generation;
+        }
+        Ok(key
+            .limit
+            .and_then(|id| self.config.limits.get(id))
+            .map(|limit| verdict(&self.config, &key.window, limit.rate, now)))
+    }
+
+    /// The verdict for an (account, op) at `now` without a new report:
+    /// `None` when no limit applies. An (account, op) the master has no
+    /// reports for reads as zero demand.
+    pub fn verdict(&self, now: Nanos, account: &str, op: &str) -> Option<Verdict> {
+        let rate = self.config.limits.lookup(account, op)?.rate;
+        Some(match self.ops.get(op).and_then(|a| a.get(account)) {
+            Some(key) => verdict(&self.config, &key.window, rate, now),
+            None => verdict(
+                &self.config,
+                &DemandWindow::new(&self.config.window),
+                rate,
+                now,
+            ),
+        })
+    }
+
+    /// Forgets every (account, op) with no report for `idle_for`, so state
+    /// stays proportional to the active accounts. Returns how many went.
+    pub fn evict_idle(&mut self, now: Nanos, idle_for: Duration) -> usize {
+        let before = self.keys;
+        for accounts in self.ops.values_mut() {
+            accounts.retain(|_, key| now.since(key.last_report) < idle_for);
+        }
+        self.ops.retain(|_, accounts| !accounts.is_empty());
+        self.keys = self.ops.values().map(HashMap::len).sum();
+        before - self.keys
+    }
+
+    /// Number of (account, op) pairs tracked.
+    pub fn len(&self) -> usize {
+        self.keys
+    }
+
+    /// Whether no (account, op) is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.keys == 0
+    }
+
+    /// Cost that arrived too late to fit in its window, since start.
+    pub fn dropped(&self) -> Dropped {
+        self.dropped
+    }
+}
+
+fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
+    let rates = window.rates(&config.window, now);
+    Verdict {
+        factor: config.policy.kind.factor(limit, rates),
+        limit,
+        valid_for: config.policy.factor_validity,
+        rates,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+use super::*;
+use crate::config::{EstimatorKind, PolicyKind};
+
+const L: f64 = 1_000.0;
+/// A round instant: a multiple of 6 s (and so of 2 s) since the epoch.
+const T0_MS: u64 = 1_699_999_998_000;
+
+fn master(estimator: &str) -> MasterState {
+    let toml = format!("[window]\nestimator = \"{estimator}\"\n[limits]\nmessages = {L}\n");
+    MasterState::new(MasterConfig::from_toml(&toml).unwrap())
+}
+
+fn at(ms: u64) -> Nanos {
+    Nanos::from_millis(T0_MS + ms)
+}
+
+/// One agent's report of `rate` cost/s over the 2 s round ending at `end_ms`,
+/// ingested 5 ms after the round ends. Returns the factor in the reply.
+fn round(m: &mut MasterState, end_ms: u64, rate: f64) -> f64 {
+    let attempted = (rate * 2.0).round() as u64;
+    let report = Report {
+        account: "acme",
+        op: "messages",
+        start: at(end_ms - 2_000),
+        end: at(end_ms),
+        attempted,
+        admitted: attempted,
+    };
+    m.ingest(at(end_ms + 5), &report).unwrap().unwrap().factor
+}
+
+#[test]
+fn steady_overload_gives_one_minus_limit_over_demand() {
+    for estimator in ["latest-round", "ably-mma"] {
+        for demand in [1_500.0, 4_000.0, 10_000.0, 123_456.0] {
+            let mut m = master(estimator);
+            let mut factor = 0.0;
+            for end in (2_000..=60_000).step_by(2_000) {
+                factor = round(&mut m, end, demand);
+                if end > 30_000 {
+                    let want = 1.0 - L / demand;
+                    assert!(
+                        (factor - want).abs() <= 0.01 * want,
+                        "{estimator} at {demand}/s, +{end} ms: {factor} vs {want}"
+                    );
+                }
+            }
+            assert!(factor > 0.0);
+        }
+    }
+}
+
+#[test]
+fn demand_at_or_under_the_limit_is_never_suppressed() {
+    for estimator in ["latest-round", "ably-mma"] {
+        let mut m = master(estimator);
+        for (i, end) in (2_000..=120_000).step_by(2_000).enumerate() {
+            // Wanders between 10% and 100% of the limit, never above.
+            let rate = L * (0.1 + 0.9 * ((i % 7) as f64 / 6.0));
+            assert_eq!(round(&mut m, end, rate), 0.0, "{estimator} at {rate}/s");
+        }
+    }
+}
+
+#[test]
+fn default_estimator_reacts_to_a_step_up_on_the_first_rollup() {
+    let mut m = master("latest-round");
+    // Quiet reports (the agent had activity before, so it reports zeros).
+    for end in (2_000..=30_000).step_by(2_000) {
+        assert_eq!(round(&mut m, end, 0.0), 0.0);
+    }
+    let f = round(&mut m, 32_000, 10.0 * L);
+    assert!(f >= 0.85, "first rollup after the step: {f}");
+    assert!((f - 0.9).abs() < 1e-9);
+}
+
+#[test]
+fn default_estimator_reacts_to_a_first_ever_report() {
+    // No earlier reports at all: the account is new to this master.
+    let mut m = master("latest-round");
+    assert!(round(&mut m, 2_000, 10.0 * L) >= 0.85);
+}
+
+#[test]
+fn default_estimator_releases_on_the_first_rollup_after_a_drop() {
+    let mut m = master("latest-round");
+    for end in (2_000..=60_000).step_by(2_000) {
+        round(&mut m, end, 10.0 * L);
+    }
+    assert!(round(&mut m, 62_000, 10.0 * L) > 0.85);
+    assert_eq!(
+        round(&mut m, 64_000, 0.5 * L),
+        0.0,
+        "first rollup after the drop"
+    );
+}
+
+/// Pins what Ably's modified moving average shows, for comparison: it
+/// reacts partly to a step (the in-progress sub-interval is one point of
+/// four) and holds a flood's factor for most of a window after it stops.
+#[test]
+fn ably_mma_reacts_partly_and_releases_a_window_late() {
+    let mut m = master("ably-mma");
+    for end in (2_000..=30_000).step_by(2_000) {
+        assert_eq!(round(&mut m, end, 0.0), 0.0);
+    }
+    // The step lands at the start of a sub-interval (T0 + 30 s is a
+    // multiple of 6 s): in-progress rate 10 000 × 2/2.005, averaged with
+    // three empty sub-intervals.
+    let f = round(&mut m, 32_000, 10.0 * L);
+    let expected = 1.0 - L / ((10.0 * L * 2.0 / 2.005) / 4.0);
+    assert!((f - expected).abs() < 1e-9, "{f} vs {expected}");
+    assert!(f < 0.85, "Ably's average cannot react fully at once: {f}");
+
+    // Hold the flood for a full window, then drop it.
+    for end in (34_000..=80_000).step_by(2_000) {
+        round(&mut m, end, 10.0 * L);
+    }
+    let after_drop: Vec<f64> = (82_000..=120_000)
+        .step_by(2_000)
+        .map(|end| round(&mut m, end, 0.5 * L))
+        .collect();
+    assert!(
+        after_drop[0] > 0.85,
+        "first rollup after the drop: {}",
+        after_drop[0]
+    );
+    // Still suppressing a compliant account 16 s later...
+    assert!(after_drop[7] > 0.5, "16 s after the drop: {after_drop:?}");
+    // ...and released only once the flood's sub-intervals left the window.
+    let released_at = after_drop.iter().position(|f| *f == 0.0).expect("releases");
+    assert!(
+        (9..=13).contains(&released_at),
+        "released after {} rollups: {after_drop:?}",
+        released_at + 1
+    );
+}
+
+#[test]
+fn many_agents_steady_demand_reads_exactly_and_releases_after_one_round() {
+    // Ten agents, reports spread over the 300 ms after each round.
+    let mut m = master("latest-round");
+    let agents = 10;
+    let mut factors = Vec::new();
+    for end in (2_000..=80_000).step_by(2_000) {
+        let per_agent = if end <= 60_000 { 10.0 * L } else { 0.5 * L } / agents as f64;
+        for a in 0..agents {
+            let attempted = (per_agent * 2.0) as u64;
+            let report = Report {
+                account: "acme",
+                op: "messages",
+                start: at(end - 2_000),
+                end: at(end),
+                attempted,
+                admitted: attempted / 10,
+            };
+            let v = m.ingest(at(end + 30 * a), &report).unwrap().unwrap();
+            factors.push((end, a, v.factor));
+        }
+    }
+    for &(end, a, f) in &factors {
+        if (10_000..=60_000).contains(&end) {
+            // Every reply during the flood, including those mid-round.
+            assert!((f - 0.9).abs() < 1e-9, "+{end} ms agent {a}: {f}");
+        }
+        if end == 62_000 && a == agents - 1 {
+            assert_eq!(f, 0.0, "released once the round after the drop is whole");
+        }
+        if end > 62_000 {
+            assert_eq!(f, 0.0);
+        }
+    }
+}
+
+#[test]
+fn linear_ramp_reads_the_admitted_rate() {
+    let toml = "[policy]\nkind = \"linear-ramp\"\nramp = 3.0\n[limits]\nmessages = 1000\n";
+    let mut m = MasterState::new(MasterConfig::from_toml(toml).unwrap());
+    assert_eq!(m.config().policy.kind, PolicyKind::LinearRamp { ramp: 3.0 });
+    let report = |end_ms: u64, admitted: u64| Report {
+        account: "acme",
+        op: "messages",
+        start: at(end_ms - 2_000),
+        end: at(end_ms),
+        attempted: 100_000,
+        admitted,
+    };
+    // 2000/s admitted: halfway up the ramp.
+    let v = m.ingest(at(2_005), &report(2_000, 4_000)).unwrap().unwrap();
+    assert_eq!(v.factor, 0.5);
+    // Everything suppressed: the admitted rate reads zero, so the ramp opens.
+    let v = m.ingest(at(4_005), &report(4_000, 0)).unwrap().unwrap();
+    assert_eq!(v.factor, 0.0);
+}
+
+#[test]
+fn unlimited_pairs_get_no_verdict_but_are_tracked() {
+    let mut m = master("latest-round");
+    let report = Report {
+        account: "acme",
+        op: "presence",
+        start: at(0),
+        end: at(2_000),
+        attempted: 1_000_000,
+        admitted: 1_000_000,
+    };
+    assert_eq!(m.ingest(at(2_001), &report).unwrap(), None);
+    assert_eq!(m.len(), 1);
+}
+
+#[test]
+fn bad_reports_are_refused_with_the_field_and_not_counted() {
+    let mut m = master("latest-round");
+    let good = Report {
+        account: "acme",
+        op: "messages",
+        start: at(0),
+        end: at(2_000),
+        attempted: 10,
+        admitted: 5,
+    };
+    let long = "x".repeat(MAX_NAME_LEN + 1);
+    let cases = [
+        (
+            Report {
+                account: "",
+                ..good
+            },
+            "`account` is empty",
+        ),
+        (Report { op: "", ..good }, "`op` is empty"),
+        (
+            Report {
+                account: &long,
+                ..good
+            },
+            "`account` is 257 bytes",
+        ),
+        (Report { op: &long, ..good }, "`op` is 257 bytes"),
+        (
+            Report {
+                admitted: 11,
+                ..good
+            },
+            "`admitted` (11) is more than `attempted` (10)",
+        ),
+        (
+            Report {
+                start: at(2_001),
+                ..good
+            },
+            "ends",
+        ),
+    ];
+    for (report, message) in cases {
+        let err = m.ingest(at(2_005), &report).unwrap_err().to_string();
+        assert!(err.contains(message), "{err}");
+    }
+    assert!(m.is_empty());
+    assert!(m.ingest(at(2_005), &good).is_ok());
+    assert_eq!(m.len(), 1);
+}
+
+#[test]
+fn saturating_counts_never_wrap() {
+    let mut m = master("ably-mma");
+    for end in (2_000..=30_000).step_by(2_000) {
+        let report = Report {
+            account: "acme",
+            op: "messages",
+            start: at(end - 2_000),
+            end: at(end),
+            attempted: u64::MAX,
+            admitted: u64::MAX,
+        };
+        let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
+        assert!(v.factor > 0.99 && v.factor <= 1.0, "{v:?}");
+    }
+}
+
+#[test]
+fn reports_from_a_clock_ahead_are_moved_back_not_read_as_more() {
+    let mut m = master("latest-round");
+    // The agent's clock is 300 ms ahead of the master's.
+    for end in (2_000..=20_000).step_by(2_000) {
+        let report = Report {
+            account: "acme",
+            op: "messages",
+            start: at(end - 2_000 + 300),
+            end: at(end + 300),
+            attempted: 8_000,
+            admitted: 8_000,
+        };
+        let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
+        assert!((v.rates.demand - 4_000.0).abs() < 1e-9, "{v:?}");
+        assert!((v.factor - 0.75).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn reload_applies_new_limits_and_keeps_the_window() {
+    let mut m = master("latest-round");
+    for end in (2_000..=20_000).step_by(2_000) {
+        round(&mut m, end, 4_000.0);
+    }
+    assert!((round(&mut m, 22_000, 4_000.0) - 0.75).abs() < 1e-9);
+    // Raise acme's limit alone; the demand history carries over.
+    let toml = "[limits]\nmessages = 1000\n\"messages/acme\" = 2000\n";
+    m.set_config(MasterConfig::from_toml(toml).unwrap());
+    let v = m.verdict(at(22_010), "acme", "messages").unwrap();
+    assert!((v.factor - 0.5).abs() < 1e-9, "{v:?}");
+    assert!((round(&mut m, 24_000, 4_000.0) - 0.5).abs() < 1e-9);
+    // Removing every limit stops suppression at once.
+    m.set_config(MasterConfig::from_toml("").unwrap());
+    let report = Report {
+        account: "acme",
+        op: "messages",
+        start: at(24_000),
+        end: at(26_000),
+        attempted: 8_000,
+        admitted: 8_000,
+    };
+    assert_eq!(m.ingest(at(26_005), &report).unwrap(), None);
+}
+
+#[test]
+fn changing_the_estimator_keeps_counts() {
+    let mut m = master("latest-round");
+    for end in (2_000..=40_000).step_by(2_000) {
+        round(&mut m, end, 4_000.0);
+    }
+    let mut config = m.config().clone();
+    config.window.estimator = EstimatorKind::AblyMma;
+    m.set_config(config);
+    let v = m.verdict(at(40_010), "acme", "messages").unwrap();
+    assert!((v.factor - 0.75).abs() < 0.01, "{v:?}");
+}
+
+#[test]
+fn idle_pairs_are_evicted_and_active_ones_kept() {
+    let mut m = master("latest-round");
+    let report = |account, end_ms: u64| Report {
+        account,
+        op: "messages",
+        start: at(end_ms - 2_000),
+        end: at(end_ms),
+        attempted: 1,
+        admitted: 1,
+    };
+    m.ingest(at(2_000), &report("old", 2_000)).unwrap();
+    m.ingest(at(60_000), &report("new", 60_000)).unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m.evict_idle(at(70_000), Duration::from_secs(30)), 1);
+    assert_eq!(m.len(), 1);
+    assert!(m.verdict(at(70_000), "new", "messages").is_some());
+    // An evicted pair reads as no demand.
+    assert_eq!(
+        m.verdict(at(70_000), "old", "messages").unwrap().factor,
+        0.0
+    );
+}
+
+#[test]
+fn demand_stops_reading_once_reports_stop() {
+    let mut m = master("latest-round");
+    for end in (2_000..=20_000).step_by(2_000) {
+        round(&mut m, end, 4_000.0);
+    }
+    assert!(m.verdict(at(20_010), "acme", "messages").unwrap().factor > 0.7);
+    // Two rounds with no report at all: nobody had demand.
+    assert_eq!(
+        m.verdict(at(25_000), "acme", "messages").unwrap().factor,
+        0.0
+    );
+}

@@ -1,0 +1,508 @@
+//! The demand window of one (account, op) at the master, and the estimators
+//! that turn it into rates.
+//!
+//! Two views of the same reports are kept, because the two estimators need
+//! different resolutions:
+//!
+//! - **Sub-intervals** (default 4 × 6 s): a ring of attempted and admitted
+//!   cost per sub-interval, aligned to the epoch. Each report's counts are
+//!   spread over the sub-intervals its interval overlaps, pro rata to the
+//!   overlap (splitting integers so the parts add up exactly), so a 2 s
+//!   report that straddles a boundary puts each part where it happened and a
+//!   steady demand fills every sub-interval with exactly its rate. Late
+//!   reports land in the sub-interval they describe, not the one they arrive
+//!   in; a sub-interval counts as completed only once every agent has had time
+//!   to report it (the *settle* time: one rollup interval plus a grace).
+//! - **Rounds**: every agent sends one report per (account, op) per rollup
+//!   interval, cut on the same grid, so the reports ending at the same grid
+//!   point form a round. A round's rate is the sum of its reports' rates
+//!   (each report's cost over its own duration). The current round and the
+//!   one before are kept, with how many reports each received.
+//!
+//! [`EstimatorKind::AblyMma`] reads the sub-intervals;
+//! [`EstimatorKind::LatestRound`] reads the rounds. See `docs/design.md` for
+//! why the default is the latter.
+
+use std::time::Duration;
+
+use crate::config::{EstimatorKind, WindowConfig};
+use crate::time::{Nanos, duration_nanos};
+
+/// Rates of one (account, op), in cost per second.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Rates {
+    /// Attempted cost per second: what would have been used had nothing
+    /// been suppressed.
+    pub demand: f64,
+    /// Admitted cost per second.
+    pub admitted: f64,
+}
+
+impl Rates {
+    fn max(self, other: Rates) -> Rates {
+        Rates {
+            demand: self.demand.max(other.demand),
+            admitted: self.admitted.max(other.admitted),
+        }
+    }
+}
+
+/// Attempted and admitted cost of one sub-interval. Saturating: counts
+/// never wrap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    attempted: u64,
+    admitted: u64,
+}
+
+/// The reports of one rollup round: the sum of their rates.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Round {
+    /// Grid index: the round whose reports end at `id × rollup_interval`.
+    id: u64,
+    rates: Rates,
+    /// How many reports arrived for this round (one per agent with activity).
+    reports: u32,
+}
+
+impl Round {
+    fn add(&mut self, rates: Rates) {
+        self.rates.demand += rates.demand;
+        self.rates.admitted += rates.admitted;
+        self.reports = self.reports.saturating_add(1);
+    }
+}
+
+/// Cost that arrived too late to fit in the window, so was not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Attempted cost dropped.
+    pub attempted: u64,
+    /// Admitted cost dropped.
+    pub admitted: u64,
+}
+
+/// The demand window of one (account, op). Sans-IO: time is an argument.
+#[derive(Clone, Debug)]
+pub struct DemandWindow {
+    /// Sub-interval index (since the epoch) of the newest bucket.
+    head: u64,
+    /// Ring of sub-interval counts; index `i` lives at `i % len`.
+    buckets: Box<[Counts]>,
+    cur: Round,
+    prev: Round,
+}
+
+/// Number of buckets the ring needs: the completed sub-intervals the
+/// estimator averages, plus those not yet settled, plus the current one.
+fn ring_len(cfg: &WindowConfig) -> usize {
+    let unsettled = duration_nanos(cfg.settle()).div_ceil(duration_nanos(cfg.sub_interval));
+    cfg.sub_intervals.get() + usize::try_from(unsettled).unwrap_or(usize::MAX / 2) + 1
+}
+
+impl DemandWindow {
+    /// An empty window for `cfg`.
+    pub fn new(cfg: &WindowConfig) -> DemandWindow {
+        DemandWindow {
+            head: 0,
+            buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
+            cur: Round::default(),
+            prev: Round::default(),
+        }
+    }
+
+    /// Adds a report of `attempted` and `admitted` cost over `[start, end)`.
+    ///
+    /// The caller has validated the report (`admitted <= attempted`,
+    /// `start <= end`) and moved it so it does not end in the future. Cost
+    /// for sub-intervals older than the window is dropped and returned.
+    pub fn record(
+        &mut self,
+        cfg: &WindowConfig,
+        start: Nanos,
+        end: Nanos,
+        attempted: u64,
+        admitted: u64,
+    ) -> Dropped {
+        self.record_round(cfg, start, end, attempted, admitted);
+        self.record_buckets(cfg, start, end, attempted, admitted)
+    }
+
+    fn record_round(
+        &mut self,
+        cfg: &WindowConfig,
+        start: Nanos,
+        end: Nanos,
+        attempted: u64,
+        admitted: u64,
+    ) {
+        let r = duration_nanos(cfg.rollup_interval);
+        let id = end.as_nanos().saturating_add(r / 2) / r;
+        // A report shorter than a rollup interval (an agent's first, say)
+        // still describes a whole round: its activity before `start` was
+        // zero. Dividing by the round keeps a short report from reading as
+        // a huge rate.
+        let secs = end.since(start).max(cfg.rollup_interval).as_secs_f64();
+        let rates = Rates {
+            demand: attempted as f64 / secs,
+            admitted: admitted as f64 / secs,
+        };
+        if id == self.cur.id {
+            self.cur.add(rates);
+        } else if id > self.cur.id {
+            self.prev = if id == self.cur.id + 1 {
+                self.cur
+            } else {
+                Round {
+                    id: id - 1,
+                    ..Round::default()
+                }
+            };
+            self.cur = Round {
+                id,
+                ..Round::default()
+            };
+            self.cur.add(rates);
+        } else if id == self.prev.id {
+            self.prev.add(rates);
+        }
+        // Older rounds no longer matter to the estimate; the sub-intervals
+        // still take the counts.
+    }
+
+    fn record_buckets(
+        &mut self,
+        cfg: &WindowConfig,
+        start: Nanos,
+        end: Nanos,
+        attempted: u64,
+        admitted: u64,
+    ) -> Dropped {
+        let sub = duration_nanos(cfg.sub_interval);
+        let (s, e) = (start.as_nanos(), end.as_nanos());
+        let d = e - s;
+        if d == 0 {
+            // A point in time: all of it belongs to one sub-interval.
+            return self.add_to_bucket(e / sub, attempted, admitted);
+        }
+        let last = (e - 1) / sub;
+        self.advance(last);
+        let len = self.buckets.len() as u64;
+        let oldest_kept = self.head.saturating_sub(len - 1);
+        let first = (s / sub).max(oldest_kept);
+        // Split by cumulative share so the parts add up to the whole exactly.
+        let share = |cost: u64, upto: u64| ((cost as u128 * (upto - s) as u128) / d as u128) as u64;
+        let (mut kept_attempted, mut kept_admitted) = (0u64, 0u64);
+        for i in first..=last {
+            let lo = (i * sub).max(s);
+            let hi = (i.saturating_add(1).saturating_mul(sub)).min(e);
+            let a = share(attempted, hi) - share(attempted, lo);
+            let b = share(admitted, hi) - share(admitted, lo);
+            let bucket = &mut self.buckets[(i % len) as usize];
+            bucket.attempted = bucket.attempted.saturating_add(a);
+            bucket.admitted = bucket.admitted.saturating_add(b);
+            kept_attempted += a;
+            kept_admitted += b;
+        }
+        Dropped {
+            attempted: attempted - kept_attempted,
+            admitted: admitted - kept_admitted,
+        }
+    }
+
+    fn add_to_bucket(&mut self, index: u64, attempted: u64, admitted: u64) -> Dropped {
+        self.advance(index);
+        let len = self.buckets.len() as u64;
+        if index + len <= self.head {
+            return Dropped {
+                attempted,
+                admitted,
+            };
+        }
+        let bucket = &mut self.buckets[(index % len) as usize];
+        bucket.attempted = bucket.attempted.saturating_add(attempted);
+        bucket.admitted = bucket.admitted.saturating_add(admitted);
+        Dropped::default()
+    }
+
+    /// Moves the ring forward so `index` is its newest bucket, clearing the
+    /// buckets it reuses.
+    fn advance(&mut self, index: u64) {
+        if index <= self.head {
+            return;
+        }
+        let len = self.buckets.len() as u64;
+        let from = (self.head + 1).max(index.saturating_sub(len - 1));
+        for i in from..=index {
+            self.buckets[(i % len) as usize] = Counts::default();
+        }
+        self.head = index;
+    }
+
+    fn bucket(&self, index: u64) -> Counts {
+        let len = self.buckets.len() as u64;
+        if index > self.head || index + len <= self.head {
+            Counts::default()
+        } else {
+            self.buckets[(index % len) as usize]
+        }
+    }
+
+    /// The estimated rates at `now`, by the configured estimator.
+    pub fn rates(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
+        match cfg.estimator {
+            EstimatorKind::LatestRound => self.latest_round(cfg, now),
+            EstimatorKind::AblyMma => self.ably_mma(cfg, now),
+        }
+    }
+
+    /// The latest complete round; while the current round is still being
+    /// reported, the higher of it and the round before, per series.
+    ///
+    /// A round is complete once it has as many reports as the round before
+    /// (agents send a zero report when they go quiet, so the count only
+    /// shrinks when an agent leaves). Partial data is a lower bound on the
+    /// round's demand, so taking the higher of the partial round and the
+    /// previous one shows a spike as soon as one report carries it, and never
+    /// releases before the round that shows the drop is whole.
+    fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
+        let r = duration_nanos(cfg.rollup_interval);
+        // The newest round every agent must have reported by now.
+        let due = (now - cfg.settle()).as_nanos() / r;
+        if self.cur.reports == 0 || self.cur.id < due {
+            // Nothing reported for a round that is due: no agent had demand.
+            return Rates::default();
+        }
+        let follows = self.prev.id + 1 == self.cur.id;
+        if !follows || self.cur.reports >= self.prev.reports {
+            self.cur.rates
+        } else {
+            self.cur.rates.max(self.prev.rates)
+        }
+    }
+
+    /// Ably's modified moving average over the sub-intervals.
+    ///
+    /// The data points are the `n − 1` most recent *settled* sub-intervals
+    /// and the in-progress one: the time since the oldest unsettled
+    /// sub-interval started. The in-progress point is included only when its
+    /// rate is at or above the mean of the settled ones, so a spike shows at
+    /// once but an incomplete quiet sub-interval never drags the rate down.
+    /// Its rate is the higher of the current sub-interval alone (so a spike is
+    /// not diluted by the settling one before it) and the whole unsettled
+    /// span; both are lower bounds, as reports may still arrive.
+    fn ably_mma(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
+        let sub = duration_nanos(cfg.sub_interval);
+        let completed = cfg.sub_intervals.get() as u64 - 1;
+        let first_unsettled = (now - cfg.settle()).as_nanos() / sub;
+        let current = now.as_nanos() / sub;
+
+        let mut settled = Counts::default();
+        for i in first_unsettled.saturating_sub(completed)..first_unsettled {
+            let c = self.bucket(i);
+            settled.attempted = settled.attempted.saturating_add(c.attempted);
+            settled.admitted = settled.admitted.saturating_add(c.admitted);
+        }
+        let mut unsettled = Counts::default();
+        for i in first_unsettled..=current {
+            let c = self.bucket(i);
+            unsettled.attempted = unsettled.attempted.saturating_add(c.attempted);
+            unsettled.admitted = unsettled.admitted.saturating_add(c.admitted);
+        }
+        let current_counts = self.bucket(current);
+        let span = |from_index: u64| {
+            Duration::from_nanos(now.as_nanos() - from_index * sub)
+                .as_secs_f64()
+                .max(1e-9)
+        };
+        let (span_all, span_current) = (span(first_unsettled), span(current));
+        let sub_secs = cfg.sub_interval.as_secs_f64();
+
+        let series = |settled: u64, unsettled: u64, current: u64| -> f64 {
+            let in_progress = (unsettled as f64 / span_all).max(current as f64 / span_current);
+            if completed == 0 {
+                return in_progress;
+            }
+            let sum_of_rates = settled as f64 / sub_secs;
+            let mean = sum_of_rates / completed as f64;
+            if in_progress >= mean {
+                (sum_of_rates + in_progress) / (completed + 1) as f64
+            } else {
+                mean
+            }
+        };
+        Rates {
+            demand: series(
+                settled.attempted,
+                unsettled.attempted,
+                current_counts.attempted,
+            ),
+            admitted: series(
+                settled.admitted,
+                unsettled.admitted,
+                current_counts.admitted,
+            ),
+        }
+    }
+
+    /// Total attempted and admitted cost held in the sub-intervals.
+    pub fn total(&self) -> (u64, u64) {
+        self.buckets.iter().fold((0, 0), |(a, b), c| {
+            (a.saturating_add(c.attempted), b.saturating_add(c.admitted))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::WindowSection;
+    use proptest::prelude::*;
+
+    fn cfg(estimator: EstimatorKind) -> WindowConfig {
+        WindowConfig::try_from(WindowSection {
+            estimator,
+            ..WindowSection::default()
+        })
+        .unwrap()
+    }
+
+    const T0: u64 = 1_700_000_000_000; // ms, a multiple of 2 s and of 6 s? checked below
+
+    fn at(ms: u64) -> Nanos {
+        Nanos::from_millis(T0 + ms)
+    }
+
+    #[test]
+    fn epoch_offset_is_aligned_for_readable_tests() {
+        assert_eq!(T0 % 6_000, 2_000, "T0 sits 2 s into a sub-interval");
+        assert_eq!(T0 % 2_000, 0);
+    }
+
+    #[test]
+    fn straddling_report_is_split_pro_rata_and_exactly() {
+        let c = cfg(EstimatorKind::AblyMma);
+        let mut w = DemandWindow::new(&c);
+        // [T0+3.5 s, T0+5.5 s) straddles the boundary at T0+4 s (a multiple of 6 s).
+        let d = w.record(&c, at(3_500), at(5_500), 2_000, 1_001);
+        assert_eq!(d, Dropped::default());
+        let sub = 6_000_000_000u64;
+        let i = at(3_500).as_nanos() / sub;
+        assert_eq!(w.bucket(i).attempted, 500);
+        assert_eq!(w.bucket(i + 1).attempted, 1_500);
+        assert_eq!(w.bucket(i).admitted + w.bucket(i + 1).admitted, 1_001);
+        assert_eq!(w.total(), (2_000, 1_001));
+    }
+
+    #[test]
+    fn reports_older_than_the_window_are_dropped_not_misplaced() {
+        let c = cfg(EstimatorKind::AblyMma);
+        let mut w = DemandWindow::new(&c);
+        w.record(&c, at(100_000), at(102_000), 10, 10);
+        let d = w.record(&c, at(0), at(2_000), 7, 3);
+        assert_eq!(
+            d,
+            Dropped {
+                attempted: 7,
+                admitted: 3
+            }
+        );
+        assert_eq!(w.total(), (10, 10));
+    }
+
+    /// Feeds `agents` agents sending steady demand with the given phases and
+    /// checks the estimate at many points, boundaries included.
+    fn steady(estimator: EstimatorKind, phases_ms: &[u64], delay_ms: u64) {
+        let c = cfg(estimator);
+        let mut w = DemandWindow::new(&c);
+        let per_agent = 700.0; // cost per second per agent
+        let total = per_agent * phases_ms.len() as f64;
+        let mut events: Vec<(u64, u64, u64)> = Vec::new(); // (arrival, start, end)
+        for (a, &phase) in phases_ms.iter().enumerate() {
+            let mut start = 0;
+            let mut end = phase.max(1);
+            while end < 120_000 {
+                events.push((end + delay_ms + a as u64, start, end));
+                start = end;
+                end += 2_000;
+            }
+        }
+        events.sort();
+        for (arrival, start, end) in events {
+            let secs = (end - start) as f64 / 1000.0;
+            let cost = (per_agent * secs).round() as u64;
+            w.record(&c, at(start), at(end), cost, cost / 2);
+            if arrival > 40_000 {
+                let r = w.rates(&c, at(arrival));
+                assert!(
+                    (r.demand - total).abs() / total < 0.01,
+                    "{estimator:?}: at +{arrival} ms read {} for {total}",
+                    r.demand
+                );
+                assert!((r.admitted - total / 2.0).abs() / total < 0.01);
+            }
+        }
+    }
+
+    #[test]
+    fn steady_demand_reads_exactly_with_aligned_agents() {
+        for e in [EstimatorKind::LatestRound, EstimatorKind::AblyMma] {
+            steady(e, &[2_000; 10], 5);
+        }
+    }
+
+    #[test]
+    fn steady_demand_reads_exactly_with_straddling_reports() {
+        // Phases that are not on the grid: reports straddle sub-interval
+        // boundaries and arrive late.
+        for e in [EstimatorKind::LatestRound, EstimatorKind::AblyMma] {
+            steady(e, &[300, 700, 1_100, 1_900, 2_000, 500], 40);
+        }
+    }
+
+    proptest! {
+        /// Whatever the interval, the parts add up to the whole unless
+        /// they are older than the window; nothing lands outside the
+        /// sub-intervals the interval overlaps.
+        #[test]
+        fn attribution_conserves_cost(
+            start_ms in 0u64..60_000,
+            len_ms in 0u64..30_000,
+            attempted in 0u64..u64::MAX / 2,
+            admitted_share in 0.0f64..=1.0,
+        ) {
+            let c = cfg(EstimatorKind::AblyMma);
+            let mut w = DemandWindow::new(&c);
+            let admitted = (attempted as f64 * admitted_share) as u64;
+            let (s, e) = (at(start_ms), at(start_ms + len_ms));
+            let dropped = w.record(&c, s, e, attempted, admitted);
+            let (a, b) = w.total();
+            prop_assert_eq!(a + dropped.attempted, attempted);
+            prop_assert_eq!(b + dropped.admitted, admitted);
+            let sub = 6_000_000_000u64;
+            let (first, last) = (s.as_nanos() / sub, e.as_nanos().saturating_sub(1).max(s.as_nanos()) / sub);
+            for i in first.saturating_sub(10)..last + 10 {
+                if i < first || i > last {
+                    prop_assert_eq!(w.bucket(i), Counts::default());
+                }
+            }
+        }
+
+        /// Reports in any order never lose cost that is still inside the
+        /// window, and never count anything twice.
+        #[test]
+        fn any_order_of_reports_conserves_cost(
+            reports in proptest::collection::vec((0u64..20_000, 1u64..4_000, 0u64..1_000_000), 1..40),
+        ) {
+            let c = cfg(EstimatorKind::AblyMma);
+            let mut w = DemandWindow::new(&c);
+            let mut kept = 0u64;
+            for (start, len, cost) in reports {
+                let d = w.record(&c, at(start), at(start + len), cost, 0);
+                kept += cost - d.attempted;
+            }
+            // Everything spans < 24 s, which the ring holds entirely.
+            prop_assert_eq!(w.total().0, kept);
+        }
+    }
+}

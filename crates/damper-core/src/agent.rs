@@ -34,11 +34,13 @@
 //! assert!(agent.check(later, "acme", "messages", 1, &mut rng).is_admit());
 //! ```
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use compact_str::CompactString;
 use foldhash::fast::RandomState;
 use rand::Rng;
 
@@ -131,11 +133,14 @@ fn threshold(factor: f64) -> u64 {
     (factor.clamp(0.0, 1.0) * ONE as f64).round() as u64
 }
 
-/// An (account, op) key, owned.
+/// An (account, op) key, owned. Laid out so that confirming a lookup's
+/// match touches no memory outside the entry for the common case: the op
+/// is interned (every key of an op shares one allocation, which stays in
+/// cache) and the account is stored inline up to 24 bytes.
 #[derive(PartialEq, Eq)]
 struct Key {
-    op: Box<str>,
-    account: Box<str>,
+    op: Arc<str>,
+    account: CompactString,
 }
 
 /// An (account, op) key, borrowed: hashes exactly as [`Key`] does, so the
@@ -147,19 +152,38 @@ struct KeyRef<'a> {
 }
 
 impl papaya::Equivalent<Key> for KeyRef<'_> {
+    #[inline]
     fn equivalent(&self, key: &Key) -> bool {
-        *key.op == *self.op && *key.account == *self.account
+        key.account.as_str() == self.account && *key.op == *self.op
     }
 }
 
 /// The state of one (account, op). Counters only grow; drains remember how
 /// far they have read, so a check never races a drain into losing or
 /// double-counting cost.
+///
+/// Layout: a check reads and writes only the first eight fields, which
+/// fill exactly one 64-byte cache line (`align(64)`); the fields only drains
+/// touch come after. A check's counter add is a locked instruction that
+/// waits for its line, so every extra line a check touches is paid in full.
+#[repr(C, align(64))]
 struct Entry {
+    /// The master's factor as a threshold out of 2^32.
+    master_threshold: AtomicU64,
+    /// When the master's factor expires (nanoseconds since the epoch).
+    master_expires: AtomicU64,
+    /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
+    limit: AtomicU64,
+    /// Start of the local guard's current measurement.
+    local_start: AtomicU64,
+    /// The local guard's factor as a threshold out of 2^32.
+    local_threshold: AtomicU64,
     /// Total cost admitted since the entry was created.
     admitted: AtomicU64,
     /// Total cost rejected since the entry was created.
     rejected: AtomicU64,
+    /// Total attempted cost when the current local measurement began.
+    local_base: AtomicU64,
     /// How much of `admitted` the drains have taken (drainer only).
     drained_admitted: AtomicU64,
     /// How much of `rejected` the drains have taken (drainer only).
@@ -169,18 +193,6 @@ struct Entry {
     /// Whether the last drain took anything: the next one reports a zero
     /// once, so the master knows this agent went quiet.
     active_last_drain: AtomicBool,
-    /// The master's factor as a threshold out of 2^32.
-    master_threshold: AtomicU64,
-    /// When the master's factor expires (nanoseconds since the epoch).
-    master_expires: AtomicU64,
-    /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
-    limit: AtomicU64,
-    /// The local guard's factor as a threshold out of 2^32.
-    local_threshold: AtomicU64,
-    /// Start of the local guard's current measurement.
-    local_start: AtomicU64,
-    /// Total attempted cost when the current local measurement began.
-    local_base: AtomicU64,
 }
 
 impl Entry {
@@ -279,6 +291,9 @@ impl Entry {
 pub struct AgentState {
     config: AgentConfig,
     entries: papaya::HashMap<Key, Entry, RandomState>,
+    /// One shared allocation per op name, for the keys. Taken only when a
+    /// new (account, op) is inserted, never on a known key's check.
+    ops: Mutex<HashMap<Box<str>, Arc<str>>>,
     /// Drains and undrains take this, so there is one drainer at a time.
     /// Never taken by `check`.
     drain_lock: Mutex<()>,
@@ -305,10 +320,30 @@ impl AgentState {
     pub fn new(config: AgentConfig) -> AgentState {
         AgentState {
             config,
+            // Blocking resizes: the thread inserting a new key copies the
+            // whole table when it grows. Incremental resizing (papaya's
+            // default) leaves the copy to later writes, and when none come,
+            // every lookup probes the old table before the new one: measured
+            // at 775 ns against 239 ns per check over 100 000 keys.
             entries: papaya::HashMap::builder()
                 .hasher(RandomState::default())
+                .resize_mode(papaya::ResizeMode::Blocking)
                 .build(),
+            ops: Mutex::default(),
             drain_lock: Mutex::new(()),
+        }
+    }
+
+    /// The owned key for a new (account, op), with the op interned.
+    fn new_key(&self, account: &str, op: &str) -> Key {
+        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let op = match ops.get(op) {
+            Some(op) => op.clone(),
+            None => ops.entry(op.into()).or_insert_with(|| op.into()).clone(),
+        };
+        Key {
+            op,
+            account: CompactString::from(account),
         }
     }
 
@@ -346,10 +381,7 @@ impl AgentState {
                     return Decision::Admit;
                 }
                 self.entries.get_or_insert_with(
-                    Key {
-                        op: op.into(),
-                        account: account.into(),
-                    },
+                    self.new_key(account, op),
                     || Entry::new(now),
                     &guard,
                 )
@@ -375,14 +407,14 @@ impl AgentState {
             return;
         }
         let guard = self.entries.guard();
-        let entry = self.entries.get_or_insert_with(
-            Key {
-                op: op.into(),
-                account: account.into(),
-            },
-            || Entry::new(now),
-            &guard,
-        );
+        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
+            Some(entry) => entry,
+            None => self.entries.get_or_insert_with(
+                self.new_key(account, op),
+                || Entry::new(now),
+                &guard,
+            ),
+        };
         let limit = if limit.is_finite() && limit > 0.0 {
             limit
         } else {
@@ -428,7 +460,7 @@ impl AgentState {
             if active || was_active {
                 let since = entry.carried_since.swap(0, Relaxed);
                 visit(
-                    &key.account,
+                    key.account.as_str(),
                     &key.op,
                     Delta {
                         attempted: d_admitted.saturating_add(d_rejected),
@@ -474,7 +506,7 @@ impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         KeyRef {
             op: &self.op,
-            account: &self.account,
+            account: self.account.as_str(),
         }
         .hash(state)
     }

@@ -297,3 +297,16 @@ proptest! {
         prop_assert_eq!(got_admitted, want_admitted);
     }
 }
+
+#[test]
+fn borrowed_and_owned_keys_hash_alike() {
+    use std::hash::BuildHasher;
+    let agent = AgentState::new(AgentConfig::default());
+    let owned = agent.new_key("account-000042", "messages");
+    let borrowed = KeyRef {
+        op: "messages",
+        account: "account-000042",
+    };
+    let hasher = foldhash::fast::FixedState::with_seed(7);
+    assert_eq!(hasher.hash_one(&owned), hasher.hash_one(&borrowed));
+}

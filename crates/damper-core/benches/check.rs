@@ -15,6 +15,8 @@
 //! Run: `cargo bench -p damper-core --bench check`.
 
 #![allow(missing_docs)]
+// A benchmark measures wall time by definition.
+#![allow(clippy::disallowed_types)]
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

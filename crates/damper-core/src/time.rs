@@ -7,6 +7,7 @@
 use std::fmt;
 use std::ops::{Add, Sub};
 use std::sync::atomic::{AtomicU64, Ordering};
+#[allow(clippy::disallowed_types)] // The one place that reads the system clock.
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A point in time: nanoseconds since the Unix epoch.
@@ -100,6 +101,7 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[allow(clippy::disallowed_types)]
     fn now(&self) -> Nanos {
         // A clock set before 1970 reads as the epoch rather than panicking.
         let since_epoch = SystemTime::now()

@@ -266,7 +266,10 @@ impl Entry {
     fn local_guard(&self, now: u64, limit: f64, config: &AgentConfig) -> u64 {
         let start = self.local_start.load(Relaxed);
         let elapsed = now.saturating_sub(start);
-        if elapsed < duration_nanos(config.local_window)
+        // `elapsed == 0`: nothing to measure over (a zero local window, or a
+        // clock that did not move), and no rate to divide by.
+        if elapsed == 0
+            || elapsed < duration_nanos(config.local_window)
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)

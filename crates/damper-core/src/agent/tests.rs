@@ -310,3 +310,28 @@ fn borrowed_and_owned_keys_hash_alike() {
     let hasher = foldhash::fast::FixedState::with_seed(7);
     assert_eq!(hasher.hash_one(&owned), hasher.hash_one(&borrowed));
 }
+
+#[test]
+fn a_zero_local_window_never_divides_by_zero() {
+    let agent = AgentState::new(AgentConfig {
+        local_window: Duration::ZERO,
+        ..AgentConfig::default()
+    });
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.0,
+        1_000.0,
+        Duration::from_secs(60),
+    );
+    // Many checks at the same instant: no interval to measure a rate over.
+    for _ in 0..1_000 {
+        assert!(
+            agent
+                .check(t(0), "acme", "messages", u64::MAX / 4, &mut rng)
+                .is_admit()
+        );
+    }
+}

@@ -36,7 +36,10 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -213,10 +216,12 @@ impl Entry {
         }
     }
 
+    /// Total attempted cost. Wraps like the counters it adds, so the
+    /// difference of two readings (`wrapping_sub`) stays exact.
     fn attempted_total(&self) -> u64 {
         self.admitted
             .load(Relaxed)
-            .saturating_add(self.rejected.load(Relaxed))
+            .wrapping_add(self.rejected.load(Relaxed))
     }
 
     #[inline]
@@ -228,12 +233,18 @@ impl Entry {
         config: &AgentConfig,
     ) -> Decision {
         let now = now.as_nanos();
-        let master = if now < self.master_expires.load(Relaxed) {
-            self.master_threshold.load(Relaxed)
+        // Acquire pairs with `apply`'s Release: a valid expiry comes with the
+        // threshold stored before it, never an older one.
+        let (master, limit) = if now < self.master_expires.load(Acquire) {
+            (
+                self.master_threshold.load(Relaxed),
+                f64::from_bits(self.limit.load(Relaxed)),
+            )
         } else {
-            0 // Expired or never set: fail open.
+            // Expired or never set: fail open, the local guard included,
+            // since the limit it enforces is only known while the master is.
+            (0, 0.0)
         };
-        let limit = f64::from_bits(self.limit.load(Relaxed));
         let local = if limit > 0.0 {
             self.local_guard(now, limit, config)
         } else {
@@ -279,7 +290,7 @@ impl Entry {
         }
         let total = self.attempted_total();
         let base = self.local_base.swap(total, Relaxed);
-        let rate = total.saturating_sub(base) as f64 / (elapsed as f64 / 1e9);
+        let rate = total.wrapping_sub(base) as f64 / (elapsed as f64 / 1e9);
         let t = if rate > limit {
             threshold(1.0 - limit / rate)
         } else {
@@ -425,9 +436,11 @@ impl AgentState {
         };
         entry.limit.store(limit.to_bits(), Relaxed);
         entry.master_threshold.store(threshold(factor), Relaxed);
+        // Release: a check that sees this expiry sees the values above.
+        // (Replies are applied by one task, so stores do not interleave.)
         entry
             .master_expires
-            .store((now + valid_for).as_nanos(), Relaxed);
+            .store((now + valid_for).as_nanos(), Release);
     }
 
     /// The master's factor in force for an (account, op) at `now` (0 when
@@ -435,7 +448,7 @@ impl AgentState {
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
         let guard = self.entries.guard();
         let entry = self.entries.get(&KeyRef { op, account }, &guard)?;
-        Some(if now.as_nanos() < entry.master_expires.load(Relaxed) {
+        Some(if now.as_nanos() < entry.master_expires.load(Acquire) {
             entry.master_threshold.load(Relaxed) as f64 / ONE as f64
         } else {
             0.0
@@ -485,6 +498,12 @@ impl AgentState {
         let Some(entry) = self.entries.get(&KeyRef { op, account }, &guard) else {
             return;
         };
+        if delta.attempted == 0 {
+            // A zero report ("this agent went quiet") that did not arrive:
+            // send it again next time. It carries no counts, so no start.
+            entry.active_last_drain.store(true, Relaxed);
+            return;
+        }
         let rejected = delta.attempted.saturating_sub(delta.admitted);
         entry.drained_admitted.fetch_sub(delta.admitted, Relaxed);
         entry.drained_rejected.fetch_sub(rejected, Relaxed);

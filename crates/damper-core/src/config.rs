@@ -135,6 +135,10 @@ impl Default for PolicySection {
 /// The `[limits]` table as written in a file: key to cost per second.
 pub type LimitsSection = BTreeMap<String, f64>;
 
+/// How many sub-intervals the settle time (rollup interval plus grace) may
+/// span. Each (account, op) keeps that many besides its window.
+pub const MAX_UNSETTLED_SUB_INTERVALS: u128 = 64;
+
 /// How the window is cut up, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WindowConfig {
@@ -192,13 +196,29 @@ impl TryFrom<WindowSection> for WindowConfig {
                     format!("must be between 1 and 1024, got {}", w.sub_intervals),
                 )
             })?;
-        Ok(WindowConfig {
+        let config = WindowConfig {
             sub_interval,
             sub_intervals,
             rollup_interval,
             grace,
             estimator: w.estimator,
-        })
+        };
+        // Every (account, op) keeps the sub-intervals a settle time spans:
+        // bound them, or a tiny sub-interval under a long settle time would
+        // cost gigabytes per key.
+        let unsettled = config.settle().as_nanos().div_ceil(sub_interval.as_nanos());
+        if unsettled > MAX_UNSETTLED_SUB_INTERVALS {
+            return Err(ConfigError::invalid(
+                "window.sub_interval_ms",
+                format!(
+                    "rollup_interval_ms + grace_ms ({} ms) spans {unsettled} sub-intervals of {} ms; \
+                     at most {MAX_UNSETTLED_SUB_INTERVALS} are allowed: use longer sub-intervals",
+                    config.settle().as_millis(),
+                    w.sub_interval_ms
+                ),
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -384,6 +404,8 @@ mod tests {
                 "[window]\nrollup_interval_ms = 0",
                 "window.rollup_interval_ms",
             ),
+            // 2.5 s of settle time over 1 ms sub-intervals: 2 500 per key.
+            ("[window]\nsub_interval_ms = 1", "window.sub_interval_ms"),
             ("[policy]\nkind = \"token-bucket\"", "policy.kind"),
             (
                 "[policy]\nkind = \"linear-ramp\"\nramp = 1.0",

@@ -252,12 +252,15 @@ impl MasterState {
         let rate = self.config.limits.lookup(account, op)?.rate;
         Some(match self.ops.get(op).and_then(|a| a.get(account)) {
             Some(key) => verdict(&self.config, &key.window, rate, now),
-            None => verdict(
-                &self.config,
-                &DemandWindow::new(&self.config.window),
-                rate,
-                now,
-            ),
+            None => {
+                let rates = Rates::default();
+                Verdict {
+                    factor: self.config.policy.kind.factor(rate, rates),
+                    limit: rate,
+                    valid_for: self.config.policy.factor_validity,
+                    rates,
+                }
+            }
         })
     }
 

@@ -290,7 +290,8 @@ impl DemandWindow {
     /// once but an incomplete quiet sub-interval never drags the rate down.
     /// Its rate is the higher of the current sub-interval alone (so a spike is
     /// not diluted by the settling one before it) and the whole unsettled
-    /// span; both are lower bounds, as reports may still arrive.
+    /// span, each over at least one rollup interval; both are lower bounds,
+    /// as reports may still arrive.
     fn ably_mma(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
         let sub = duration_nanos(cfg.sub_interval);
         let completed = cfg.sub_intervals.get() as u64 - 1;
@@ -310,10 +311,12 @@ impl DemandWindow {
             unsettled.admitted = unsettled.admitted.saturating_add(c.admitted);
         }
         let current_counts = self.bucket(current);
+        // Floored at one rollup interval, as a round's reports are: right
+        // after a boundary, a sliver of a report must not read as a huge rate.
         let span = |from_index: u64| {
             Duration::from_nanos(now.as_nanos() - from_index * sub)
+                .max(cfg.rollup_interval)
                 .as_secs_f64()
-                .max(1e-9)
         };
         let (span_all, span_current) = (span(first_unsettled), span(current));
         let sub_secs = cfg.sub_interval.as_secs_f64();

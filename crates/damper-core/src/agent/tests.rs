@@ -335,3 +335,46 @@ fn a_zero_local_window_never_divides_by_zero() {
         );
     }
 }
+
+#[test]
+fn a_lost_zero_report_is_sent_again_without_a_stale_start() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    assert_eq!(drained(&agent)[0].2.attempted, 5);
+    // The zero report's rollup fails and is put back.
+    let zero = drained(&agent);
+    assert_eq!(zero[0].2.attempted, 0);
+    agent.undrain("acme", "messages", zero[0].2, t(2_000));
+    // It is sent again, still without a start of its own.
+    let again = drained(&agent);
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].2.attempted, again[0].2.since), (0, None));
+    assert!(drained(&agent).is_empty());
+    // Much later, a burst reports the interval since the last drain,
+    // not since the lost zero.
+    agent.check(t(3_600_000), "acme", "messages", 9, &mut rng);
+    let burst = drained(&agent);
+    assert_eq!((burst[0].2.attempted, burst[0].2.since), (9, None));
+}
+
+#[test]
+fn the_local_guard_fails_open_with_the_masters_factor() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(3);
+    agent.apply(t(0), "acme", "messages", 0.0, 1_000.0, Duration::from_secs(1));
+    let mut rejected_before = 0;
+    let mut rejected_after = 0;
+    // 10 000 ops/s for 3 s; the master's reply is valid for the first second.
+    for i in 0..30_000u64 {
+        let now = Nanos::from_nanos(t(0).as_nanos() + i * 100_000);
+        let admitted = agent.check(now, "acme", "messages", 1, &mut rng).is_admit();
+        if i < 10_000 {
+            rejected_before += u32::from(!admitted);
+        } else {
+            rejected_after += u32::from(!admitted);
+        }
+    }
+    assert!(rejected_before > 5_000, "the guard works while the master is there");
+    assert_eq!(rejected_after, 0, "no master, no limit: fail open");
+}

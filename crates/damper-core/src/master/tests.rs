@@ -373,3 +373,31 @@ fn demand_stops_reading_once_reports_stop() {
         0.0
     );
 }
+
+#[test]
+fn ably_mma_reads_no_spike_from_a_sliver_after_a_boundary() {
+    let mut m = master("ably-mma");
+    for end in (2_000..=60_000).step_by(2_000) {
+        assert_eq!(round(&mut m, end, 500.0), 0.0);
+    }
+    // A zero-length report 1 µs past a sub-interval boundary (T0 + 66 s).
+    let at_boundary = Nanos::from_nanos(at(66_000).as_nanos() + 1_000);
+    let report = Report {
+        account: "acme",
+        op: "messages",
+        start: at_boundary,
+        end: at_boundary,
+        attempted: 10,
+        admitted: 10,
+    };
+    let v = m.ingest(at_boundary, &report).unwrap().unwrap();
+    assert_eq!(v.factor, 0.0, "{v:?}");
+}
+
+#[test]
+fn verdicts_for_unknown_pairs_allocate_no_state() {
+    let m = master("latest-round");
+    let v = m.verdict(at(0), "never-seen", "messages").unwrap();
+    assert_eq!((v.factor, v.rates), (0.0, Rates::default()));
+    assert!(m.is_empty());
+}

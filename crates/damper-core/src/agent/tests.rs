@@ -362,7 +362,14 @@ fn a_lost_zero_report_is_sent_again_without_a_stale_start() {
 fn the_local_guard_fails_open_with_the_masters_factor() {
     let agent = AgentState::new(AgentConfig::default());
     let mut rng = SmallRng::seed_from_u64(3);
-    agent.apply(t(0), "acme", "messages", 0.0, 1_000.0, Duration::from_secs(1));
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.0,
+        1_000.0,
+        Duration::from_secs(1),
+    );
     let mut rejected_before = 0;
     let mut rejected_after = 0;
     // 10 000 ops/s for 3 s; the master's reply is valid for the first second.
@@ -375,6 +382,9 @@ fn the_local_guard_fails_open_with_the_masters_factor() {
             rejected_after += u32::from(!admitted);
         }
     }
-    assert!(rejected_before > 5_000, "the guard works while the master is there");
+    assert!(
+        rejected_before > 5_000,
+        "the guard works while the master is there"
+    );
     assert_eq!(rejected_after, 0, "no master, no limit: fail open");
 }

@@ -1,0 +1,375 @@
+//! The Damper agent, linked into every pub/sub node.
+//!
+//! [`Agent::check`] decides each operation in-process: synchronous, never
+//! waiting on the network, no lock, allocation or clock read for an (account,
+//! op) already seen, callable from any number of threads. A background task
+//! sends the counts to each account's master every rollup interval and
+//! applies the factors in the replies. When a master is slow or gone, checks
+//! go on unaffected; its factors expire and the agent admits (fails open).
+//!
+//! # Layout
+//! - [`Agent`], [`AgentBuilder`]: the handle the node holds, and its settings.
+//! - `rollup`: the background task (cutting intervals, routing by ring,
+//!   batching, retries by carrying counts over, applying replies).
+//! - `clock`: the coarse clock `check` reads.
+//! - The decision itself is [`damper_core::agent`]'s, re-exported here as
+//!   [`Decision`] and [`Rejection`].
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use damper_agent::{Agent, Decision};
+//!
+//! let agent = Agent::builder()
+//!     .masters(["10.0.0.1:7070", "10.0.0.2:7070"])
+//!     .agent_id("edge-eu-1")
+//!     .start()?;
+//!
+//! // On every publish: cost = 1 + subscribers.
+//! match agent.check("acme", "messages", 1 + 1000) {
+//!     Decision::Admit => { /* deliver */ }
+//!     Decision::Reject(r) => {
+//!         // Tell the publisher now: rate limited, retry after r.retry_after.
+//!         eprintln!("rejected: factor {}, retry in {:?}", r.factor, r.retry_after);
+//!     }
+//! }
+//! agent.shutdown().await; // sends the last counts
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod clock;
+mod rollup;
+
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::time::Clock;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use damper_core::agent::{Decision, RejectSource, Rejection};
+
+use crate::clock::CoarseClock;
+
+/// Where the masters are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Masters {
+    /// A fixed list of `host:port` addresses.
+    Static(Vec<String>),
+    /// A DNS name resolved to every address it has, re-resolved
+    /// periodically: a Kubernetes headless service, for instance.
+    Dns {
+        /// The name to resolve.
+        host: String,
+        /// The masters' gRPC port.
+        port: u16,
+        /// How often to resolve again.
+        every: Duration,
+    },
+}
+
+/// Why an agent could not start.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AgentError {
+    /// No master was given.
+    #[error("no masters: give at least one address or a DNS name")]
+    NoMasters,
+    /// A master address is not `host:port`.
+    #[error("master address {address:?}: {reason}")]
+    BadAddress {
+        /// The address as given.
+        address: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A setting is out of range.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid {
+        /// The builder method.
+        field: &'static str,
+        /// What is allowed.
+        reason: &'static str,
+    },
+    /// `start` was called outside a tokio runtime.
+    #[error("Agent::start must be called from within a tokio runtime")]
+    NoRuntime,
+    /// The clock thread could not be started.
+    #[error("cannot start the agent's clock thread: {0}")]
+    Clock(String),
+}
+
+/// Settings for an [`Agent`]; see [`Agent::builder`].
+#[derive(Clone, Debug)]
+pub struct AgentBuilder {
+    masters: Option<Masters>,
+    agent_id: Option<String>,
+    rollup_interval: Duration,
+    local_window: Duration,
+    request_timeout: Option<Duration>,
+    max_entries_per_request: usize,
+    max_carry: Duration,
+}
+
+impl Default for AgentBuilder {
+    fn default() -> Self {
+        AgentBuilder {
+            masters: None,
+            agent_id: None,
+            rollup_interval: Duration::from_secs(2),
+            local_window: Duration::from_millis(250),
+            request_timeout: None,
+            max_entries_per_request: 10_000,
+            max_carry: Duration::from_secs(30),
+        }
+    }
+}
+
+impl AgentBuilder {
+    /// A fixed list of master addresses (`host:port`).
+    pub fn masters<S: Into<String>>(mut self, addresses: impl IntoIterator<Item = S>) -> Self {
+        self.masters = Some(Masters::Static(
+            addresses.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
+    /// Masters found by resolving `host` (every address it has, on `port`),
+    /// again every `every`.
+    pub fn masters_dns(mut self, host: impl Into<String>, port: u16, every: Duration) -> Self {
+        self.masters = Some(Masters::Dns {
+            host: host.into(),
+            port,
+            every,
+        });
+        self
+    }
+
+    /// This agent's identity in rollups and logs. Default: host name and
+    /// process id.
+    pub fn agent_id(mut self, id: impl Into<String>) -> Self {
+        self.agent_id = Some(id.into());
+        self
+    }
+
+    /// How often counts go to the masters (default 2 s). Must match the
+    /// masters' `rollup_interval_ms`.
+    pub fn rollup_interval(mut self, interval: Duration) -> Self {
+        self.rollup_interval = interval;
+        self
+    }
+
+    /// The local guard's measurement window (default 250 ms).
+    pub fn local_window(mut self, window: Duration) -> Self {
+        self.local_window = window;
+        self
+    }
+
+    /// How long to wait for a master's reply (default: half the rollup
+    /// interval, at most 1 s).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Most (account, op) entries in one request; a larger rollup is split
+    /// (default 10 000).
+    pub fn max_entries_per_request(mut self, n: usize) -> Self {
+        self.max_entries_per_request = n;
+        self
+    }
+
+    /// How long counts that could not be delivered are kept and resent
+    /// before they are dropped, counted in
+    /// `damper_agent_rollup_dropped_cost_total` (default 30 s: older counts
+    /// fall outside any window the master keeps).
+    pub fn max_carry(mut self, max: Duration) -> Self {
+        self.max_carry = max;
+        self
+    }
+
+    /// Starts the agent: its clock and its rollup task. Call from within a
+    /// tokio runtime.
+    pub fn start(self) -> Result<Agent, AgentError> {
+        let masters = self.masters.ok_or(AgentError::NoMasters)?;
+        if let Masters::Static(list) = &masters {
+            if list.is_empty() {
+                return Err(AgentError::NoMasters);
+            }
+            for address in list {
+                validate_address(address)?;
+            }
+        }
+        if let Masters::Dns { host, every, .. } = &masters {
+            if host.is_empty() {
+                return Err(AgentError::NoMasters);
+            }
+            if every.is_zero() {
+                return Err(AgentError::Invalid {
+                    field: "masters_dns",
+                    reason: "the re-resolve period must be greater than zero",
+                });
+            }
+        }
+        if self.rollup_interval < Duration::from_millis(10) {
+            return Err(AgentError::Invalid {
+                field: "rollup_interval",
+                reason: "must be at least 10 ms",
+            });
+        }
+        if self.max_entries_per_request == 0 {
+            return Err(AgentError::Invalid {
+                field: "max_entries_per_request",
+                reason: "must be at least 1",
+            });
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
+        let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
+        let clock = CoarseClock::start(Duration::from_millis(1))
+            .map_err(|e| AgentError::Clock(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            state: AgentState::new(AgentConfig {
+                rollup_interval: self.rollup_interval,
+                local_window: self.local_window,
+            }),
+            clock,
+            agent_id,
+        });
+        let settings = rollup::Settings {
+            masters,
+            rollup_interval: self.rollup_interval,
+            request_timeout: self
+                .request_timeout
+                .unwrap_or((self.rollup_interval / 2).min(Duration::from_secs(1))),
+            max_entries_per_request: self.max_entries_per_request,
+            max_carry: self.max_carry,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = runtime.spawn(rollup::run(shared.clone(), settings, stopped));
+        Ok(Agent {
+            shared,
+            stop,
+            task: Mutex::new(Some(task)),
+        })
+    }
+}
+
+fn validate_address(address: &str) -> Result<(), AgentError> {
+    let bad = |reason| AgentError::BadAddress {
+        address: address.to_string(),
+        reason,
+    };
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| bad("expected host:port"))?;
+    if host.is_empty() {
+        return Err(bad("the host is empty"));
+    }
+    if host.contains("://") || host.contains('/') {
+        return Err(bad("give host:port, without a scheme or path"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
+    Ok(())
+}
+
+fn default_agent_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "agent".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// State shared by the handle and the rollup task.
+pub(crate) struct Shared {
+    pub(crate) state: AgentState,
+    pub(crate) clock: CoarseClock,
+    pub(crate) agent_id: String,
+}
+
+/// The agent a node holds. Cheap to share: wrap it in an `Arc`.
+pub struct Agent {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("agent_id", &self.shared.agent_id)
+            .field("state", &self.shared.state)
+            .finish()
+    }
+}
+
+thread_local! {
+    /// Per-thread randomness for the probabilistic decision, seeded from the
+    /// OS-seeded keys of std's `RandomState`: no shared state, no lock.
+    static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::seed_from_u64({
+        let mut h = std::hash::RandomState::new().build_hasher();
+        h.write_u64(0);
+        h.finish()
+    }));
+}
+
+impl Agent {
+    /// Settings for a new agent.
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder::default()
+    }
+
+    /// Decides one operation of `cost` (a publish to N subscribers costs
+    /// 1 + N) by `account` on `op`, and counts it for the next rollup.
+    ///
+    /// Never blocks, never fails because a master is slow or down. See
+    /// [`AgentState::check`] for the edge cases (cost 0, empty or over-long
+    /// names: admitted and not counted).
+    #[inline]
+    pub fn check(&self, account: &str, op: &str, cost: u64) -> Decision {
+        let now = self.shared.clock.now();
+        RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng))
+    }
+
+    /// The master's factor in force for an (account, op), or `None` if this
+    /// agent never saw it.
+    pub fn factor(&self, account: &str, op: &str) -> Option<f64> {
+        self.shared
+            .state
+            .factor(self.shared.clock.now(), account, op)
+    }
+
+    /// This agent's identity.
+    pub fn id(&self) -> &str {
+        &self.shared.agent_id
+    }
+
+    /// Stops the rollup task after it sends a last rollup of everything
+    /// counted so far, and waits for that. Checks made afterwards are still
+    /// decided (on the factors in force) but no longer reported.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        self.shared.clock.stop();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // Without shutdown(): stop the task and clock, without a last flush.
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+        self.shared.clock.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests;

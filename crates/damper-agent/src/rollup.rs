@@ -1,0 +1,403 @@
+//! The rollup task: every interval, take the counts, route each account to
+//! its master on the ring, send one request per master (split when large),
+//! apply the factors in the replies, and carry over what could not be sent.
+//!
+//! Intervals are cut on the wall-clock grid (multiples of the rollup
+//! interval since the epoch), the same for every agent, so a master can tell
+//! which reports belong to one round. Sends are spread over the first fifth
+//! of the interval by agent id, so masters do not see every agent at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_core::agent::Delta;
+use damper_core::ring::Ring;
+use damper_core::time::{Clock, Nanos, SystemClock};
+use damper_proto::v1::master_client::MasterClient;
+use damper_proto::v1::{AccountCounts, OpCounts, RollupReply, RollupRequest};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{Masters, Shared};
+
+pub(crate) struct Settings {
+    pub(crate) masters: Masters,
+    pub(crate) rollup_interval: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) max_entries_per_request: usize,
+    pub(crate) max_carry: Duration,
+}
+
+/// One (account, op)'s counts in flight, kept to be put back on failure.
+struct Pending {
+    account: String,
+    op: String,
+    delta: Delta,
+}
+
+/// One request to one master, with what it carries.
+struct Batch {
+    master: String,
+    request: RollupRequest,
+    pending: Vec<Pending>,
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch::Receiver<bool>) {
+    let interval = settings.rollup_interval;
+    let mut members = Members::new(&settings.masters).await;
+    let mut clients = Clients::new(settings.request_timeout);
+    let spread = spread(&shared.agent_id, interval);
+    let mut start = grid_floor(SystemClock.now(), interval);
+    tracing::info!(agent = %shared.agent_id, masters = ?members.ring.members().collect::<Vec<_>>(), "damper agent started");
+    loop {
+        let boundary = start + interval;
+        let stopping = *stop.borrow()
+            || tokio::select! {
+                () = tokio::time::sleep(boundary.since(SystemClock.now())) => false,
+                _ = stop.changed() => true,
+            };
+        let end = if stopping {
+            SystemClock.now().max(start)
+        } else {
+            boundary
+        };
+        let batches = drain(
+            &shared,
+            &members.ring,
+            start,
+            end,
+            settings.max_entries_per_request,
+        );
+        if !stopping && !spread.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(spread) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        send(&shared, &mut clients, batches, start, end, &settings).await;
+        start = end;
+        if stopping {
+            tracing::info!(agent = %shared.agent_id, "damper agent stopped after a last rollup");
+            return;
+        }
+        if members.refresh_if_due().await {
+            clients.retain(&members.ring);
+        }
+    }
+}
+
+/// The start of the grid interval that contains `now`.
+fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
+    let i = u64::try_from(interval.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    Nanos::from_nanos(now.as_nanos() / i * i)
+}
+
+/// This agent's send delay within the interval: a fixed share of its first
+/// fifth, by agent id.
+fn spread(agent_id: &str, interval: Duration) -> Duration {
+    let window = (interval / 5).as_millis() as u64;
+    if window == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a: stable, and plenty to scatter agents.
+    let hash = agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    Duration::from_millis(hash % window)
+}
+
+/// Takes every (account, op)'s counts and groups them into requests, one or
+/// more per owning master.
+fn drain(shared: &Shared, ring: &Ring, start: Nanos, end: Nanos, max_entries: usize) -> Vec<Batch> {
+    let mut by_master: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+    let mut unroutable = Vec::new();
+    shared.state.drain(|account, op, delta| {
+        let pending = Pending {
+            account: account.to_owned(),
+            op: op.to_owned(),
+            delta,
+        };
+        match ring.owner(account) {
+            Some(master) => by_master
+                .entry(master.to_owned())
+                .or_default()
+                .push(pending),
+            None => unroutable.push(pending),
+        }
+    });
+    if !unroutable.is_empty() {
+        tracing::warn!(
+            entries = unroutable.len(),
+            "no master to send counts to; carrying them over"
+        );
+        for p in unroutable {
+            carry_over(shared, p, start, end, Duration::MAX);
+        }
+    }
+    let mut batches = Vec::new();
+    for (master, mut pending) in by_master {
+        pending.sort_by(|a, b| a.op.cmp(&b.op));
+        while !pending.is_empty() {
+            let rest = pending.split_off(pending.len().min(max_entries));
+            let chunk = std::mem::replace(&mut pending, rest);
+            let mut ops: Vec<OpCounts> = Vec::new();
+            for p in &chunk {
+                if ops.last().is_none_or(|o| o.op != p.op) {
+                    ops.push(OpCounts {
+                        op: p.op.clone(),
+                        accounts: Vec::new(),
+                    });
+                }
+                ops.last_mut()
+                    .expect("pushed above")
+                    .accounts
+                    .push(AccountCounts {
+                        account: p.account.clone(),
+                        attempted: p.delta.attempted,
+                        admitted: p.delta.admitted,
+                        start_unix_ms: p.delta.since.map_or(0, Nanos::as_millis),
+                    });
+            }
+            batches.push(Batch {
+                master: master.clone(),
+                request: RollupRequest {
+                    agent_id: shared.agent_id.clone(),
+                    interval_start_unix_ms: start.as_millis(),
+                    interval_end_unix_ms: end.as_millis(),
+                    ops,
+                },
+                pending: chunk,
+            });
+        }
+    }
+    batches
+}
+
+/// Puts counts that could not be delivered back for the next rollup, unless
+/// they are older than `max_carry`: then they are dropped and counted.
+fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: Duration) {
+    let since = p.delta.since.unwrap_or(start);
+    if end.since(since) > max_carry {
+        metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(p.delta.attempted);
+        return;
+    }
+    shared.state.undrain(&p.account, &p.op, p.delta, start);
+}
+
+/// Sends every batch concurrently, applies the replies, carries over the
+/// counts of the failures.
+async fn send(
+    shared: &Arc<Shared>,
+    clients: &mut Clients,
+    batches: Vec<Batch>,
+    start: Nanos,
+    end: Nanos,
+    settings: &Settings,
+) {
+    let mut in_flight = JoinSet::new();
+    for batch in batches {
+        let client = match clients.get(&batch.master) {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!(master = %batch.master, error = %e, "bad master address");
+                for p in batch.pending {
+                    carry_over(shared, p, start, end, settings.max_carry);
+                }
+                continue;
+            }
+        };
+        in_flight.spawn(async move {
+            let mut client = client;
+            let began = tokio::time::Instant::now();
+            let result = client.rollup(batch.request).await;
+            (batch.master, batch.pending, result, began.elapsed())
+        });
+    }
+    while let Some(joined) = in_flight.join_next().await {
+        let Ok((master, pending, result, took)) = joined else {
+            continue; // A send task panicked: its counts are lost, nothing else.
+        };
+        metrics::histogram!("damper_agent_rollup_duration_seconds").record(took.as_secs_f64());
+        match result {
+            Ok(reply) => {
+                metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
+                apply(
+                    shared,
+                    &master,
+                    reply.into_inner(),
+                    settings.rollup_interval,
+                );
+            }
+            Err(status) => {
+                metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
+                tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
+                for p in pending {
+                    carry_over(shared, p, start, end, settings.max_carry);
+                }
+            }
+        }
+    }
+}
+
+fn apply(shared: &Shared, master: &str, reply: RollupReply, interval: Duration) {
+    if reply.rollup_interval_ms != 0 && u128::from(reply.rollup_interval_ms) != interval.as_millis()
+    {
+        tracing::warn!(%master, master_ms = reply.rollup_interval_ms, agent_ms = interval.as_millis() as u64,
+            "rollup interval differs from the master's: rounds will not line up");
+    }
+    let now = shared.clock.now();
+    for op in reply.ops {
+        for f in op.accounts {
+            let valid_for = Duration::from_millis(u64::from(f.valid_for_ms));
+            shared
+                .state
+                .apply(now, &f.account, &op.op, f.factor, f.limit, valid_for);
+        }
+    }
+}
+
+/// The current member list and ring.
+struct Members {
+    ring: Ring,
+    dns: Option<Dns>,
+}
+
+struct Dns {
+    host: String,
+    port: u16,
+    every: Duration,
+    next: tokio::time::Instant,
+}
+
+impl Members {
+    async fn new(masters: &Masters) -> Members {
+        match masters {
+            Masters::Static(list) => Members {
+                ring: Ring::new(list),
+                dns: None,
+            },
+            Masters::Dns { host, port, every } => {
+                let mut members = Members {
+                    ring: Ring::new(Vec::<String>::new()),
+                    dns: Some(Dns {
+                        host: host.clone(),
+                        port: *port,
+                        every: *every,
+                        next: tokio::time::Instant::now(),
+                    }),
+                };
+                members.refresh_if_due().await;
+                members
+            }
+        }
+    }
+
+    /// Resolves the DNS name again when due. Returns whether the ring changed.
+    async fn refresh_if_due(&mut self) -> bool {
+        let Some(dns) = &mut self.dns else {
+            return false;
+        };
+        if tokio::time::Instant::now() < dns.next {
+            return false;
+        }
+        dns.next = tokio::time::Instant::now() + dns.every;
+        let target = format!("{}:{}", dns.host, dns.port);
+        let resolved = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::lookup_host(target.clone()),
+        )
+        .await;
+        let addresses: Vec<String> = match resolved {
+            Ok(Ok(addrs)) => addrs.map(|a| a.to_string()).collect(),
+            Ok(Err(e)) => {
+                tracing::warn!(%target, error = %e, "cannot resolve masters; keeping the last list");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(%target, "resolving masters timed out; keeping the last list");
+                return false;
+            }
+        };
+        let ring = Ring::new(&addresses);
+        if ring.version() == self.ring.version() {
+            return false;
+        }
+        tracing::info!(%target, masters = ?addresses, "master list changed");
+        self.ring = ring;
+        true
+    }
+}
+
+/// One lazily connected gRPC client per master.
+struct Clients {
+    timeout: Duration,
+    by_master: HashMap<String, MasterClient<Channel>>,
+}
+
+impl Clients {
+    fn new(timeout: Duration) -> Clients {
+        Clients {
+            timeout,
+            by_master: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, master: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
+        if let Some(client) = self.by_master.get(master) {
+            return Ok(client.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{master}"))?
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = MasterClient::new(channel);
+        self.by_master.insert(master.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// Drops the clients of masters no longer on the ring.
+    fn retain(&mut self, ring: &Ring) {
+        let members: Vec<&str> = ring.members().collect();
+        self.by_master.retain(|m, _| members.contains(&m.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_are_cut_on_a_shared_grid() {
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            grid_floor(Nanos::from_millis(1_800_000_001_999), two),
+            Nanos::from_millis(1_800_000_000_000)
+        );
+        assert_eq!(
+            grid_floor(Nanos::from_millis(1_800_000_002_000), two),
+            Nanos::from_millis(1_800_000_002_000)
+        );
+    }
+
+    #[test]
+    fn sends_spread_over_the_first_fifth_of_the_interval() {
+        let two = Duration::from_secs(2);
+        let delays: Vec<Duration> = (0..200)
+            .map(|i| spread(&format!("edge-{i}"), two))
+            .collect();
+        assert!(delays.iter().all(|d| *d < Duration::from_millis(400)));
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(
+            distinct.len() > 100,
+            "agents bunch up: {} distinct delays",
+            distinct.len()
+        );
+        assert_eq!(spread("edge-1", two), spread("edge-1", two));
+        assert_eq!(spread("x", Duration::from_millis(4)), Duration::ZERO);
+    }
+}

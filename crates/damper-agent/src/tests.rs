@@ -1,0 +1,113 @@
+use super::*;
+use damper_core::config::MasterConfig;
+use damper_master::{Master, MasterOptions};
+
+/// A master on loopback with 200 ms rollups (time scaled down ten times).
+async fn master(limits: &str) -> (String, Master, tokio::sync::oneshot::Sender<()>) {
+    let config = MasterConfig::from_toml(&format!(
+        "[window]\nsub_interval_ms = 600\nrollup_interval_ms = 200\ngrace_ms = 100\n[limits]\n{limits}"
+    ))
+    .unwrap();
+    let master = Master::new(config, MasterOptions::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(damper_master::run(listener, master.clone(), async {
+        let _ = stopped.await;
+    }));
+    (address, master, stop)
+}
+
+fn agent(masters: &[&str]) -> Agent {
+    Agent::builder()
+        .masters(masters.iter().copied())
+        .rollup_interval(Duration::from_millis(200))
+        .request_timeout(Duration::from_millis(150))
+        .agent_id("test-agent")
+        .start()
+        .unwrap()
+}
+
+#[test]
+fn bad_settings_are_refused_with_the_reason() {
+    assert_eq!(Agent::builder().start().unwrap_err(), AgentError::NoMasters);
+    assert_eq!(
+        Agent::builder()
+            .masters(Vec::<String>::new())
+            .start()
+            .unwrap_err(),
+        AgentError::NoMasters
+    );
+    for (address, reason) in [
+        ("localhost", "expected host:port"),
+        (":7070", "the host is empty"),
+        ("http://m:7070", "without a scheme"),
+        ("m:99999", "the port"),
+    ] {
+        let err = Agent::builder()
+            .masters([address])
+            .start()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(address) && err.contains(reason), "{err}");
+    }
+    let err = Agent::builder()
+        .masters(["m:1"])
+        .rollup_interval(Duration::ZERO)
+        .start()
+        .unwrap_err();
+    assert!(err.to_string().contains("rollup_interval"), "{err}");
+    // Valid settings, but no runtime to run the rollup task on.
+    assert_eq!(
+        Agent::builder().masters(["m:1"]).start().unwrap_err(),
+        AgentError::NoRuntime
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_gets_a_factor_over_grpc_and_shutdown_flushes() {
+    let (address, master, _stop) = master("messages = 1000").await;
+    let agent = agent(&[&address]);
+    // 10 000 cost/s for up to 5 s, in 10 ms steps, until the master's
+    // factor reaches the agent.
+    let mut factor = 0.0;
+    for _ in 0..500 {
+        for _ in 0..100 {
+            agent.check("flood", "messages", 1);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        factor = agent.factor("flood", "messages").unwrap_or(0.0);
+        if factor > 0.8 {
+            break;
+        }
+    }
+    assert!(factor > 0.8, "factor {factor}");
+    // A count made just before shutdown reaches the master.
+    agent.check("last-words", "messages", 7);
+    agent.shutdown().await;
+    assert_eq!(master.factor("last-words", "messages"), Some(0.0));
+    assert!(master.len() >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_never_slows_or_fails_checks() {
+    // Nothing listens here: every rollup fails.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let agent = agent(&[&address]);
+    let began = tokio::time::Instant::now();
+    let (mut checks, mut admitted) = (0u32, 0u32);
+    while began.elapsed() < Duration::from_millis(800) {
+        for _ in 0..1_000 {
+            checks += 1;
+            admitted += u32::from(agent.check("acme", "messages", 1).is_admit());
+        }
+        tokio::task::yield_now().await;
+    }
+    // Fail open: four rollup intervals of failures, nothing rejected.
+    assert!(checks > 10_000);
+    assert_eq!(admitted, checks);
+    assert_eq!(agent.factor("acme", "messages"), Some(0.0));
+    agent.shutdown().await;
+}

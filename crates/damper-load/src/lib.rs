@@ -1,0 +1,165 @@
+//! Drives traffic through in-process [`Agent`]s, as many edge nodes would,
+//! and tallies what was attempted and admitted, second by second.
+//!
+//! # Layout
+//! - [`Traffic`]: one `ACCOUNT:OP:RATE[:COST]` item.
+//! - [`drive`]: spreads every item's attempts evenly over time and agents.
+//! - `src/main.rs`: the `damper-load` binary.
+//!
+//! # Example
+//! ```
+//! use damper_load::Traffic;
+//! let t: Traffic = "acme:messages:5000:11".parse().unwrap();
+//! assert_eq!((t.account.as_str(), t.op.as_str(), t.rate, t.cost), ("acme", "messages", 5000.0, 11));
+//! assert!("acme:messages".parse::<Traffic>().is_err());
+//! ```
+#![forbid(unsafe_code)]
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_agent::Agent;
+
+/// One stream of operations: `rate` attempts per second of `cost` each, by
+/// `account` on `op`, across all agents together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traffic {
+    /// Account id.
+    pub account: String,
+    /// Operation.
+    pub op: String,
+    /// Attempts per second, over all agents.
+    pub rate: f64,
+    /// Cost of each attempt (1 + subscribers for a publish). Default 1.
+    pub cost: u64,
+}
+
+/// Why a traffic item could not be parsed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("traffic {item:?}: {reason} (expected ACCOUNT:OP:RATE[:COST])")]
+pub struct TrafficError {
+    item: String,
+    reason: &'static str,
+}
+
+impl FromStr for Traffic {
+    type Err = TrafficError;
+
+    fn from_str(item: &str) -> Result<Traffic, TrafficError> {
+        let err = |reason| TrafficError {
+            item: item.to_string(),
+            reason,
+        };
+        let parts: Vec<&str> = item.split(':').collect();
+        if !(3..=4).contains(&parts.len()) {
+            return Err(err("wrong number of fields"));
+        }
+        if parts[0].is_empty() || parts[1].is_empty() {
+            return Err(err("empty account or op"));
+        }
+        let rate: f64 = parts[2].parse().map_err(|_| err("RATE is not a number"))?;
+        if !(rate.is_finite() && rate >= 0.0) {
+            return Err(err("RATE must be a finite number, zero or more"));
+        }
+        let cost = match parts.get(3) {
+            Some(c) => c
+                .parse::<u64>()
+                .map_err(|_| err("COST is not a whole number"))?,
+            None => 1,
+        };
+        if cost == 0 {
+            return Err(err("COST must be at least 1"));
+        }
+        Ok(Traffic {
+            account: parts[0].to_string(),
+            op: parts[1].to_string(),
+            rate,
+            cost,
+        })
+    }
+}
+
+/// Cost attempted and admitted by one traffic item in one second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Cost attempted.
+    pub attempted: u64,
+    /// Cost admitted.
+    pub admitted: u64,
+}
+
+/// How often the driver issues the attempts that came due.
+const TICK: Duration = Duration::from_millis(2);
+
+/// Drives `traffic` through `agents` for `duration`, calling `on_second`
+/// with each elapsed second's tallies (one per traffic item, in order).
+/// Returns the totals. Runs on the calling thread: call it from a blocking
+/// context (`spawn_blocking`) or a plain thread.
+pub fn drive(
+    agents: &[Arc<Agent>],
+    traffic: &[Traffic],
+    duration: Duration,
+    mut on_second: impl FnMut(u64, &[Tally]),
+) -> Vec<Tally> {
+    assert!(!agents.is_empty(), "drive needs at least one agent");
+    let clock = tokio::time::Instant::now();
+    let mut issued = vec![0u64; traffic.len()];
+    let mut next_agent = vec![0usize; traffic.len()];
+    let mut second = vec![Tally::default(); traffic.len()];
+    let mut totals = vec![Tally::default(); traffic.len()];
+    let mut current = 0u64;
+    loop {
+        let elapsed = clock.elapsed().min(duration);
+        for (i, t) in traffic.iter().enumerate() {
+            // Attempts due so far: spread evenly over time.
+            let due = (t.rate * elapsed.as_secs_f64()) as u64;
+            while issued[i] < due {
+                let agent = &agents[next_agent[i]];
+                next_agent[i] = (next_agent[i] + 1) % agents.len();
+                issued[i] += 1;
+                let admitted = agent.check(&t.account, &t.op, t.cost).is_admit();
+                for tally in [&mut second[i], &mut totals[i]] {
+                    tally.attempted += t.cost;
+                    tally.admitted += if admitted { t.cost } else { 0 };
+                }
+            }
+        }
+        if elapsed.as_secs() > current {
+            current += 1;
+            on_second(current, &second);
+            second.iter_mut().for_each(|t| *t = Tally::default());
+        }
+        if elapsed >= duration {
+            if second.iter().any(|t| t.attempted > 0) {
+                on_second(current + 1, &second); // A last, partial second.
+            }
+            return totals;
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_items_parse_and_bad_ones_say_why() {
+        let t: Traffic = "org/team:presence:2.5".parse().unwrap();
+        assert_eq!((t.rate, t.cost), (2.5, 1));
+        for (item, reason) in [
+            ("a:b", "wrong number"),
+            ("a:b:1:2:3", "wrong number"),
+            (":b:1", "empty"),
+            ("a:b:x", "RATE is not"),
+            ("a:b:-1", "zero or more"),
+            ("a:b:inf", "finite"),
+            ("a:b:1:0", "at least 1"),
+            ("a:b:1:1.5", "COST is not"),
+        ] {
+            let e = item.parse::<Traffic>().unwrap_err().to_string();
+            assert!(e.contains(reason) && e.contains(item), "{e}");
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! `damper-load`: drives traffic through in-process agents against real
+//! masters and prints, as JSON lines, what was attempted and admitted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use damper_agent::Agent;
+use damper_load::{Traffic, drive};
+use serde_json::json;
+
+/// Load generator for Damper, in the spirit of redis-benchmark: starts N
+/// agents in this process (as N edge nodes would be), spreads each traffic
+/// item's attempts evenly over them, and prints one JSON line per item per
+/// second: {"t":SECONDS,"account":..,"op":..,"attempted":COST,"admitted":COST},
+/// then one line per item with "summary":true and the totals. Counts are in
+/// cost units.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Master addresses, comma-separated: host:port or http://host:port.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        value_name = "URL[,URL...]"
+    )]
+    masters: Vec<String>,
+
+    /// Number of in-process agents (edge nodes).
+    #[arg(long, default_value_t = 4, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    agents: u32,
+
+    /// A traffic item, ACCOUNT:OP:RATE[:COST]: RATE attempts per second over
+    /// all agents, each costing COST (default 1). Repeat for more items.
+    #[arg(long, required = true, value_name = "ACCOUNT:OP:RATE[:COST]")]
+    traffic: Vec<Traffic>,
+
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 30, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    duration: u64,
+
+    /// The agents' rollup interval in milliseconds; must match the masters'.
+    #[arg(long, default_value_t = 2000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    rollup_interval: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = Args::parse();
+    let masters: Vec<String> = args
+        .masters
+        .iter()
+        .map(|m| {
+            m.trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+        .collect();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let agents: Vec<Arc<Agent>> = runtime.block_on(async {
+        (0..args.agents)
+            .map(|i| {
+                Agent::builder()
+                    .masters(masters.iter().cloned())
+                    .agent_id(format!("damper-load-{}-{i}", std::process::id()))
+                    .rollup_interval(Duration::from_millis(args.rollup_interval))
+                    .start()
+                    .map(Arc::new)
+                    .context("--masters")
+            })
+            .collect::<anyhow::Result<_>>()
+    })?;
+
+    let traffic = args.traffic.clone();
+    let totals = drive(
+        &agents,
+        &traffic,
+        Duration::from_secs(args.duration),
+        |t, tallies| {
+            for (item, tally) in traffic.iter().zip(tallies) {
+                println!(
+                    "{}",
+                    json!({"t": t, "account": item.account, "op": item.op,
+                       "attempted": tally.attempted, "admitted": tally.admitted})
+                );
+            }
+        },
+    );
+    runtime.block_on(async {
+        for agent in &agents {
+            agent.shutdown().await;
+        }
+    });
+    for (item, total) in traffic.iter().zip(totals) {
+        println!(
+            "{}",
+            json!({"summary": true, "account": item.account, "op": item.op,
+                   "seconds": args.duration, "attempted": total.attempted, "admitted": total.admitted,
+                   "attempted_per_sec": total.attempted as f64 / args.duration as f64,
+                   "admitted_per_sec": total.admitted as f64 / args.duration as f64})
+        );
+    }
+    Ok(())
+}

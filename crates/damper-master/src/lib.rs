@@ -1,0 +1,338 @@
+//! The Damper master service: ingests agents' rollups over gRPC and answers
+//! with the suppression factor of each limited (account, op).
+//!
+//! A thin shell over [`damper_core::master::MasterState`]: the service holds
+//! several of them as shards (an account always lands in the same shard), so
+//! rollups from many agents are ingested on all cores at once, each shard
+//! behind its own short lock that is never held across an `await`.
+//!
+//! # Layout
+//! - [`Master`]: the sharded state, the clock, and the options.
+//! - [`MasterService`]: the `damper.v1.Master` gRPC service over a [`Master`].
+//! - [`run`]: serves a listener until a shutdown future completes.
+//! - `src/main.rs`: the `damper-master` binary (flags, logs, signals).
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use damper_core::config::MasterConfig;
+//! use damper_master::{Master, MasterOptions, run};
+//!
+//! let config = MasterConfig::from_toml("[limits]\nmessages = 1000")?;
+//! let master = Master::new(config, MasterOptions::default());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! run(listener, master, async { tokio::signal::ctrl_c().await.ok(); }).await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use damper_core::config::MasterConfig;
+use damper_core::master::{MasterState, Report};
+use damper_core::time::{Clock, Nanos, SystemClock};
+use damper_proto::v1::master_server::MasterServer;
+use damper_proto::v1::{AccountFactor, OpFactors, RollupReply, RollupRequest};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+/// The embedded default configuration (`crates/damper-master/default.toml`).
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// Limits that protect the master from oversized requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MasterOptions {
+    /// Number of state shards. More shards than cores keeps two rollups
+    /// from waiting on the same lock. Default: 4 per core.
+    pub shards: usize,
+    /// Most (account, op) entries one rollup may carry; more is answered
+    /// with RESOURCE_EXHAUSTED. Agents split larger rollups. Default 100 000.
+    pub max_entries: usize,
+    /// Largest request, in bytes, the gRPC server decodes. Default 16 MiB.
+    pub max_message_bytes: usize,
+    /// How long an (account, op) may go without a report before it is
+    /// forgotten. Default: three windows.
+    pub idle_after: Option<Duration>,
+}
+
+impl Default for MasterOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        MasterOptions {
+            shards: cores * 4,
+            max_entries: 100_000,
+            max_message_bytes: 16 << 20,
+            idle_after: None,
+        }
+    }
+}
+
+/// The master's state: sharded per-(account, op) windows. Cheap to clone
+/// (shared).
+#[derive(Clone)]
+pub struct Master {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shards: Box<[Mutex<MasterState>]>,
+    /// Picks an account's shard: fixed, so an account never moves.
+    shard_hasher: foldhash::fast::FixedState,
+    clock: Arc<dyn Clock>,
+    options: MasterOptions,
+    idle_after: Duration,
+    rollup_interval_ms: u32,
+}
+
+impl Master {
+    /// A master on the system clock.
+    pub fn new(config: MasterConfig, options: MasterOptions) -> Master {
+        Master::with_clock(config, options, Arc::new(SystemClock))
+    }
+
+    /// A master on the given clock (tests).
+    pub fn with_clock(
+        config: MasterConfig,
+        options: MasterOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Master {
+        let shards = options.shards.max(1);
+        let w = &config.window;
+        let window = w.sub_interval * w.sub_intervals.get() as u32 + w.settle();
+        let rollup_interval_ms = u32::try_from(w.rollup_interval.as_millis()).unwrap_or(u32::MAX);
+        Master {
+            shared: Arc::new(Shared {
+                shards: (0..shards)
+                    .map(|_| Mutex::new(MasterState::new(config.clone())))
+                    .collect(),
+                shard_hasher: foldhash::fast::FixedState::with_seed(0x6461_6d70),
+                clock,
+                options,
+                idle_after: options.idle_after.unwrap_or(window * 3),
+                rollup_interval_ms,
+            }),
+        }
+    }
+
+    fn shard(&self, account: &str) -> usize {
+        (self.shared.shard_hasher.hash_one(account) % self.shared.shards.len() as u64) as usize
+    }
+
+    fn lock(&self, shard: usize) -> std::sync::MutexGuard<'_, MasterState> {
+        // A panic while holding a shard cannot leave it half-updated in a way
+        // that matters more than losing the master: keep serving.
+        self.shared.shards[shard]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ingests one rollup and builds the reply. The whole request is
+    /// validated first: a bad one is refused with a status naming the field
+    /// and nothing of it is counted.
+    pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
+        validate(request, self.shared.options.max_entries)?;
+        let now = self.shared.clock.now();
+        let interval_start = Nanos::from_millis(request.interval_start_unix_ms);
+        let end = Nanos::from_millis(request.interval_end_unix_ms);
+
+        // Group entries by shard so each shard is locked once per request.
+        let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.shared.shards.len()];
+        for (i, op) in request.ops.iter().enumerate() {
+            for (j, counts) in op.accounts.iter().enumerate() {
+                by_shard[self.shard(&counts.account)].push((i, j));
+            }
+        }
+        let mut factors: Vec<Vec<AccountFactor>> = vec![Vec::new(); request.ops.len()];
+        for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
+            let mut state = self.lock(shard);
+            for &(i, j) in entries {
+                let op = &request.ops[i];
+                let counts = &op.accounts[j];
+                let start = match counts.start_unix_ms {
+                    0 => interval_start,
+                    ms => Nanos::from_millis(ms),
+                };
+                let report = Report {
+                    account: &counts.account,
+                    op: &op.op,
+                    start,
+                    end,
+                    attempted: counts.attempted,
+                    admitted: counts.admitted,
+                };
+                let verdict = state.ingest(now, &report).map_err(|e| {
+                    Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
+                })?;
+                if let Some(v) = verdict {
+                    factors[i].push(AccountFactor {
+                        account: counts.account.clone(),
+                        factor: v.factor,
+                        limit: v.limit.get(),
+                        valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
+                    });
+                }
+            }
+        }
+        metrics::counter!("damper_master_rollups_total").increment(1);
+        Ok(RollupReply {
+            ops: request
+                .ops
+                .iter()
+                .zip(factors)
+                .filter(|(_, f)| !f.is_empty())
+                .map(|(op, accounts)| OpFactors {
+                    op: op.op.clone(),
+                    accounts,
+                })
+                .collect(),
+            rollup_interval_ms: self.shared.rollup_interval_ms,
+        })
+    }
+
+    /// Forgets every (account, op) idle for longer than the idle time.
+    /// Returns how many went.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.shared.clock.now();
+        (0..self.shared.shards.len())
+            .map(|s| self.lock(s).evict_idle(now, self.shared.idle_after))
+            .sum()
+    }
+
+    /// Number of (account, op) pairs tracked, over all shards.
+    pub fn len(&self) -> usize {
+        (0..self.shared.shards.len())
+            .map(|s| self.lock(s).len())
+            .sum()
+    }
+
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The factor the master would send for an (account, op) now, if it is
+    /// limited.
+    pub fn factor(&self, account: &str, op: &str) -> Option<f64> {
+        let now = self.shared.clock.now();
+        self.lock(self.shard(account))
+            .verdict(now, account, op)
+            .map(|v| v.factor)
+    }
+}
+
+/// Checks a whole request before any of it is counted.
+fn validate(request: &RollupRequest, max_entries: usize) -> Result<(), Status> {
+    let entries: usize = request.ops.iter().map(|op| op.accounts.len()).sum();
+    if entries > max_entries {
+        return Err(Status::resource_exhausted(format!(
+            "rollup carries {entries} entries; this master accepts at most {max_entries} per call: split it"
+        )));
+    }
+    if request.interval_end_unix_ms < request.interval_start_unix_ms {
+        return Err(Status::invalid_argument(format!(
+            "interval_end_unix_ms ({}) is before interval_start_unix_ms ({})",
+            request.interval_end_unix_ms, request.interval_start_unix_ms
+        )));
+    }
+    let end = Nanos::from_millis(request.interval_end_unix_ms);
+    for (i, op) in request.ops.iter().enumerate() {
+        for (j, counts) in op.accounts.iter().enumerate() {
+            let start = match counts.start_unix_ms {
+                0 => Nanos::from_millis(request.interval_start_unix_ms),
+                ms => Nanos::from_millis(ms),
+            };
+            Report {
+                account: &counts.account,
+                op: &op.op,
+                start,
+                end,
+                attempted: counts.attempted,
+                admitted: counts.admitted,
+            }
+            .validate()
+            .map_err(|e| Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// The `damper.v1.Master` gRPC service.
+#[derive(Clone)]
+pub struct MasterService {
+    master: Master,
+}
+
+impl MasterService {
+    /// The service over `master`.
+    pub fn new(master: Master) -> MasterService {
+        MasterService { master }
+    }
+}
+
+#[tonic::async_trait]
+impl damper_proto::v1::master_server::Master for MasterService {
+    async fn rollup(
+        &self,
+        request: Request<RollupRequest>,
+    ) -> Result<Response<RollupReply>, Status> {
+        let request = request.into_inner();
+        match self.master.rollup(&request) {
+            Ok(reply) => Ok(Response::new(reply)),
+            Err(status) => {
+                metrics::counter!("damper_master_rollups_rejected_total").increment(1);
+                tracing::warn!(agent = %request.agent_id, code = ?status.code(), message = status.message(), "rollup refused");
+                Err(status)
+            }
+        }
+    }
+}
+
+/// Why serving stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves `master` on `listener` until `shutdown` completes, then finishes
+/// the requests in flight and returns. Evicts idle state in the background
+/// meanwhile.
+pub async fn run(
+    listener: TcpListener,
+    master: Master,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let evictor = {
+        let master = master.clone();
+        let every = master.shared.idle_after / 3;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let evicted = master.evict_idle();
+                if evicted > 0 {
+                    tracing::debug!(evicted, "evicted idle (account, op) state");
+                }
+            }
+        })
+    };
+    let max = master.shared.options.max_message_bytes;
+    let service = MasterServer::new(MasterService::new(master))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let result = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    evictor.abort();
+    result.map_err(ServeError::from)
+}
+
+#[cfg(test)]
+mod tests;

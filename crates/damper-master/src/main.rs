@@ -1,0 +1,103 @@
+//! `damper-master`: the Damper master service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use damper_core::config::MasterConfig;
+use damper_master::{DEFAULT_CONFIG, Master, MasterOptions, run};
+
+/// The Damper master: receives agents' rollups of attempted and admitted
+/// cost per (account, op) and answers with the suppression factor that
+/// brings each account's admitted demand to its limit.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Address to serve gRPC on.
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
+    listen: SocketAddr,
+
+    /// TOML config with the [window], [policy] and [limits] tables (see
+    /// docs/config.md). Without it, the embedded default (messages = 1000
+    /// per account) applies.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Number of state shards; more than cores keeps concurrent rollups
+    /// from waiting on each other. Default: 4 per core.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    shards: Option<u32>,
+
+    /// Most (account, op) entries accepted in one rollup.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_entries: u32,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+
+    let (text, source) = match &args.config {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--config: cannot read {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => (
+            DEFAULT_CONFIG.to_string(),
+            "the embedded default".to_string(),
+        ),
+    };
+    let config = MasterConfig::from_toml(&text).with_context(|| format!("--config: {source}"))?;
+
+    let mut options = MasterOptions {
+        max_entries: args.max_entries as usize,
+        ..MasterOptions::default()
+    };
+    if let Some(shards) = args.shards {
+        options.shards = shards as usize;
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen: cannot bind {}", args.listen))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        config = %source,
+        shards = options.shards,
+        limits = config.limits.len(),
+        "damper-master serving"
+    );
+    run(listener, Master::new(config, options), shutdown_signal()).await?;
+    tracing::info!("damper-master stopped");
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+}

@@ -1,0 +1,153 @@
+use super::*;
+use damper_core::time::ManualClock;
+use damper_proto::v1::{AccountCounts, OpCounts};
+use tonic::Code;
+
+const T0_MS: u64 = 1_800_000_000_000;
+
+fn master(clock: Arc<ManualClock>) -> Master {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let options = MasterOptions {
+        shards: 3,
+        max_entries: 4,
+        ..MasterOptions::default()
+    };
+    Master::with_clock(config, options, clock)
+}
+
+fn counts(account: &str, attempted: u64, admitted: u64) -> AccountCounts {
+    AccountCounts {
+        account: account.into(),
+        attempted,
+        admitted,
+        start_unix_ms: 0,
+    }
+}
+
+fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
+    RollupRequest {
+        agent_id: "test".into(),
+        interval_start_unix_ms: T0_MS - 2_000,
+        interval_end_unix_ms: T0_MS,
+        ops: ops
+            .into_iter()
+            .map(|(op, accounts)| OpCounts {
+                op: op.into(),
+                accounts,
+            })
+            .collect(),
+    }
+}
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)))
+}
+
+#[test]
+fn replies_with_factors_for_limited_pairs_only() {
+    let m = master(clock());
+    let reply = m
+        .rollup(&request(vec![
+            (
+                "messages",
+                vec![counts("flood", 8_000, 8_000), counts("calm", 100, 100)],
+            ),
+            ("presence", vec![counts("flood", 1_000_000, 1_000_000)]),
+        ]))
+        .unwrap();
+    assert_eq!(reply.rollup_interval_ms, 2_000);
+    assert_eq!(reply.ops.len(), 1, "presence has no limit: {reply:?}");
+    let messages = &reply.ops[0];
+    assert_eq!(messages.op, "messages");
+    let flood = messages
+        .accounts
+        .iter()
+        .find(|a| a.account == "flood")
+        .unwrap();
+    assert_eq!(
+        (flood.factor, flood.limit, flood.valid_for_ms),
+        (0.75, 1000.0, 6_000)
+    );
+    let calm = messages
+        .accounts
+        .iter()
+        .find(|a| a.account == "calm")
+        .unwrap();
+    assert_eq!(calm.factor, 0.0);
+    assert_eq!(m.len(), 3);
+    assert_eq!(m.factor("flood", "messages"), Some(0.75));
+}
+
+#[test]
+fn bad_rollups_get_a_precise_status_and_count_nothing() {
+    let m = master(clock());
+    let cases = [
+        (
+            request(vec![(
+                "messages",
+                vec![counts("a", 1, 1), counts("", 1, 1)],
+            )]),
+            Code::InvalidArgument,
+            "ops[0].accounts[1]: `account` is empty",
+        ),
+        (
+            request(vec![("", vec![counts("a", 1, 1)])]),
+            Code::InvalidArgument,
+            "ops[0].accounts[0]: `op` is empty",
+        ),
+        (
+            request(vec![("messages", vec![counts("a", 1, 2)])]),
+            Code::InvalidArgument,
+            "`admitted` (2) is more than `attempted` (1)",
+        ),
+        (
+            request(vec![("messages", vec![counts(&"x".repeat(300), 1, 1)])]),
+            Code::InvalidArgument,
+            "`account` is 300 bytes long",
+        ),
+        (
+            RollupRequest {
+                interval_start_unix_ms: T0_MS,
+                interval_end_unix_ms: T0_MS - 1,
+                ..request(vec![])
+            },
+            Code::InvalidArgument,
+            "interval_end_unix_ms",
+        ),
+        (
+            request(vec![(
+                "messages",
+                (0..5).map(|i| counts(&format!("a{i}"), 1, 1)).collect(),
+            )]),
+            Code::ResourceExhausted,
+            "at most 4",
+        ),
+    ];
+    for (req, code, message) in cases {
+        let status = m.rollup(&req).unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(message), "{status:?}");
+    }
+    assert!(m.is_empty(), "nothing of a refused rollup is counted");
+}
+
+#[test]
+fn accounts_spread_over_shards_and_idle_ones_are_evicted() {
+    let clock = clock();
+    let m = master(clock.clone());
+    for i in 0..4 {
+        let accounts = (0..4)
+            .map(|j| counts(&format!("acct-{i}-{j}"), 10, 10))
+            .collect();
+        m.rollup(&request(vec![("messages", accounts)])).unwrap();
+    }
+    assert_eq!(m.len(), 16);
+    let used = (0..3).filter(|&s| !m.lock(s).is_empty()).count();
+    assert!(used >= 2, "all accounts in one shard");
+    // Default idle time: three windows of 24 s plus the settle time.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(m.evict_idle(), 0);
+    clock.advance(Duration::from_secs(40));
+    assert_eq!(m.evict_idle(), 16);
+    assert!(m.is_empty());
+}

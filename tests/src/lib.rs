@@ -1,12 +1,15 @@
 //! End-to-end tests of the Damper loop.
 //!
-//! For now the loop runs in-process: [`WireLoop`] drives several agents and
-//! masters through the `damper.v1` messages, encoded and decoded with prost
-//! exactly as gRPC would carry them, routed by the master [`Ring`]. Tests
-//! over real gRPC on loopback join once the agent and master crates exist.
+//! Two harnesses. `tests/grpc.rs` runs the real thing: `damper-master`
+//! servers on loopback, `damper-agent` agents, traffic from `damper-load`,
+//! at the production time scale. [`WireLoop`] drives the core state machines
+//! through the `damper.v1` messages, encoded and decoded with prost exactly
+//! as gRPC would carry them, routed by the master [`Ring`], in virtual time:
+//! fast, deterministic, and able to run for simulated minutes.
 //!
 //! # Layout
-//! - [`WireLoop`]: the harness, in virtual time.
+//! - `tests/grpc.rs`: the loop over real gRPC on loopback.
+//! - [`WireLoop`]: the virtual-time harness.
 //! - `tests/wire_loop.rs`: the proto carries the loop; the calm account is
 //!   never touched while a deluge is held at its limit.
 //! - `tests/policies.rs`: the demand policy holds a deluge steadily; Ably's
@@ -15,14 +18,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::config::MasterConfig;
-use damper_core::master::{MasterState, Report};
 use damper_core::ring::Ring;
-use damper_core::time::Nanos;
-use damper_proto::v1::{
-    AccountCounts, AccountFactor, OpCounts, OpFactors, RollupReply, RollupRequest,
-};
+use damper_core::time::{ManualClock, Nanos};
+use damper_master::{Master, MasterOptions};
+use damper_proto::v1::{AccountCounts, OpCounts, RollupReply, RollupRequest};
 use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -63,7 +66,8 @@ pub fn sampling_sd(ops: f64, cost: f64, factor: f64) -> f64 {
 
 /// Agents and masters exchanging real `damper.v1` messages in virtual time.
 pub struct WireLoop {
-    masters: BTreeMap<String, MasterState>,
+    masters: BTreeMap<String, Master>,
+    clock: Arc<ManualClock>,
     ring: Ring,
     agents: Vec<AgentState>,
     rng: SmallRng,
@@ -83,12 +87,22 @@ impl WireLoop {
             .map(|i| format!("127.0.0.1:{}", 7000 + i))
             .collect();
         let rollup = config.window.rollup_interval;
+        // A multiple of every rollup interval the tests use.
+        let start = Nanos::from_secs(1_800_000_000);
+        let clock = Arc::new(ManualClock::new(start));
         WireLoop {
             ring: Ring::new(&names),
             masters: names
                 .into_iter()
-                .map(|n| (n, MasterState::new(config.clone())))
+                .map(|n| {
+                    let options = MasterOptions::default();
+                    (
+                        n,
+                        Master::with_clock(config.clone(), options, clock.clone()),
+                    )
+                })
                 .collect(),
+            clock,
             agents: (0..agents)
                 .map(|_| {
                     AgentState::new(AgentConfig {
@@ -98,8 +112,7 @@ impl WireLoop {
                 })
                 .collect(),
             rng: SmallRng::seed_from_u64(seed),
-            // A multiple of every rollup interval the tests use.
-            now: Nanos::from_secs(1_800_000_000),
+            now: start,
             rollup,
             latency: Duration::from_millis(5),
             wire_bytes: 0,
@@ -189,11 +202,8 @@ impl WireLoop {
             let bytes = request.encode_to_vec();
             self.wire_bytes += bytes.len();
             let arrival = self.now + self.latency;
-            let reply = serve(
-                self.masters.get_mut(&owner).expect("owner is a master"),
-                arrival,
-                &bytes,
-            );
+            let master = self.masters.get(&owner).expect("owner is a master");
+            let reply = serve(master, &self.clock, arrival, &bytes);
             self.wire_bytes += reply.len();
             let reply = RollupReply::decode(reply.as_slice()).expect("valid reply");
             let received = arrival + self.latency;
@@ -207,46 +217,13 @@ impl WireLoop {
     }
 }
 
-/// What a master service does with one request's bytes: decode, ingest
-/// every entry, encode the factors of the limited ones.
-fn serve(master: &mut MasterState, now: Nanos, request: &[u8]) -> Vec<u8> {
+/// What the master service does with one request's bytes: decode, hand to
+/// [`Master::rollup`] at `now`, encode the reply.
+fn serve(master: &Master, clock: &ManualClock, now: Nanos, request: &[u8]) -> Vec<u8> {
+    clock.set(now);
     let request = RollupRequest::decode(request).expect("valid request");
-    let interval_start = Nanos::from_millis(request.interval_start_unix_ms);
-    let end = Nanos::from_millis(request.interval_end_unix_ms);
-    let mut reply = RollupReply {
-        ops: Vec::new(),
-        rollup_interval_ms: master.config().window.rollup_interval.as_millis() as u32,
-    };
-    for op in &request.ops {
-        let mut factors = Vec::new();
-        for counts in &op.accounts {
-            let start = match counts.start_unix_ms {
-                0 => interval_start,
-                ms => Nanos::from_millis(ms),
-            };
-            let report = Report {
-                account: &counts.account,
-                op: &op.op,
-                start,
-                end,
-                attempted: counts.attempted,
-                admitted: counts.admitted,
-            };
-            if let Some(v) = master.ingest(now, &report).expect("valid report") {
-                factors.push(AccountFactor {
-                    account: counts.account.clone(),
-                    factor: v.factor,
-                    limit: v.limit.get(),
-                    valid_for_ms: v.valid_for.as_millis() as u32,
-                });
-            }
-        }
-        if !factors.is_empty() {
-            reply.ops.push(OpFactors {
-                op: op.op.clone(),
-                accounts: factors,
-            });
-        }
-    }
-    reply.encode_to_vec()
+    master
+        .rollup(&request)
+        .expect("valid rollup")
+        .encode_to_vec()
 }

@@ -49,7 +49,17 @@ struct Args {
     rollup_interval: u64,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match load() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("damper-load: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn load() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

@@ -136,8 +136,6 @@ impl Master {
     pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
         validate(request, self.shared.options.max_entries)?;
         let now = self.shared.clock.now();
-        let interval_start = Nanos::from_millis(request.interval_start_unix_ms);
-        let end = Nanos::from_millis(request.interval_end_unix_ms);
 
         // Group entries by shard so each shard is locked once per request.
         let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.shared.shards.len()];
@@ -150,21 +148,8 @@ impl Master {
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
             for &(i, j) in entries {
-                let op = &request.ops[i];
-                let counts = &op.accounts[j];
-                let start = match counts.start_unix_ms {
-                    0 => interval_start,
-                    ms => Nanos::from_millis(ms),
-                };
-                let report = Report {
-                    account: &counts.account,
-                    op: &op.op,
-                    start,
-                    end,
-                    attempted: counts.attempted,
-                    admitted: counts.admitted,
-                };
-                let verdict = state.ingest(now, &report).map_err(|e| {
+                let counts = &request.ops[i].accounts[j];
+                let verdict = state.ingest(now, &report(request, i, j)).map_err(|e| {
                     Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
                 })?;
                 if let Some(v) = verdict {
@@ -238,26 +223,33 @@ fn validate(request: &RollupRequest, max_entries: usize) -> Result<(), Status> {
             request.interval_end_unix_ms, request.interval_start_unix_ms
         )));
     }
-    let end = Nanos::from_millis(request.interval_end_unix_ms);
     for (i, op) in request.ops.iter().enumerate() {
-        for (j, counts) in op.accounts.iter().enumerate() {
-            let start = match counts.start_unix_ms {
-                0 => Nanos::from_millis(request.interval_start_unix_ms),
-                ms => Nanos::from_millis(ms),
-            };
-            Report {
-                account: &counts.account,
-                op: &op.op,
-                start,
-                end,
-                attempted: counts.attempted,
-                admitted: counts.admitted,
-            }
-            .validate()
-            .map_err(|e| Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}")))?;
+        for j in 0..op.accounts.len() {
+            report(request, i, j)
+                .validate()
+                .map_err(|e| Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}")))?;
         }
     }
     Ok(())
+}
+
+/// Entry `j` of op `i` as the core's [`Report`]: an entry's own start, when
+/// it has one, overrides the request's.
+fn report(request: &RollupRequest, i: usize, j: usize) -> Report<'_> {
+    let op = &request.ops[i];
+    let counts = &op.accounts[j];
+    let start = match counts.start_unix_ms {
+        0 => request.interval_start_unix_ms,
+        ms => ms,
+    };
+    Report {
+        account: &counts.account,
+        op: &op.op,
+        start: Nanos::from_millis(start),
+        end: Nanos::from_millis(request.interval_end_unix_ms),
+        attempted: counts.attempted,
+        admitted: counts.admitted,
+    }
 }
 
 /// The `damper.v1.Master` gRPC service.

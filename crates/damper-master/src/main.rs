@@ -35,8 +35,19 @@ struct Args {
     max_entries: u32,
 }
 
+fn main() -> std::process::ExitCode {
+    match serve() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the cause chain, no backtrace: what an operator needs.
+            eprintln!("damper-master: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn serve() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

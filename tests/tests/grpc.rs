@@ -1,0 +1,166 @@
+//! The loop over real gRPC on loopback: two masters served in-process on
+//! `127.0.0.1:0`, four agents, traffic from `damper-load`'s driver, at the
+//! production time scale (2 s rollups, 4 × 6 s sub-intervals).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_agent::Agent;
+use damper_core::config::MasterConfig;
+use damper_load::{Tally, Traffic, drive};
+use damper_master::{Master, MasterOptions};
+use tokio::sync::oneshot;
+
+const LIMIT: f64 = 2_000.0;
+
+struct Cluster {
+    agents: Vec<Arc<Agent>>,
+    stops: Vec<oneshot::Sender<()>>,
+    servers: Vec<tokio::task::JoinHandle<Result<(), damper_master::ServeError>>>,
+}
+
+async fn cluster(masters: usize, agents: usize) -> Cluster {
+    let config = MasterConfig::from_toml(&format!(
+        "[limits]\nmessages = {LIMIT}\n\"messages/calm\" = {LIMIT}\n"
+    ))
+    .unwrap();
+    let (mut addresses, mut stops, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..masters {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap().to_string());
+        let (stop, stopped) = oneshot::channel::<()>();
+        stops.push(stop);
+        let master = Master::new(config.clone(), MasterOptions::default());
+        servers.push(tokio::spawn(damper_master::run(listener, master, async {
+            let _ = stopped.await;
+        })));
+    }
+    let agents = (0..agents)
+        .map(|i| {
+            Arc::new(
+                Agent::builder()
+                    .masters(addresses.iter().cloned())
+                    .agent_id(format!("e2e-{i}"))
+                    .start()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    Cluster {
+        agents,
+        stops,
+        servers,
+    }
+}
+
+impl Cluster {
+    async fn stop(self) {
+        for agent in &self.agents {
+            agent.shutdown().await;
+        }
+        for stop in self.stops {
+            let _ = stop.send(());
+        }
+        for server in self.servers {
+            server.await.unwrap().unwrap();
+        }
+    }
+}
+
+/// Runs `traffic` for `secs` on a blocking thread; returns per-second tallies.
+async fn run(agents: &[Arc<Agent>], traffic: &[Traffic], secs: u64) -> Vec<Vec<Tally>> {
+    let (agents, traffic) = (agents.to_vec(), traffic.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let mut seconds = Vec::new();
+        drive(&agents, &traffic, Duration::from_secs(secs), |_, t| {
+            seconds.push(t.to_vec())
+        });
+        seconds
+    })
+    .await
+    .unwrap()
+}
+
+fn traffic(flood_rate: f64) -> Vec<Traffic> {
+    vec![
+        // 10 × the limit.
+        Traffic {
+            account: "flood".into(),
+            op: "messages".into(),
+            rate: flood_rate,
+            cost: 1,
+        },
+        // Half its limit, on the same agents.
+        Traffic {
+            account: "calm".into(),
+            op: "messages".into(),
+            rate: LIMIT / 2.0,
+            cost: 1,
+        },
+        // An op with no limit configured.
+        Traffic {
+            account: "flood".into(),
+            op: "presence".into(),
+            rate: 3_000.0,
+            cost: 1,
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_held_at_its_limit_and_released_when_it_stops() {
+    let cluster = cluster(2, 4).await;
+
+    // Phase 1: the flood, 22 s.
+    let flood = run(&cluster.agents, &traffic(10.0 * LIMIT), 22).await;
+    let per_sec: Vec<u64> = flood.iter().map(|s| s[0].admitted).collect();
+    eprintln!("flood admitted per second: {per_sec:?}");
+    // Held at the limit ±10%, over every 6 s window from 10 s on.
+    for start in 10..=flood.len() - 6 {
+        let admitted: u64 = flood[start..start + 6].iter().map(|s| s[0].admitted).sum();
+        let rate = admitted as f64 / 6.0;
+        assert!(
+            (rate - LIMIT).abs() <= 0.1 * LIMIT,
+            "6 s from {start} s: {rate}/s"
+        );
+    }
+    for (t, second) in flood.iter().enumerate() {
+        assert_eq!(
+            second[1].admitted, second[1].attempted,
+            "calm rejected at {t} s"
+        );
+        assert_eq!(
+            second[2].admitted, second[2].attempted,
+            "unlimited op rejected at {t} s"
+        );
+    }
+
+    // Phase 2: the flood stops (a quarter of the limit goes on). Its factor
+    // must return to 0 on every agent within one window (24 s).
+    let quiet = run(&cluster.agents, &traffic(LIMIT / 4.0), 26).await;
+    let released_at = quiet
+        .iter()
+        .position(|s| s[0].admitted == s[0].attempted)
+        .expect("released");
+    eprintln!("released after {} s", released_at + 1);
+    assert!(
+        released_at < 24,
+        "still rejecting {released_at} s after the flood stopped"
+    );
+    // And it stays released: nothing rejected from then on.
+    for (t, second) in quiet.iter().enumerate().skip(released_at) {
+        assert_eq!(
+            second[0].admitted, second[0].attempted,
+            "rejected again at {t} s"
+        );
+    }
+    for agent in &cluster.agents {
+        assert_eq!(
+            agent.factor("flood", "messages"),
+            Some(0.0),
+            "{}",
+            agent.id()
+        );
+    }
+    cluster.stop().await;
+}

@@ -7,11 +7,11 @@
 //! which reports belong to one round. Sends are spread over the first fifth
 //! of the interval by agent id, so masters do not see every agent at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use damper_core::agent::Delta;
+use damper_core::agent::Pending;
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_client::MasterClient;
@@ -28,13 +28,6 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
     pub(crate) max_entries_per_request: usize,
     pub(crate) max_carry: Duration,
-}
-
-/// One (account, op)'s counts in flight, kept to be put back on failure.
-struct Pending {
-    account: String,
-    op: String,
-    delta: Delta,
 }
 
 /// One request to one master, with what it carries.
@@ -110,37 +103,21 @@ fn spread(agent_id: &str, interval: Duration) -> Duration {
     Duration::from_millis(hash % window)
 }
 
-/// Takes every (account, op)'s counts and groups them into requests, one or
-/// more per owning master.
+/// Takes every (account, op)'s counts, routed by the ring, and groups them
+/// into requests of at most `max_entries`, one or more per master.
 fn drain(shared: &Shared, ring: &Ring, start: Nanos, end: Nanos, max_entries: usize) -> Vec<Batch> {
-    let mut by_master: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
-    let mut unroutable = Vec::new();
-    shared.state.drain(|account, op, delta| {
-        let pending = Pending {
-            account: account.to_owned(),
-            op: op.to_owned(),
-            delta,
-        };
-        match ring.owner(account) {
-            Some(master) => by_master
-                .entry(master.to_owned())
-                .or_default()
-                .push(pending),
-            None => unroutable.push(pending),
-        }
-    });
-    if !unroutable.is_empty() {
+    let routed = shared.state.drain_by_owner(ring);
+    if !routed.unroutable.is_empty() {
         tracing::warn!(
-            entries = unroutable.len(),
+            entries = routed.unroutable.len(),
             "no master to send counts to; carrying them over"
         );
-        for p in unroutable {
-            carry_over(shared, p, start, end, Duration::MAX);
+        for p in routed.unroutable {
+            shared.state.carry_over(p, start, end, Duration::MAX);
         }
     }
     let mut batches = Vec::new();
-    for (master, mut pending) in by_master {
-        pending.sort_by(|a, b| a.op.cmp(&b.op));
+    for (master, mut pending) in routed.by_master {
         while !pending.is_empty() {
             let rest = pending.split_off(pending.len().min(max_entries));
             let chunk = std::mem::replace(&mut pending, rest);
@@ -177,15 +154,13 @@ fn drain(shared: &Shared, ring: &Ring, start: Nanos, end: Nanos, max_entries: us
     batches
 }
 
-/// Puts counts that could not be delivered back for the next rollup, unless
-/// they are older than `max_carry`: then they are dropped and counted.
+/// Puts back counts that could not be delivered, counting what is dropped
+/// for being older than `max_carry`.
 fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: Duration) {
-    let since = p.delta.since.unwrap_or(start);
-    if end.since(since) > max_carry {
-        metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(p.delta.attempted);
-        return;
+    let dropped = shared.state.carry_over(p, start, end, max_carry);
+    if dropped > 0 {
+        metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(dropped);
     }
-    shared.state.undrain(&p.account, &p.op, p.delta, start);
 }
 
 /// Sends every batch concurrently, applies the replies, carries over the

@@ -34,7 +34,7 @@
 //! assert!(agent.check(later, "acme", "messages", 1, &mut rng).is_admit());
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -48,6 +48,7 @@ use foldhash::fast::RandomState;
 use rand::Rng;
 
 use crate::MAX_NAME_LEN;
+use crate::ring::Ring;
 use crate::time::{Nanos, duration_nanos};
 
 /// Settings of the agent state.
@@ -124,6 +125,26 @@ pub struct Delta {
     /// (a rollup that failed), the start of the oldest interval they cover;
     /// otherwise `None`, and they cover the interval since the last drain.
     pub since: Option<Nanos>,
+}
+
+/// One (account, op)'s counts taken by a drain, on their way to a master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// Account id.
+    pub account: String,
+    /// Operation.
+    pub op: String,
+    /// The counts.
+    pub delta: Delta,
+}
+
+/// A drain's counts, routed to masters by [`AgentState::drain_by_owner`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// Per master address, its accounts' counts, sorted by op then account.
+    pub by_master: BTreeMap<String, Vec<Pending>>,
+    /// Counts for which the ring had no master (an empty ring).
+    pub unroutable: Vec<Pending>,
 }
 
 /// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
@@ -224,15 +245,10 @@ impl Entry {
             .wrapping_add(self.rejected.load(Relaxed))
     }
 
+    /// The master's and the local guard's thresholds in force at `now`, and
+    /// the limit.
     #[inline]
-    fn decide<R: Rng + ?Sized>(
-        &self,
-        now: Nanos,
-        cost: u64,
-        rng: &mut R,
-        config: &AgentConfig,
-    ) -> Decision {
-        let now = now.as_nanos();
+    fn thresholds(&self, now: u64, config: &AgentConfig) -> (u64, u64, f64) {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // threshold stored before it, never an older one.
         let (master, limit) = if now < self.master_expires.load(Acquire) {
@@ -250,6 +266,18 @@ impl Entry {
         } else {
             0
         };
+        (master, local, limit)
+    }
+
+    #[inline]
+    fn decide<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        cost: u64,
+        rng: &mut R,
+        config: &AgentConfig,
+    ) -> Decision {
+        let (master, local, limit) = self.thresholds(now.as_nanos(), config);
         let threshold = master.max(local);
         if threshold != 0 && u64::from(rng.next_u32()) < threshold {
             self.rejected.fetch_add(cost, Relaxed);
@@ -268,6 +296,33 @@ impl Entry {
             self.admitted.fetch_add(cost, Relaxed);
             Decision::Admit
         }
+    }
+
+    /// `n` operations of `cost` each at the same instant: the same decision
+    /// as `n` calls of `decide`, each with its own random draw, with the
+    /// counters updated once. Returns how many were admitted.
+    fn decide_batch<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        cost: u64,
+        n: u64,
+        rng: &mut R,
+        config: &AgentConfig,
+    ) -> u64 {
+        let (master, local, _) = self.thresholds(now.as_nanos(), config);
+        let threshold = master.max(local);
+        let admitted = if threshold == 0 {
+            n
+        } else {
+            (0..n)
+                .filter(|_| u64::from(rng.next_u32()) >= threshold)
+                .count() as u64
+        };
+        self.admitted
+            .fetch_add(cost.wrapping_mul(admitted), Relaxed);
+        self.rejected
+            .fetch_add(cost.wrapping_mul(n - admitted), Relaxed);
+        admitted
     }
 
     /// The local guard's threshold. Once per `local_window` one caller wins
@@ -404,6 +459,35 @@ impl AgentState {
         entry.decide(now, cost, rng, &self.config)
     }
 
+    /// Decides `n` operations of `cost` each by `account` on `op`, all at
+    /// `now`, and counts them: exactly as `n` calls of [`check`](Self::check)
+    /// at the same instant would (each draws its own random number), with the
+    /// counters touched once. Returns how many were admitted. For replaying
+    /// traffic in bulk (the simulator); the same edge cases as `check`.
+    pub fn check_batch<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        n: u64,
+        rng: &mut R,
+    ) -> u64 {
+        if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
+            return n;
+        }
+        let guard = self.entries.guard();
+        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
+            Some(entry) => entry,
+            None => self.entries.get_or_insert_with(
+                self.new_key(account, op),
+                || Entry::new(now),
+                &guard,
+            ),
+        };
+        entry.decide_batch(now, cost, n, rng, &self.config)
+    }
+
     /// Applies a factor from the master's reply: reject with probability
     /// `factor` until `now + valid_for`, under an account-wide `limit` in
     /// cost per second (which the local guard uses). Out-of-range values are
@@ -511,6 +595,53 @@ impl AgentState {
         let _ = entry.carried_since.fetch_update(Relaxed, Relaxed, |old| {
             Some(if old == 0 { since } else { old.min(since) })
         });
+    }
+
+    /// Drains (see [`drain`](Self::drain)) and routes each (account, op)'s
+    /// counts to the account's master on `ring`, sorted by op then account
+    /// for each master, so replays are deterministic. Counts the ring has no
+    /// master for come back in [`Routed::unroutable`].
+    pub fn drain_by_owner(&self, ring: &Ring) -> Routed {
+        let mut routed = Routed::default();
+        self.drain(|account, op, delta| {
+            let pending = Pending {
+                account: account.to_owned(),
+                op: op.to_owned(),
+                delta,
+            };
+            match ring.owner(account) {
+                Some(master) => routed
+                    .by_master
+                    .entry(master.to_owned())
+                    .or_default()
+                    .push(pending),
+                None => routed.unroutable.push(pending),
+            }
+        });
+        for pending in routed.by_master.values_mut() {
+            pending.sort_unstable_by(|a, b| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
+        }
+        routed
+    }
+
+    /// Puts back counts that a rollup covering `[start, end)` could not
+    /// deliver, so the next drain sends them again, unless the interval they
+    /// cover began more than `max_carry` before `end`: such counts fall
+    /// outside any window a master keeps, and are dropped. Returns the
+    /// attempted cost dropped (0 when carried over).
+    pub fn carry_over(
+        &self,
+        pending: Pending,
+        start: Nanos,
+        end: Nanos,
+        max_carry: Duration,
+    ) -> u64 {
+        let since = pending.delta.since.unwrap_or(start);
+        if end.since(since) > max_carry {
+            return pending.delta.attempted;
+        }
+        self.undrain(&pending.account, &pending.op, pending.delta, start);
+        0
     }
 
     /// Number of (account, op) pairs tracked.

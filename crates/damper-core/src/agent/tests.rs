@@ -388,3 +388,81 @@ fn the_local_guard_fails_open_with_the_masters_factor() {
     );
     assert_eq!(rejected_after, 0, "no master, no limit: fail open");
 }
+
+#[test]
+fn a_batch_decides_like_single_checks() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(5);
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.75,
+        1e12,
+        Duration::from_secs(60),
+    );
+    let admitted = agent.check_batch(t(1), "acme", "messages", 3, 100_000, &mut rng);
+    let share = admitted as f64 / 100_000.0;
+    assert!((share - 0.25).abs() < 0.01, "{share}");
+    let d = drained(&agent);
+    assert_eq!((d[0].2.attempted, d[0].2.admitted), (300_000, 3 * admitted));
+    // Same edge cases as check.
+    assert_eq!(agent.check_batch(t(1), "", "messages", 3, 10, &mut rng), 10);
+    assert_eq!(
+        agent.check_batch(t(1), "acme", "messages", 0, 10, &mut rng),
+        10
+    );
+    // Expired: all admitted.
+    assert_eq!(
+        agent.check_batch(t(61_000), "acme", "messages", 1, 50, &mut rng),
+        50
+    );
+}
+
+#[test]
+fn drains_route_to_owners_in_a_fixed_order_and_carry_over_is_bounded() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(5);
+    for account in ["c", "a", "b", "d", "e"] {
+        for op in ["presence", "messages"] {
+            agent.check(t(0), account, op, 2, &mut rng);
+        }
+    }
+    let ring = crate::ring::Ring::new(["m1:1", "m2:1"]);
+    let routed = agent.drain_by_owner(&ring);
+    assert!(routed.unroutable.is_empty());
+    let total: usize = routed.by_master.values().map(Vec::len).sum();
+    assert_eq!(total, 10);
+    for (master, pending) in &routed.by_master {
+        for p in pending {
+            assert_eq!(ring.owner(&p.account), Some(master.as_str()));
+        }
+        let keys: Vec<_> = pending
+            .iter()
+            .map(|p| (p.op.clone(), p.account.clone()))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+    // A failed rollup [0, 2 s): carried over when young, dropped when old.
+    let mut pending = routed.by_master.into_values().flatten();
+    let young = pending.next().unwrap();
+    let old = pending.next().unwrap();
+    let max = Duration::from_secs(30);
+    assert_eq!(agent.carry_over(young.clone(), t(0), t(2_000), max), 0);
+    assert_eq!(agent.carry_over(old, t(0), t(31_000), max), 2);
+    let again = agent.drain_by_owner(&crate::ring::Ring::new(Vec::<String>::new()));
+    // The others owe one zero report each ("went quiet").
+    let with_counts: Vec<_> = again
+        .unroutable
+        .iter()
+        .filter(|p| p.delta.attempted > 0)
+        .collect();
+    assert_eq!(with_counts.len(), 1, "only the young one came back");
+    assert_eq!(
+        (&with_counts[0].account, &with_counts[0].op),
+        (&young.account, &young.op)
+    );
+    assert_eq!(with_counts[0].delta.since, Some(t(0)));
+}

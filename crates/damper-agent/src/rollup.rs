@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use damper_core::agent::Pending;
+use damper_core::agent::{Pending, send_spread};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_client::MasterClient;
@@ -41,7 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
     let interval = settings.rollup_interval;
     let mut members = Members::new(&settings.masters).await;
     let mut clients = Clients::new(settings.request_timeout);
-    let spread = spread(&shared.agent_id, interval);
+    let spread = send_spread(&shared.agent_id, interval);
     let mut start = grid_floor(SystemClock.now(), interval);
     tracing::info!(agent = %shared.agent_id, masters = ?members.ring.members().collect::<Vec<_>>(), "damper agent started");
     loop {
@@ -87,20 +87,6 @@ fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
         .unwrap_or(u64::MAX)
         .max(1);
     Nanos::from_nanos(now.as_nanos() / i * i)
-}
-
-/// This agent's send delay within the interval: a fixed share of its first
-/// fifth, by agent id.
-fn spread(agent_id: &str, interval: Duration) -> Duration {
-    let window = (interval / 5).as_millis() as u64;
-    if window == 0 {
-        return Duration::ZERO;
-    }
-    // FNV-1a: stable, and plenty to scatter agents.
-    let hash = agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    Duration::from_millis(hash % window)
 }
 
 /// Takes every (account, op)'s counts, routed by the ring, and groups them
@@ -357,22 +343,5 @@ mod tests {
             grid_floor(Nanos::from_millis(1_800_000_002_000), two),
             Nanos::from_millis(1_800_000_002_000)
         );
-    }
-
-    #[test]
-    fn sends_spread_over_the_first_fifth_of_the_interval() {
-        let two = Duration::from_secs(2);
-        let delays: Vec<Duration> = (0..200)
-            .map(|i| spread(&format!("edge-{i}"), two))
-            .collect();
-        assert!(delays.iter().all(|d| *d < Duration::from_millis(400)));
-        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
-        assert!(
-            distinct.len() > 100,
-            "agents bunch up: {} distinct delays",
-            distinct.len()
-        );
-        assert_eq!(spread("edge-1", two), spread("edge-1", two));
-        assert_eq!(spread("x", Duration::from_millis(4)), Duration::ZERO);
     }
 }

@@ -147,6 +147,21 @@ pub struct Routed {
     pub unroutable: Vec<Pending>,
 }
 
+/// How long after each interval's cut an agent sends its rollup: a fixed
+/// share of the first fifth of the interval, by agent id, so masters see
+/// agents spread out rather than all at once.
+pub fn send_spread(agent_id: &str, interval: Duration) -> Duration {
+    let window = (interval / 5).as_millis() as u64;
+    if window == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a: stable across builds, and plenty to scatter agents.
+    let hash = agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    Duration::from_millis(hash % window)
+}
+
 /// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
 const ONE: u64 = 1 << 32;
 

@@ -466,3 +466,20 @@ fn drains_route_to_owners_in_a_fixed_order_and_carry_over_is_bounded() {
     );
     assert_eq!(with_counts[0].delta.since, Some(t(0)));
 }
+
+#[test]
+fn sends_spread_over_the_first_fifth_of_the_interval() {
+    let two = Duration::from_secs(2);
+    let delays: Vec<Duration> = (0..200)
+        .map(|i| send_spread(&format!("edge-{i}"), two))
+        .collect();
+    assert!(delays.iter().all(|d| *d < Duration::from_millis(400)));
+    let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+    assert!(
+        distinct.len() > 100,
+        "agents bunch up: {} distinct delays",
+        distinct.len()
+    );
+    assert_eq!(send_spread("edge-1", two), send_spread("edge-1", two));
+    assert_eq!(send_spread("x", Duration::from_millis(4)), Duration::ZERO);
+}

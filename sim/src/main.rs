@@ -1,0 +1,139 @@
+//! `damper-sim`: run scenarios in virtual time and plot them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use damper_core::config::EstimatorKind;
+use damper_sim::scenario::Scenario;
+use damper_sim::{engine, plot, summary, write_run};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Replays a scenario's traffic through Damper's agent and master state
+/// machines in virtual time, with network delay, loss and failures, and
+/// writes summary.json, timeseries.csv, plot.svg and plot.png.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs one scenario.
+    Run {
+        /// The scenario file (TOML; see docs/simulation.md).
+        scenario: PathBuf,
+        /// Directory for the outputs (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Overrides the scenario's policy: demand or linear-ramp.
+        #[arg(long, value_name = "NAME", value_parser = ["demand", "linear-ramp"])]
+        policy: Option<String>,
+        /// Overrides the scenario's estimator: latest-round or ably-mma.
+        #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
+        estimator: Option<String>,
+    },
+    /// Runs the scenario under every policy and draws them in one figure.
+    Compare {
+        /// The scenario file.
+        scenario: PathBuf,
+        /// Directory for the outputs: one subdirectory per policy, and the
+        /// combined summary.json, plot.svg and plot.png.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Overrides the scenario's estimator: latest-round or ably-mma.
+        #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
+        estimator: Option<String>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match sim() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("damper-sim: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn load(path: &Path, estimator: Option<&str>) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
+    Ok(match estimator {
+        Some("ably-mma") => scenario.with_estimator(EstimatorKind::AblyMma),
+        Some(_) => scenario.with_estimator(EstimatorKind::LatestRound),
+        None => scenario,
+    })
+}
+
+/// Runs with a progress bar on stderr, shown only for runs that take more
+/// than a couple of seconds and only on a terminal.
+#[allow(clippy::disallowed_types)] // Wall time decides when to show the bar.
+fn run_with_progress(scenario: Scenario) -> engine::Run {
+    let bar = ProgressBar::with_draw_target(Some(scenario.duration_s), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} simulated s ({eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("{} ({})", scenario.name, scenario.policy_name()));
+    let started = std::time::Instant::now();
+    let mut shown = false;
+    let run = engine::run(scenario, |s| {
+        if !shown && started.elapsed() > Duration::from_secs(2) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            shown = true;
+        }
+        bar.set_position(s);
+    });
+    bar.finish_and_clear();
+    run
+}
+
+fn window_s(scenario: &Scenario) -> usize {
+    let w = &scenario.master.window;
+    (w.sub_interval * w.sub_intervals.get() as u32).as_secs() as usize
+}
+
+fn sim() -> anyhow::Result<()> {
+    match Args::parse().command {
+        Command::Run { scenario, out, policy, estimator } => {
+            let mut s = load(&scenario, estimator.as_deref())?;
+            if let Some(policy) = policy {
+                s = s.with_policy(&policy).context("--policy")?;
+            }
+            let window = window_s(&s);
+            let run = run_with_progress(s);
+            let figures = summary::summarize(&run, window);
+            write_run(&out, &run, &figures).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            println!("{}", serde_json::to_string_pretty(&figures)?);
+        }
+        Command::Compare { scenario, out, estimator } => {
+            let base = load(&scenario, estimator.as_deref())?;
+            let mut runs = Vec::new();
+            let mut all = Vec::new();
+            for policy in ["demand", "linear-ramp"] {
+                let s = base.with_policy(policy).context(policy)?;
+                let window = window_s(&s);
+                let run = run_with_progress(s);
+                let figures = summary::summarize(&run, window);
+                write_run(&out.join(policy), &run, &figures)
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+                all.push(figures);
+                runs.push(run);
+            }
+            let title = format!("{} — demand vs linear-ramp", base.name);
+            for name in ["plot.svg", "plot.png"] {
+                plot::draw(&out.join(name), &title, &runs).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            }
+            let json = serde_json::to_string_pretty(&all)?;
+            std::fs::write(out.join("summary.json"), json.clone() + "\n")?;
+            println!("{json}");
+        }
+    }
+    Ok(())
+}

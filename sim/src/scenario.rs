@@ -1,0 +1,517 @@
+//! Scenario files: the cluster, the master's `[window]`, `[policy]` and
+//! `[limits]` tables (exactly as `damper-master --config` reads them), the
+//! traffic, and the events. See `docs/simulation.md`.
+
+use std::time::Duration;
+
+use damper_core::config::{
+    ConfigError, EstimatorKind, LimitsSection, MasterConfig, PolicySection, WindowSection,
+};
+use serde::Deserialize;
+
+/// Why a scenario cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// Not valid TOML, an unknown key, or a value of the wrong type (the
+    /// message has the key and the line).
+    #[error("{0}")]
+    Parse(String),
+    /// A value out of range, naming the key.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid {
+        /// Dotted path of the key.
+        field: String,
+        /// What is allowed.
+        reason: String,
+    },
+    /// The master tables are invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ScenarioError {
+    ScenarioError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A scenario file as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Shown in plot titles and summaries.
+    pub name: String,
+    /// Simulated seconds.
+    pub duration_s: u64,
+    /// Seed of every random choice: same seed, same output.
+    #[serde(default)]
+    pub seed: u64,
+    /// Traffic is generated in steps of this many milliseconds (default 100).
+    #[serde(default = "default_step_ms")]
+    pub step_ms: u64,
+    /// The cluster.
+    #[serde(default)]
+    pub cluster: ClusterSection,
+    /// The master's `[window]`.
+    #[serde(default)]
+    pub window: WindowSection,
+    /// The master's `[policy]`.
+    #[serde(default)]
+    pub policy: PolicySection,
+    /// The master's `[limits]`.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// Traffic items.
+    #[serde(default)]
+    pub traffic: Vec<TrafficSection>,
+    /// Events at given times.
+    #[serde(default)]
+    pub events: Vec<EventSection>,
+}
+
+fn default_step_ms() -> u64 {
+    100
+}
+
+/// `[cluster]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// Edge nodes, each with an agent.
+    pub agents: u32,
+    /// Masters on the ring.
+    pub masters: u32,
+    /// How often agents send rollups; must equal `window.rollup_interval_ms`.
+    pub rollup_interval_ms: u64,
+    /// One-way network delay, mean.
+    pub latency_ms: f64,
+    /// The delay varies uniformly by up to this much either way.
+    pub jitter_ms: f64,
+    /// Probability that a rollup, or its reply, is lost.
+    pub loss: f64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            agents: 20,
+            masters: 3,
+            rollup_interval_ms: 2000,
+            latency_ms: 5.0,
+            jitter_ms: 2.0,
+            loss: 0.0,
+        }
+    }
+}
+
+/// Which agents carry a traffic item.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum AgentsSection {
+    /// `"all"`.
+    Word(String),
+    /// This many agents.
+    Count(u32),
+    /// These agent indexes.
+    List(Vec<u32>),
+}
+
+/// How operations arrive within a step.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrivals {
+    /// Poisson: the count in each step is random with the profile's mean.
+    #[default]
+    Poisson,
+    /// Uniform: exactly the profile's rate, spread evenly.
+    Uniform,
+}
+
+/// One point of a rate profile: from `at_s` on, `rate` operations per second.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProfilePoint {
+    /// From this second on.
+    pub at_s: f64,
+    /// Operations per second attempted, over the item's agents together.
+    pub rate: f64,
+}
+
+/// `[[traffic]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficSection {
+    /// Account id. With `count`, `{i}` is replaced by 0, 1, … .
+    pub account: String,
+    /// Operation.
+    pub op: String,
+    /// `"all"` (default), a number of agents, or a list of agent indexes.
+    #[serde(default = "all_agents")]
+    pub agents: AgentsSection,
+    /// Cost of each operation (1 + subscribers for a publish).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Piecewise-constant rate over time.
+    pub profile: Vec<ProfilePoint>,
+    /// Poisson (default) or uniform arrivals.
+    #[serde(default)]
+    pub arrivals: Arrivals,
+    /// Repeat this item for `count` accounts (default 1).
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn all_agents() -> AgentsSection {
+    AgentsSection::Word("all".into())
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// `[[events]]`: exactly one action at `at_s`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSection {
+    /// When, in simulated seconds.
+    pub at_s: f64,
+    /// Stop this master: its state is lost; rollups to it time out.
+    pub kill_master: Option<u32>,
+    /// Start this master again, with empty state.
+    pub restart_master: Option<u32>,
+    /// Cut these agents off from every master.
+    pub partition_agents: Option<Vec<u32>>,
+    /// End every partition.
+    pub heal: Option<bool>,
+}
+
+/// One traffic item, validated and expanded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traffic {
+    /// Account id.
+    pub account: String,
+    /// Operation.
+    pub op: String,
+    /// Agent indexes carrying it.
+    pub agents: Vec<usize>,
+    /// Cost per operation.
+    pub cost: u64,
+    /// Piecewise-constant profile, sorted by time.
+    pub profile: Vec<ProfilePoint>,
+    /// Arrival process.
+    pub arrivals: Arrivals,
+}
+
+impl Traffic {
+    /// Operations per second at `t` seconds.
+    pub fn rate_at(&self, t: f64) -> f64 {
+        self.profile
+            .iter()
+            .take_while(|p| p.at_s <= t)
+            .last()
+            .map_or(0.0, |p| p.rate)
+    }
+}
+
+/// What happens at an event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Stop a master (losing its state).
+    KillMaster(usize),
+    /// Start a master again.
+    RestartMaster(usize),
+    /// Cut agents off from the masters.
+    Partition(Vec<usize>),
+    /// End all partitions.
+    Heal,
+}
+
+/// A scenario, validated.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Name.
+    pub name: String,
+    /// Simulated seconds.
+    pub duration_s: u64,
+    /// Seed.
+    pub seed: u64,
+    /// Traffic step.
+    pub step: Duration,
+    /// The cluster.
+    pub cluster: ClusterSection,
+    /// The masters' configuration.
+    pub master: MasterConfig,
+    /// The `[policy]` table, kept to re-validate overrides.
+    pub policy: PolicySection,
+    /// The `[window]` table, kept to re-validate overrides.
+    pub window: WindowSection,
+    /// The `[limits]` table.
+    pub limits: LimitsSection,
+    /// Traffic items, expanded.
+    pub traffic: Vec<Traffic>,
+    /// Events, sorted by time.
+    pub events: Vec<(f64, Action)>,
+}
+
+impl Scenario {
+    /// Parses and validates a scenario file.
+    pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        Scenario::from_file(file)
+    }
+
+    /// Validates a parsed file.
+    pub fn from_file(file: ScenarioFile) -> Result<Scenario, ScenarioError> {
+        if file.name.trim().is_empty() {
+            return Err(invalid("name", "must not be empty"));
+        }
+        if !(1..=7 * 24 * 3600).contains(&file.duration_s) {
+            return Err(invalid("duration_s", "must be between 1 and 604800 seconds"));
+        }
+        if !(1..=10_000).contains(&file.step_ms) {
+            return Err(invalid("step_ms", "must be between 1 and 10000"));
+        }
+        let c = &file.cluster;
+        if !(1..=100_000).contains(&c.agents) {
+            return Err(invalid("cluster.agents", "must be between 1 and 100000"));
+        }
+        if !(1..=1_000).contains(&c.masters) {
+            return Err(invalid("cluster.masters", "must be between 1 and 1000"));
+        }
+        if !(c.latency_ms.is_finite() && c.latency_ms >= 0.0 && c.latency_ms < 60_000.0) {
+            return Err(invalid("cluster.latency_ms", "must be between 0 and 60000"));
+        }
+        if !(c.jitter_ms.is_finite() && c.jitter_ms >= 0.0 && c.jitter_ms <= c.latency_ms.max(0.0) + 1e-9)
+        {
+            return Err(invalid("cluster.jitter_ms", "must be between 0 and latency_ms"));
+        }
+        if !(0.0..=1.0).contains(&c.loss) {
+            return Err(invalid("cluster.loss", "must be a probability, 0 to 1"));
+        }
+        if c.rollup_interval_ms != file.window.rollup_interval_ms {
+            return Err(invalid(
+                "cluster.rollup_interval_ms",
+                format!(
+                    "is {} but window.rollup_interval_ms is {}: agents and masters must agree; set both",
+                    c.rollup_interval_ms, file.window.rollup_interval_ms
+                ),
+            ));
+        }
+        let master = MasterConfig::from_sections(&file.window, &file.policy, &file.limits)?;
+        let agents = c.agents as usize;
+        let mut traffic = Vec::new();
+        for (i, t) in file.traffic.iter().enumerate() {
+            let field = |k: &str| format!("traffic[{i}].{k}");
+            if t.account.is_empty() || t.op.is_empty() {
+                return Err(invalid(field("account"), "account and op must not be empty"));
+            }
+            if t.cost == 0 {
+                return Err(invalid(field("cost"), "must be at least 1"));
+            }
+            if !(1..=100_000).contains(&t.count) {
+                return Err(invalid(field("count"), "must be between 1 and 100000"));
+            }
+            if t.count > 1 && !t.account.contains("{i}") {
+                return Err(invalid(field("account"), "with count > 1, must contain {i}"));
+            }
+            let mut profile = t.profile.clone();
+            if profile.is_empty() {
+                return Err(invalid(field("profile"), "needs at least one point"));
+            }
+            for p in &profile {
+                if !(p.at_s.is_finite() && p.at_s >= 0.0 && p.rate.is_finite() && p.rate >= 0.0) {
+                    return Err(invalid(field("profile"), "at_s and rate must be finite and not negative"));
+                }
+            }
+            profile.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+            for k in 0..t.count {
+                let chosen = match &t.agents {
+                    AgentsSection::Word(w) if w == "all" => (0..agents).collect(),
+                    AgentsSection::Word(w) => {
+                        return Err(invalid(field("agents"), format!("{w:?}: expected \"all\", a number or a list")));
+                    }
+                    AgentsSection::Count(n) if (1..=c.agents).contains(n) => {
+                        // Consecutive agents, starting at a different one per account.
+                        let first = (k as usize * *n as usize) % agents;
+                        (0..*n as usize).map(|j| (first + j) % agents).collect()
+                    }
+                    AgentsSection::Count(n) => {
+                        return Err(invalid(field("agents"), format!("{n}: must be between 1 and {}", c.agents)));
+                    }
+                    AgentsSection::List(list) => {
+                        if list.is_empty() {
+                            return Err(invalid(field("agents"), "the list is empty"));
+                        }
+                        if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
+                            return Err(invalid(field("agents"), format!("index {bad} out of range ({} agents)", c.agents)));
+                        }
+                        let mut v: Vec<usize> = list.iter().map(|a| *a as usize).collect();
+                        v.sort_unstable();
+                        v.dedup();
+                        v
+                    }
+                };
+                traffic.push(Traffic {
+                    account: t.account.replace("{i}", &k.to_string()),
+                    op: t.op.clone(),
+                    agents: chosen,
+                    cost: t.cost,
+                    profile: profile.clone(),
+                    arrivals: t.arrivals,
+                });
+            }
+        }
+        let mut events = Vec::new();
+        for (i, e) in file.events.iter().enumerate() {
+            let field = |k: &str| format!("events[{i}].{k}");
+            if !(e.at_s.is_finite() && e.at_s >= 0.0) {
+                return Err(invalid(field("at_s"), "must be a time in seconds, not negative"));
+            }
+            let master_index = |k: &str, m: u32| {
+                if m < c.masters {
+                    Ok(m as usize)
+                } else {
+                    Err(invalid(field(k), format!("master {m} out of range ({} masters)", c.masters)))
+                }
+            };
+            let mut actions = Vec::new();
+            if let Some(m) = e.kill_master {
+                actions.push(Action::KillMaster(master_index("kill_master", m)?));
+            }
+            if let Some(m) = e.restart_master {
+                actions.push(Action::RestartMaster(master_index("restart_master", m)?));
+            }
+            if let Some(list) = &e.partition_agents {
+                if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
+                    return Err(invalid(field("partition_agents"), format!("index {bad} out of range ({} agents)", c.agents)));
+                }
+                actions.push(Action::Partition(list.iter().map(|a| *a as usize).collect()));
+            }
+            match e.heal {
+                Some(true) => actions.push(Action::Heal),
+                Some(false) => return Err(invalid(field("heal"), "write heal = true, or leave it out")),
+                None => {}
+            }
+            if actions.len() != 1 {
+                return Err(invalid(
+                    format!("events[{i}]"),
+                    "needs exactly one of kill_master, restart_master, partition_agents, heal",
+                ));
+            }
+            events.push((e.at_s, actions.remove(0)));
+        }
+        events.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(Scenario {
+            name: file.name,
+            duration_s: file.duration_s,
+            seed: file.seed,
+            step: Duration::from_millis(file.step_ms),
+            cluster: file.cluster,
+            master,
+            policy: file.policy,
+            window: file.window,
+            limits: file.limits,
+            traffic,
+            events,
+        })
+    }
+
+    /// The scenario under another policy (`demand` or `linear-ramp`).
+    pub fn with_policy(&self, kind: &str) -> Result<Scenario, ScenarioError> {
+        let mut policy = self.policy.clone();
+        if policy.kind != kind {
+            policy.kind = kind.to_string();
+            if kind != "linear-ramp" {
+                policy.ramp = None;
+            }
+        }
+        let master = MasterConfig::from_sections(&self.window, &policy, &self.limits)?;
+        Ok(Scenario {
+            master,
+            policy,
+            ..self.clone()
+        })
+    }
+
+    /// The scenario under another estimator.
+    pub fn with_estimator(&self, estimator: EstimatorKind) -> Scenario {
+        let mut s = self.clone();
+        s.window.estimator = estimator;
+        s.master.window.estimator = estimator;
+        s
+    }
+
+    /// The policy's name, as in the file.
+    pub fn policy_name(&self) -> &str {
+        &self.policy.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        name = "t"
+        duration_s = 10
+        [limits]
+        messages = 100
+        [[traffic]]
+        account = "a"
+        op = "messages"
+        profile = [ { at_s = 0, rate = 10 }, { at_s = 5, rate = 500 } ]
+    "#;
+
+    #[test]
+    fn a_minimal_scenario_takes_the_documented_defaults() {
+        let s = Scenario::from_toml(MINIMAL).unwrap();
+        assert_eq!((s.cluster.agents, s.cluster.masters), (20, 3));
+        assert_eq!(s.traffic[0].agents.len(), 20);
+        assert_eq!(s.traffic[0].arrivals, Arrivals::Poisson);
+        assert_eq!(s.traffic[0].rate_at(4.9), 10.0);
+        assert_eq!(s.traffic[0].rate_at(5.0), 500.0);
+        assert_eq!(s.step, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn count_expands_accounts_over_rotating_agents() {
+        let text = MINIMAL.replace("account = \"a\"", "account = \"acct-{i}\"\ncount = 3\nagents = 5");
+        let s = Scenario::from_toml(&text).unwrap();
+        let names: Vec<_> = s.traffic.iter().map(|t| t.account.as_str()).collect();
+        assert_eq!(names, ["acct-0", "acct-1", "acct-2"]);
+        assert_eq!(s.traffic[1].agents, vec![5, 6, 7, 8, 9]);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (from, to, key) in [
+            ("duration_s = 10", "duration_s = 0", "duration_s"),
+            ("op = \"messages\"", "op = \"messages\"\nagents = [0, 20]", "traffic[0].agents"),
+            ("op = \"messages\"", "op = \"messages\"\nagents = \"some\"", "traffic[0].agents"),
+            ("op = \"messages\"", "op = \"messages\"\ncost = 0", "traffic[0].cost"),
+            ("rate = 10 }", "rate = -1 }", "traffic[0].profile"),
+            ("[limits]", "[cluster]\nloss = 2.0\n[limits]", "cluster.loss"),
+            ("[limits]", "[cluster]\nrollup_interval_ms = 1000\n[limits]", "cluster.rollup_interval_ms"),
+            ("messages = 100", "messages = 0", "limits.\"messages\""),
+            ("[limits]", "[policy]\nkind = \"magic\"\n[limits]", "policy.kind"),
+        ] {
+            let err = Scenario::from_toml(&MINIMAL.replace(from, to)).unwrap_err().to_string();
+            assert!(err.contains(key), "{to:?}: {err}");
+        }
+        let with_event = |e: &str| format!("{MINIMAL}\n[[events]]\nat_s = 1\n{e}\n");
+        for (e, key) in [
+            ("kill_master = 3", "events[0].kill_master"),
+            ("kill_master = 0\nheal = true", "events[0]"),
+            ("", "events[0]"),
+        ] {
+            let err = Scenario::from_toml(&with_event(e)).unwrap_err().to_string();
+            assert!(err.contains(key), "{e:?}: {err}");
+        }
+        // Unknown keys: the key and the line.
+        let err = Scenario::from_toml(&MINIMAL.replace("duration_s = 10", "duration_s = 10\nspeed = 2"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("speed") && err.contains("line"), "{err}");
+    }
+}

@@ -1,0 +1,270 @@
+//! The figures of a run, per (account, op). Definitions in
+//! `docs/simulation.md`; all rates are in cost per second over whole
+//! simulated seconds.
+
+use serde::Serialize;
+
+use crate::engine::{Run, Series};
+
+/// The figures of one run.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy.
+    pub policy: String,
+    /// Estimator.
+    pub estimator: String,
+    /// Rollup requests sent.
+    pub rollups_sent: u64,
+    /// Rollup requests that failed (lost, partitioned, master down).
+    pub rollups_failed: u64,
+    /// Cost dropped by agents for being carried too long.
+    pub dropped_cost: u64,
+    /// Per (account, op).
+    pub accounts: Vec<AccountSummary>,
+}
+
+/// The figures of one (account, op).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct AccountSummary {
+    /// Account.
+    pub account: String,
+    /// Operation.
+    pub op: String,
+    /// Its limit, cost per second (none: unlimited).
+    pub limit: Option<f64>,
+    /// Cost attempted over the run.
+    pub attempted: u64,
+    /// Cost admitted over the run.
+    pub admitted: u64,
+    /// Admitted rate / limit over the seconds where demand stayed above
+    /// 1.5 × limit, skipping the first 10 s of each such stretch.
+    pub steady_admitted_ratio: Option<f64>,
+    /// (max − min) of the admitted rate in 6 s buckets over those same
+    /// seconds, divided by the limit.
+    pub oscillation_p2p: Option<f64>,
+    /// Worst stretch of overload: seconds from its start until the admitted
+    /// rate over the next second first falls to ≤ 1.1 × limit.
+    pub reaction_s: Option<f64>,
+    /// Worst stretch of overload that ends with demand below 0.95 × limit:
+    /// seconds from its end until no agent applies a factor any more.
+    pub release_s: Option<f64>,
+    /// The highest admitted rate over any 6 s bucket, divided by the limit.
+    pub peak_6s_ratio: Option<f64>,
+    /// Cost rejected in seconds when the demand over the preceding window
+    /// was below the limit.
+    pub false_rejections: u64,
+    /// Cost admitted above the limit, summed over seconds.
+    pub over_admitted: u64,
+}
+
+/// The figures of `run`; `window_s` is the master's window in seconds.
+pub fn summarize(run: &Run, window_s: usize) -> Summary {
+    Summary {
+        scenario: run.scenario.clone(),
+        policy: run.policy.clone(),
+        estimator: run.estimator.clone(),
+        rollups_sent: run.rollups.0,
+        rollups_failed: run.rollups.1,
+        dropped_cost: run.dropped_cost,
+        accounts: run.series.iter().map(|s| account(s, window_s)).collect(),
+    }
+}
+
+/// Maximal runs `[start, end)` of seconds where demand is above 1.5 × limit.
+fn overload_stretches(demand: &[f64], limit: f64) -> Vec<(usize, usize)> {
+    let mut stretches = Vec::new();
+    let mut start = None;
+    for (s, d) in demand.iter().enumerate() {
+        match (start, *d > 1.5 * limit) {
+            (None, true) => start = Some(s),
+            (Some(b), false) => {
+                stretches.push((b, s));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(b) = start {
+        stretches.push((b, demand.len()));
+    }
+    stretches
+}
+
+fn account(series: &Series, window_s: usize) -> AccountSummary {
+    let demand: Vec<f64> = series.seconds.iter().map(|s| s.attempted as f64).collect();
+    let admitted: Vec<f64> = series.seconds.iter().map(|s| s.admitted as f64).collect();
+    let attempted_total = series.seconds.iter().map(|s| s.attempted).sum();
+    let admitted_total = series.seconds.iter().map(|s| s.admitted).sum();
+    let mut out = AccountSummary {
+        account: series.traffic.account.clone(),
+        op: series.traffic.op.clone(),
+        limit: series.limit,
+        attempted: attempted_total,
+        admitted: admitted_total,
+        steady_admitted_ratio: None,
+        oscillation_p2p: None,
+        reaction_s: None,
+        release_s: None,
+        peak_6s_ratio: None,
+        false_rejections: 0,
+        over_admitted: 0,
+    };
+    let Some(limit) = series.limit else {
+        return out;
+    };
+    let stretches = overload_stretches(&demand, limit);
+
+    // Steady seconds and 6 s buckets within them.
+    let (mut steady_sum, mut steady_n) = (0.0, 0usize);
+    let mut buckets: Vec<f64> = Vec::new();
+    for &(start, end) in &stretches {
+        let from = start + 10;
+        if from >= end {
+            continue;
+        }
+        steady_sum += admitted[from..end].iter().sum::<f64>();
+        steady_n += end - from;
+        buckets.extend(admitted[from..end].chunks_exact(6).map(|c| c.iter().sum::<f64>() / 6.0));
+    }
+    if steady_n > 0 {
+        out.steady_admitted_ratio = Some(steady_sum / steady_n as f64 / limit);
+    }
+    if !buckets.is_empty() {
+        let max = buckets.iter().cloned().fold(f64::MIN, f64::max);
+        let min = buckets.iter().cloned().fold(f64::MAX, f64::min);
+        out.oscillation_p2p = Some((max - min) / limit);
+    }
+
+    // Reaction: worst stretch.
+    out.reaction_s = stretches
+        .iter()
+        .map(|&(start, end)| {
+            (start..end)
+                .find(|&s| admitted[s] <= 1.1 * limit)
+                .unwrap_or(end)
+                .saturating_sub(start) as f64
+        })
+        .reduce(f64::max);
+
+    // Release: worst stretch that ends with demand below 0.95 × limit.
+    let duration = demand.len() as f64;
+    out.release_s = stretches
+        .iter()
+        .filter(|&&(_, end)| end < demand.len() && demand[end] < 0.95 * limit)
+        .map(|&(_, end)| {
+            let e = end as f64;
+            let positive_at_e = series
+                .factor_changes
+                .iter()
+                .take_while(|(t, _)| *t <= e)
+                .last()
+                .is_some_and(|(_, p)| *p);
+            if !positive_at_e {
+                return 0.0;
+            }
+            series
+                .factor_changes
+                .iter()
+                .find(|(t, p)| *t > e && !*p)
+                .map_or(duration - e, |(t, _)| t - e)
+        })
+        .reduce(f64::max);
+
+    out.peak_6s_ratio = admitted
+        .chunks(6)
+        .filter(|c| c.len() == 6)
+        .map(|c| c.iter().sum::<f64>() / 6.0 / limit)
+        .reduce(f64::max);
+
+    for s in 0..demand.len() {
+        let from = s.saturating_sub(window_s);
+        let preceding = if s > from {
+            demand[from..s].iter().sum::<f64>() / (s - from) as f64
+        } else {
+            0.0
+        };
+        if preceding < limit {
+            out.false_rejections += series.seconds[s].attempted - series.seconds[s].admitted;
+        }
+        out.over_admitted += (admitted[s] - limit).max(0.0) as u64;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Second;
+    use crate::scenario::{Arrivals, ProfilePoint, Traffic};
+
+    fn series(demand: &[u64], admitted: &[u64], changes: Vec<(f64, bool)>) -> Series {
+        Series {
+            traffic: Traffic {
+                account: "a".into(),
+                op: "m".into(),
+                agents: vec![0],
+                cost: 1,
+                profile: vec![ProfilePoint { at_s: 0.0, rate: 1.0 }],
+                arrivals: Arrivals::Uniform,
+            },
+            limit: Some(100.0),
+            seconds: demand
+                .iter()
+                .zip(admitted)
+                .map(|(&attempted, &admitted)| Second { attempted, admitted, factor: 0.0 })
+                .collect(),
+            factor_changes: changes,
+        }
+    }
+
+    #[test]
+    fn figures_follow_their_definitions() {
+        // 5 quiet seconds at 50, 24 s of overload at 1000, then 50 again.
+        let mut demand = vec![50u64; 5];
+        demand.extend([1000u64; 24]);
+        demand.extend([50u64; 11]);
+        let mut admitted = vec![50u64; 5];
+        admitted.extend([1000, 400, 150, 105]); // reacts in 3 s
+        admitted.extend([100u64; 8]);
+        admitted.extend([130u64, 70, 100, 100, 100, 100]); // some wobble
+        admitted.extend([100u64; 6]);
+        admitted.extend([50u64; 11]);
+        assert_eq!(admitted.len(), demand.len());
+        // The factor goes positive at 6 s and back to 0 at 30.5 s.
+        let s = series(&demand, &admitted, vec![(6.0, true), (30.5, false)]);
+        let a = account(&s, 24);
+        assert_eq!(a.reaction_s, Some(3.0));
+        assert_eq!(a.release_s, Some(30.5 - 29.0));
+        // Steady: seconds 15..29 = 14 seconds, two whole 6 s buckets.
+        let steady: Vec<u64> = admitted[15..29].to_vec();
+        let mean = steady.iter().sum::<u64>() as f64 / 14.0;
+        assert!((a.steady_admitted_ratio.unwrap() - mean / 100.0).abs() < 1e-12);
+        let b1 = admitted[15..21].iter().sum::<u64>() as f64 / 6.0;
+        let b2 = admitted[21..27].iter().sum::<u64>() as f64 / 6.0;
+        assert!((a.oscillation_p2p.unwrap() - (b1 - b2).abs() / 100.0).abs() < 1e-12);
+        // Over the limit: 900 + 300 + 50 + 5 + 30.
+        assert_eq!(a.over_admitted, 1285);
+        // Rejections while the preceding window was still under the limit:
+        // seconds 5..=7 (the window average passes 100 during second 7).
+        let window = |s: usize| demand[s.saturating_sub(24)..s].iter().sum::<u64>() as f64 / (s - s.saturating_sub(24)) as f64;
+        let expected: u64 = (0..demand.len())
+            .filter(|&s| s > 0 && window(s) < 100.0)
+            .map(|s| demand[s] - admitted[s])
+            .sum();
+        assert_eq!(a.false_rejections, expected);
+        assert!(a.false_rejections > 0);
+        // Buckets aligned at 0 s: the first holds the onset, 5 × 50 + 1000.
+        assert_eq!(a.peak_6s_ratio, Some((5.0 * 50.0 + 1000.0) / 6.0 / 100.0));
+    }
+
+    #[test]
+    fn unlimited_pairs_have_no_ratios() {
+        let mut s = series(&[10, 10], &[10, 10], vec![]);
+        s.limit = None;
+        let a = account(&s, 24);
+        assert_eq!((a.steady_admitted_ratio, a.reaction_s, a.release_s), (None, None, None));
+        assert_eq!((a.attempted, a.admitted), (20, 20));
+    }
+}

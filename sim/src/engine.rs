@@ -81,12 +81,48 @@ enum Event {
     Step,
     Second,
     Cut,
-    Send { agent: usize, master: usize, start: Nanos, end: Nanos, pending: Vec<Pending> },
-    Arrive { agent: usize, master: usize, sent: Nanos, start: Nanos, end: Nanos, pending: Vec<Pending> },
-    Reply { agent: usize, factors: Vec<(String, String, f64, f64, Duration)> },
-    Fail { agent: usize, start: Nanos, end: Nanos, pending: Vec<Pending> },
+    Send {
+        agent: usize,
+        master: usize,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    },
+    Arrive {
+        agent: usize,
+        master: usize,
+        sent: Nanos,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    },
+    Reply {
+        agent: usize,
+        master: usize,
+        factors: Vec<Factor>,
+        recheck: Option<Duration>,
+    },
+    Query {
+        agent: usize,
+        master: usize,
+        keys: Vec<(String, String)>,
+    },
+    QueryArrive {
+        agent: usize,
+        master: usize,
+        keys: Vec<(String, String)>,
+    },
+    Fail {
+        agent: usize,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    },
     Scenario(Action),
 }
+
+/// (account, op, factor, limit, valid for), as a reply carries them.
+type Factor = (String, String, f64, f64, Duration);
 
 struct Agent {
     state: AgentState,
@@ -146,7 +182,11 @@ impl Sim {
             .traffic
             .iter()
             .map(|t| Item {
-                limit: scenario.master.limits.lookup(&t.account, &t.op).map(|m| m.rate.get()),
+                limit: scenario
+                    .master
+                    .limits
+                    .lookup(&t.account, &t.op)
+                    .map(|m| m.rate.get()),
                 traffic: t.clone(),
                 carry: 0.0,
                 rotate: 0,
@@ -158,7 +198,10 @@ impl Sim {
             })
             .collect();
         let mut sim = Sim {
-            masters: names.iter().map(|_| Some(MasterState::new(scenario.master.clone()))).collect(),
+            masters: names
+                .iter()
+                .map(|_| Some(MasterState::new(scenario.master.clone())))
+                .collect(),
             ring: Ring::new(&names),
             names,
             agents,
@@ -235,21 +278,102 @@ impl Sim {
                     }
                 }
                 Event::Cut => self.cut(),
-                Event::Send { agent, master, start, end, pending } => {
-                    self.send(agent, master, start, end, pending)
+                Event::Send {
+                    agent,
+                    master,
+                    start,
+                    end,
+                    pending,
+                } => self.send(agent, master, start, end, pending),
+                Event::Arrive {
+                    agent,
+                    master,
+                    sent,
+                    start,
+                    end,
+                    pending,
+                } => self.arrive(agent, master, sent, start, end, pending),
+                Event::Reply {
+                    agent,
+                    master,
+                    factors,
+                    recheck,
+                } => {
+                    if let Some(after) = recheck {
+                        // As the agent does: ask again, for the suppressed pairs.
+                        let keys = factors
+                            .iter()
+                            .filter(|f| f.2 > 0.0)
+                            .map(|f| (f.0.clone(), f.1.clone()))
+                            .collect();
+                        self.schedule(
+                            self.now + after,
+                            Event::Query {
+                                agent,
+                                master,
+                                keys,
+                            },
+                        );
+                    }
+                    self.apply(agent, factors);
                 }
-                Event::Arrive { agent, master, sent, start, end, pending } => {
-                    self.arrive(agent, master, sent, start, end, pending)
-                }
-                Event::Reply { agent, factors } => {
-                    for (account, op, factor, limit, valid_for) in factors {
-                        self.agents[agent].state.apply(self.now, &account, &op, factor, limit, valid_for);
+                Event::Query {
+                    agent,
+                    master,
+                    keys,
+                } => {
+                    let unreachable =
+                        self.agents[agent].partitioned || self.masters[master].is_none();
+                    if !unreachable && !self.lost() {
+                        let at = self.now + self.delay();
+                        self.schedule(
+                            at,
+                            Event::QueryArrive {
+                                agent,
+                                master,
+                                keys,
+                            },
+                        );
                     }
                 }
-                Event::Fail { agent, start, end, pending } => {
+                Event::QueryArrive {
+                    agent,
+                    master,
+                    keys,
+                } => {
+                    if let Some(state) = self.masters[master].as_ref() {
+                        let factors: Vec<Factor> = keys
+                            .into_iter()
+                            .filter_map(|(account, op)| {
+                                let v = state.verdict(self.now, &account, &op)?;
+                                Some((account, op, v.factor, v.limit.get(), v.valid_for))
+                            })
+                            .collect();
+                        if !self.lost() {
+                            let at = self.now + self.delay();
+                            self.schedule(
+                                at,
+                                Event::Reply {
+                                    agent,
+                                    master,
+                                    factors,
+                                    recheck: None,
+                                },
+                            );
+                        }
+                    }
+                }
+                Event::Fail {
+                    agent,
+                    start,
+                    end,
+                    pending,
+                } => {
                     self.rollups.1 += 1;
                     for p in pending {
-                        self.dropped += self.agents[agent].state.carry_over(p, start, end, MAX_CARRY);
+                        self.dropped += self.agents[agent]
+                            .state
+                            .carry_over(p, start, end, MAX_CARRY);
                     }
                 }
                 Event::Scenario(action) => self.act(action),
@@ -342,7 +466,8 @@ impl Sim {
         for item in self.items.iter_mut().filter(|i| i.positive) {
             if max_factor(&self.agents, item, self.now) == 0.0 {
                 item.positive = false;
-                item.changes.push((self.now.since(EPOCH).as_secs_f64(), false));
+                item.changes
+                    .push((self.now.since(EPOCH).as_secs_f64(), false));
             }
         }
         let next = self.now + self.scenario.step;
@@ -386,34 +511,89 @@ impl Sim {
             let routed = self.agents[a].state.drain_by_owner(&self.ring);
             let spread = self.agents[a].spread;
             for (name, pending) in routed.by_master {
-                let master = self.names.iter().position(|n| *n == name).expect("ring member");
-                self.schedule(end + spread, Event::Send { agent: a, master, start, end, pending });
+                let master = self
+                    .names
+                    .iter()
+                    .position(|n| *n == name)
+                    .expect("ring member");
+                self.schedule(
+                    end + spread,
+                    Event::Send {
+                        agent: a,
+                        master,
+                        start,
+                        end,
+                        pending,
+                    },
+                );
             }
         }
         self.schedule(end + interval, Event::Cut);
     }
 
-    fn send(&mut self, agent: usize, master: usize, start: Nanos, end: Nanos, pending: Vec<Pending>) {
+    fn send(
+        &mut self,
+        agent: usize,
+        master: usize,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    ) {
         self.rollups.0 += 1;
         let unreachable = self.agents[agent].partitioned || self.masters[master].is_none();
         if unreachable || self.lost() {
             let at = self.now + self.timeout;
-            self.schedule(at, Event::Fail { agent, start, end, pending });
+            self.schedule(
+                at,
+                Event::Fail {
+                    agent,
+                    start,
+                    end,
+                    pending,
+                },
+            );
             return;
         }
         let at = self.now + self.delay();
         let sent = self.now;
-        self.schedule(at, Event::Arrive { agent, master, sent, start, end, pending });
+        self.schedule(
+            at,
+            Event::Arrive {
+                agent,
+                master,
+                sent,
+                start,
+                end,
+                pending,
+            },
+        );
     }
 
-    fn arrive(&mut self, agent: usize, master: usize, sent: Nanos, start: Nanos, end: Nanos, pending: Vec<Pending>) {
+    fn arrive(
+        &mut self,
+        agent: usize,
+        master: usize,
+        sent: Nanos,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    ) {
         let now = self.now;
         let Some(state) = self.masters[master].as_mut() else {
             // Died while the request was on its way.
-            self.schedule(sent + self.timeout, Event::Fail { agent, start, end, pending });
+            self.schedule(
+                sent + self.timeout,
+                Event::Fail {
+                    agent,
+                    start,
+                    end,
+                    pending,
+                },
+            );
             return;
         };
         let mut factors = Vec::new();
+        let mut recheck_at: Option<Nanos> = None;
         for p in &pending {
             let report = Report {
                 account: &p.account,
@@ -424,17 +604,51 @@ impl Sim {
                 admitted: p.delta.admitted,
             };
             if let Ok(Some(v)) = state.ingest(now, &report) {
-                factors.push((p.account.clone(), p.op.clone(), v.factor, v.limit.get(), v.valid_for));
+                if v.factor > 0.0 {
+                    recheck_at = recheck_at.max(v.recheck_at);
+                }
+                factors.push((
+                    p.account.clone(),
+                    p.op.clone(),
+                    v.factor,
+                    v.limit.get(),
+                    v.valid_for,
+                ));
             }
         }
         if self.lost() {
             // The master counted them, but the agent never hears back: it
             // times out and sends them again, as the real agent would.
-            self.schedule(sent + self.timeout, Event::Fail { agent, start, end, pending });
+            self.schedule(
+                sent + self.timeout,
+                Event::Fail {
+                    agent,
+                    start,
+                    end,
+                    pending,
+                },
+            );
             return;
         }
+        let recheck = recheck_at.map(|at| at.since(now).max(Duration::from_millis(1)));
         let at = self.now + self.delay();
-        self.schedule(at, Event::Reply { agent, factors });
+        self.schedule(
+            at,
+            Event::Reply {
+                agent,
+                master,
+                factors,
+                recheck,
+            },
+        );
+    }
+
+    fn apply(&mut self, agent: usize, factors: Vec<Factor>) {
+        for (account, op, factor, limit, valid_for) in factors {
+            self.agents[agent]
+                .state
+                .apply(self.now, &account, &op, factor, limit, valid_for);
+        }
     }
 
     fn act(&mut self, action: Action) {

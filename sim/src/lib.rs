@@ -68,7 +68,10 @@ pub fn timeseries_csv(run: &Run) -> String {
 /// one run into `dir`.
 pub fn write_run(dir: &Path, run: &Run, summary: &Summary) -> Result<(), plot::PlotError> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(summary)? + "\n")?;
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(summary)? + "\n",
+    )?;
     std::fs::write(dir.join("timeseries.csv"), timeseries_csv(run))?;
     let title = format!("{} — policy {}", run.scenario, run.policy);
     let runs = std::slice::from_ref(run);

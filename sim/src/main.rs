@@ -61,7 +61,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn load(path: &Path, estimator: Option<&str>) -> anyhow::Result<Scenario> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
     Ok(match estimator {
         Some("ably-mma") => scenario.with_estimator(EstimatorKind::AblyMma),
@@ -74,7 +75,8 @@ fn load(path: &Path, estimator: Option<&str>) -> anyhow::Result<Scenario> {
 /// than a couple of seconds and only on a terminal.
 #[allow(clippy::disallowed_types)] // Wall time decides when to show the bar.
 fn run_with_progress(scenario: Scenario) -> engine::Run {
-    let bar = ProgressBar::with_draw_target(Some(scenario.duration_s), ProgressDrawTarget::hidden());
+    let bar =
+        ProgressBar::with_draw_target(Some(scenario.duration_s), ProgressDrawTarget::hidden());
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} simulated s ({eta})")
             .expect("valid template")
@@ -101,7 +103,12 @@ fn window_s(scenario: &Scenario) -> usize {
 
 fn sim() -> anyhow::Result<()> {
     match Args::parse().command {
-        Command::Run { scenario, out, policy, estimator } => {
+        Command::Run {
+            scenario,
+            out,
+            policy,
+            estimator,
+        } => {
             let mut s = load(&scenario, estimator.as_deref())?;
             if let Some(policy) = policy {
                 s = s.with_policy(&policy).context("--policy")?;
@@ -109,10 +116,15 @@ fn sim() -> anyhow::Result<()> {
             let window = window_s(&s);
             let run = run_with_progress(s);
             let figures = summary::summarize(&run, window);
-            write_run(&out, &run, &figures).map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            write_run(&out, &run, &figures)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
             println!("{}", serde_json::to_string_pretty(&figures)?);
         }
-        Command::Compare { scenario, out, estimator } => {
+        Command::Compare {
+            scenario,
+            out,
+            estimator,
+        } => {
             let base = load(&scenario, estimator.as_deref())?;
             let mut runs = Vec::new();
             let mut all = Vec::new();
@@ -128,7 +140,8 @@ fn sim() -> anyhow::Result<()> {
             }
             let title = format!("{} — demand vs linear-ramp", base.name);
             for name in ["plot.svg", "plot.png"] {
-                plot::draw(&out.join(name), &title, &runs).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                plot::draw(&out.join(name), &title, &runs)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             }
             let json = serde_json::to_string_pretty(&all)?;
             std::fs::write(out.join("summary.json"), json.clone() + "\n")?;

@@ -41,7 +41,11 @@ fn chosen(run: &Run) -> Vec<usize> {
             None => -1.0,
         }
     };
-    idx.sort_by(|&a, &b| score(&run.series[b]).total_cmp(&score(&run.series[a])).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        score(&run.series[b])
+            .total_cmp(&score(&run.series[a]))
+            .then(a.cmp(&b))
+    });
     idx.truncate(MAX_COLUMNS);
     idx
 }
@@ -50,11 +54,28 @@ fn chosen(run: &Run) -> Vec<usize> {
 pub fn draw(path: &Path, title: &str, runs: &[Run]) -> Result<(), PlotError> {
     register_font();
     let columns = runs.first().map_or(1, |r| chosen(r).len().max(1));
-    let size = (PANEL.0 * columns as u32, PANEL.1 * runs.len().max(1) as u32 + 50);
+    let size = (
+        PANEL.0 * columns as u32,
+        PANEL.1 * runs.len().max(1) as u32 + 50,
+    );
     match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => draw_on(SVGBackend::new(path, size).into_drawing_area(), title, runs, columns),
-        Some("png") => draw_on(BitMapBackend::new(path, size).into_drawing_area(), title, runs, columns),
-        other => Err(format!("cannot draw to {}: extension {other:?}, expected svg or png", path.display()).into()),
+        Some("svg") => draw_on(
+            SVGBackend::new(path, size).into_drawing_area(),
+            title,
+            runs,
+            columns,
+        ),
+        Some("png") => draw_on(
+            BitMapBackend::new(path, size).into_drawing_area(),
+            title,
+            runs,
+            columns,
+        ),
+        other => Err(format!(
+            "cannot draw to {}: extension {other:?}, expected svg or png",
+            path.display()
+        )
+        .into()),
     }
 }
 
@@ -79,7 +100,11 @@ where
     Ok(())
 }
 
-fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, run: &Run, s: &Series) -> Result<(), PlotError>
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    run: &Run,
+    s: &Series,
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -87,7 +112,9 @@ where
     let peak_demand = s.seconds.iter().map(|x| x.attempted).max().unwrap_or(0) as f64;
     let peak_admitted = s.seconds.iter().map(|x| x.admitted).max().unwrap_or(0) as f64;
     let ymax = match s.limit {
-        Some(l) => (2.5 * l).max(1.15 * peak_admitted).min(1.15 * peak_demand.max(l)),
+        Some(l) => (2.5 * l)
+            .max(1.15 * peak_admitted)
+            .min(1.15 * peak_demand.max(l)),
         None => 1.15 * peak_demand,
     }
     .max(1.0);
@@ -134,27 +161,39 @@ where
     let orange = RGBColor(255, 127, 14);
     chart
         .draw_series(LineSeries::new(
-            s.seconds.iter().enumerate().map(|(i, x)| (at(i), (x.attempted as f64).min(ymax))),
+            s.seconds
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (at(i), (x.attempted as f64).min(ymax))),
             red.stroke_width(2),
         ))?
         .label(demand_label)
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(2)));
     chart
         .draw_series(LineSeries::new(
-            s.seconds.iter().enumerate().map(|(i, x)| (at(i), x.admitted as f64)),
+            s.seconds
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (at(i), x.admitted as f64)),
             blue.stroke_width(2),
         ))?
         .label("admitted")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
     if let Some(l) = s.limit {
         chart
-            .draw_series(LineSeries::new(vec![(0.0, l), (duration, l)], BLACK.stroke_width(1)))?
+            .draw_series(LineSeries::new(
+                vec![(0.0, l), (duration, l)],
+                BLACK.stroke_width(1),
+            ))?
             .label("limit")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
     }
     chart
         .draw_secondary_series(LineSeries::new(
-            s.seconds.iter().enumerate().map(|(i, x)| (at(i) + 0.5, x.factor)),
+            s.seconds
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (at(i) + 0.5, x.factor)),
             orange.stroke_width(2),
         ))?
         .label("factor (right axis)")

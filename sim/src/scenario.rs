@@ -257,7 +257,8 @@ pub struct Scenario {
 impl Scenario {
     /// Parses and validates a scenario file.
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
-        let file: ScenarioFile = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        let file: ScenarioFile =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
         Scenario::from_file(file)
     }
 
@@ -267,7 +268,10 @@ impl Scenario {
             return Err(invalid("name", "must not be empty"));
         }
         if !(1..=7 * 24 * 3600).contains(&file.duration_s) {
-            return Err(invalid("duration_s", "must be between 1 and 604800 seconds"));
+            return Err(invalid(
+                "duration_s",
+                "must be between 1 and 604800 seconds",
+            ));
         }
         if !(1..=10_000).contains(&file.step_ms) {
             return Err(invalid("step_ms", "must be between 1 and 10000"));
@@ -282,9 +286,14 @@ impl Scenario {
         if !(c.latency_ms.is_finite() && c.latency_ms >= 0.0 && c.latency_ms < 60_000.0) {
             return Err(invalid("cluster.latency_ms", "must be between 0 and 60000"));
         }
-        if !(c.jitter_ms.is_finite() && c.jitter_ms >= 0.0 && c.jitter_ms <= c.latency_ms.max(0.0) + 1e-9)
+        if !(c.jitter_ms.is_finite()
+            && c.jitter_ms >= 0.0
+            && c.jitter_ms <= c.latency_ms.max(0.0) + 1e-9)
         {
-            return Err(invalid("cluster.jitter_ms", "must be between 0 and latency_ms"));
+            return Err(invalid(
+                "cluster.jitter_ms",
+                "must be between 0 and latency_ms",
+            ));
         }
         if !(0.0..=1.0).contains(&c.loss) {
             return Err(invalid("cluster.loss", "must be a probability, 0 to 1"));
@@ -304,7 +313,10 @@ impl Scenario {
         for (i, t) in file.traffic.iter().enumerate() {
             let field = |k: &str| format!("traffic[{i}].{k}");
             if t.account.is_empty() || t.op.is_empty() {
-                return Err(invalid(field("account"), "account and op must not be empty"));
+                return Err(invalid(
+                    field("account"),
+                    "account and op must not be empty",
+                ));
             }
             if t.cost == 0 {
                 return Err(invalid(field("cost"), "must be at least 1"));
@@ -313,7 +325,10 @@ impl Scenario {
                 return Err(invalid(field("count"), "must be between 1 and 100000"));
             }
             if t.count > 1 && !t.account.contains("{i}") {
-                return Err(invalid(field("account"), "with count > 1, must contain {i}"));
+                return Err(invalid(
+                    field("account"),
+                    "with count > 1, must contain {i}",
+                ));
             }
             let mut profile = t.profile.clone();
             if profile.is_empty() {
@@ -321,7 +336,10 @@ impl Scenario {
             }
             for p in &profile {
                 if !(p.at_s.is_finite() && p.at_s >= 0.0 && p.rate.is_finite() && p.rate >= 0.0) {
-                    return Err(invalid(field("profile"), "at_s and rate must be finite and not negative"));
+                    return Err(invalid(
+                        field("profile"),
+                        "at_s and rate must be finite and not negative",
+                    ));
                 }
             }
             profile.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
@@ -329,7 +347,10 @@ impl Scenario {
                 let chosen = match &t.agents {
                     AgentsSection::Word(w) if w == "all" => (0..agents).collect(),
                     AgentsSection::Word(w) => {
-                        return Err(invalid(field("agents"), format!("{w:?}: expected \"all\", a number or a list")));
+                        return Err(invalid(
+                            field("agents"),
+                            format!("{w:?}: expected \"all\", a number or a list"),
+                        ));
                     }
                     AgentsSection::Count(n) if (1..=c.agents).contains(n) => {
                         // Consecutive agents, starting at a different one per account.
@@ -337,14 +358,20 @@ impl Scenario {
                         (0..*n as usize).map(|j| (first + j) % agents).collect()
                     }
                     AgentsSection::Count(n) => {
-                        return Err(invalid(field("agents"), format!("{n}: must be between 1 and {}", c.agents)));
+                        return Err(invalid(
+                            field("agents"),
+                            format!("{n}: must be between 1 and {}", c.agents),
+                        ));
                     }
                     AgentsSection::List(list) => {
                         if list.is_empty() {
                             return Err(invalid(field("agents"), "the list is empty"));
                         }
                         if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
-                            return Err(invalid(field("agents"), format!("index {bad} out of range ({} agents)", c.agents)));
+                            return Err(invalid(
+                                field("agents"),
+                                format!("index {bad} out of range ({} agents)", c.agents),
+                            ));
                         }
                         let mut v: Vec<usize> = list.iter().map(|a| *a as usize).collect();
                         v.sort_unstable();
@@ -366,13 +393,19 @@ impl Scenario {
         for (i, e) in file.events.iter().enumerate() {
             let field = |k: &str| format!("events[{i}].{k}");
             if !(e.at_s.is_finite() && e.at_s >= 0.0) {
-                return Err(invalid(field("at_s"), "must be a time in seconds, not negative"));
+                return Err(invalid(
+                    field("at_s"),
+                    "must be a time in seconds, not negative",
+                ));
             }
             let master_index = |k: &str, m: u32| {
                 if m < c.masters {
                     Ok(m as usize)
                 } else {
-                    Err(invalid(field(k), format!("master {m} out of range ({} masters)", c.masters)))
+                    Err(invalid(
+                        field(k),
+                        format!("master {m} out of range ({} masters)", c.masters),
+                    ))
                 }
             };
             let mut actions = Vec::new();
@@ -384,13 +417,20 @@ impl Scenario {
             }
             if let Some(list) = &e.partition_agents {
                 if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
-                    return Err(invalid(field("partition_agents"), format!("index {bad} out of range ({} agents)", c.agents)));
+                    return Err(invalid(
+                        field("partition_agents"),
+                        format!("index {bad} out of range ({} agents)", c.agents),
+                    ));
                 }
-                actions.push(Action::Partition(list.iter().map(|a| *a as usize).collect()));
+                actions.push(Action::Partition(
+                    list.iter().map(|a| *a as usize).collect(),
+                ));
             }
             match e.heal {
                 Some(true) => actions.push(Action::Heal),
-                Some(false) => return Err(invalid(field("heal"), "write heal = true, or leave it out")),
+                Some(false) => {
+                    return Err(invalid(field("heal"), "write heal = true, or leave it out"));
+                }
                 None => {}
             }
             if actions.len() != 1 {
@@ -476,7 +516,10 @@ mod tests {
 
     #[test]
     fn count_expands_accounts_over_rotating_agents() {
-        let text = MINIMAL.replace("account = \"a\"", "account = \"acct-{i}\"\ncount = 3\nagents = 5");
+        let text = MINIMAL.replace(
+            "account = \"a\"",
+            "account = \"acct-{i}\"\ncount = 3\nagents = 5",
+        );
         let s = Scenario::from_toml(&text).unwrap();
         let names: Vec<_> = s.traffic.iter().map(|t| t.account.as_str()).collect();
         assert_eq!(names, ["acct-0", "acct-1", "acct-2"]);
@@ -487,16 +530,42 @@ mod tests {
     fn bad_values_name_their_key() {
         for (from, to, key) in [
             ("duration_s = 10", "duration_s = 0", "duration_s"),
-            ("op = \"messages\"", "op = \"messages\"\nagents = [0, 20]", "traffic[0].agents"),
-            ("op = \"messages\"", "op = \"messages\"\nagents = \"some\"", "traffic[0].agents"),
-            ("op = \"messages\"", "op = \"messages\"\ncost = 0", "traffic[0].cost"),
+            (
+                "op = \"messages\"",
+                "op = \"messages\"\nagents = [0, 20]",
+                "traffic[0].agents",
+            ),
+            (
+                "op = \"messages\"",
+                "op = \"messages\"\nagents = \"some\"",
+                "traffic[0].agents",
+            ),
+            (
+                "op = \"messages\"",
+                "op = \"messages\"\ncost = 0",
+                "traffic[0].cost",
+            ),
             ("rate = 10 }", "rate = -1 }", "traffic[0].profile"),
-            ("[limits]", "[cluster]\nloss = 2.0\n[limits]", "cluster.loss"),
-            ("[limits]", "[cluster]\nrollup_interval_ms = 1000\n[limits]", "cluster.rollup_interval_ms"),
+            (
+                "[limits]",
+                "[cluster]\nloss = 2.0\n[limits]",
+                "cluster.loss",
+            ),
+            (
+                "[limits]",
+                "[cluster]\nrollup_interval_ms = 1000\n[limits]",
+                "cluster.rollup_interval_ms",
+            ),
             ("messages = 100", "messages = 0", "limits.\"messages\""),
-            ("[limits]", "[policy]\nkind = \"magic\"\n[limits]", "policy.kind"),
+            (
+                "[limits]",
+                "[policy]\nkind = \"magic\"\n[limits]",
+                "policy.kind",
+            ),
         ] {
-            let err = Scenario::from_toml(&MINIMAL.replace(from, to)).unwrap_err().to_string();
+            let err = Scenario::from_toml(&MINIMAL.replace(from, to))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(key), "{to:?}: {err}");
         }
         let with_event = |e: &str| format!("{MINIMAL}\n[[events]]\nat_s = 1\n{e}\n");
@@ -509,9 +578,10 @@ mod tests {
             assert!(err.contains(key), "{e:?}: {err}");
         }
         // Unknown keys: the key and the line.
-        let err = Scenario::from_toml(&MINIMAL.replace("duration_s = 10", "duration_s = 10\nspeed = 2"))
-            .unwrap_err()
-            .to_string();
+        let err =
+            Scenario::from_toml(&MINIMAL.replace("duration_s = 10", "duration_s = 10\nspeed = 2"))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("speed") && err.contains("line"), "{err}");
     }
 }

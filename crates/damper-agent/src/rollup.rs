@@ -15,7 +15,9 @@ use damper_core::agent::{Pending, send_spread};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_client::MasterClient;
-use damper_proto::v1::{AccountCounts, OpCounts, RollupReply, RollupRequest};
+use damper_proto::v1::{
+    AccountCounts, FactorsRequest, OpAccounts, OpCounts, RollupReply, RollupRequest,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
@@ -43,6 +45,8 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
     let mut clients = Clients::new(settings.request_timeout);
     let spread = send_spread(&shared.agent_id, interval);
     let mut start = grid_floor(SystemClock.now(), interval);
+    // Factor rechecks a master asked for, in flight.
+    let mut rechecks = JoinSet::new();
     tracing::info!(agent = %shared.agent_id, masters = ?members.ring.members().collect::<Vec<_>>(), "damper agent started");
     loop {
         let boundary = start + interval;
@@ -69,9 +73,23 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                 _ = stop.changed() => {}
             }
         }
-        send(&shared, &mut clients, batches, start, end, &settings).await;
+        let asked = send(&shared, &mut clients, batches, start, end, &settings).await;
+        while rechecks.try_join_next().is_some() {}
+        for (master, after, keys) in asked {
+            if let Ok(client) = clients.get(&master) {
+                rechecks.spawn(recheck(
+                    shared.clone(),
+                    client,
+                    master,
+                    after,
+                    keys,
+                    settings.rollup_interval,
+                ));
+            }
+        }
         start = end;
         if stopping {
+            rechecks.abort_all();
             tracing::info!(agent = %shared.agent_id, "damper agent stopped after a last rollup");
             return;
         }
@@ -149,8 +167,12 @@ fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: 
     }
 }
 
+/// A recheck a master asked for: its address, how long to wait, and the
+/// (op, account) pairs with a positive factor.
+type Asked = (String, Duration, Vec<(String, String)>);
+
 /// Sends every batch concurrently, applies the replies, carries over the
-/// counts of the failures.
+/// counts of the failures. Returns the rechecks the masters asked for.
 async fn send(
     shared: &Arc<Shared>,
     clients: &mut Clients,
@@ -158,7 +180,8 @@ async fn send(
     start: Nanos,
     end: Nanos,
     settings: &Settings,
-) {
+) -> Vec<Asked> {
+    let mut asked = Vec::new();
     let mut in_flight = JoinSet::new();
     for batch in batches {
         let client = match clients.get(&batch.master) {
@@ -186,12 +209,22 @@ async fn send(
         match result {
             Ok(reply) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
-                apply(
-                    shared,
-                    &master,
-                    reply.into_inner(),
-                    settings.rollup_interval,
-                );
+                let reply = reply.into_inner();
+                if reply.recheck_after_ms > 0 {
+                    let keys: Vec<(String, String)> = reply
+                        .ops
+                        .iter()
+                        .flat_map(|op| {
+                            op.accounts
+                                .iter()
+                                .filter(|f| f.factor > 0.0)
+                                .map(|f| (op.op.clone(), f.account.clone()))
+                        })
+                        .collect();
+                    let after = Duration::from_millis(u64::from(reply.recheck_after_ms));
+                    asked.push((master.clone(), after, keys));
+                }
+                apply(shared, &master, reply, settings.rollup_interval);
             }
             Err(status) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
@@ -200,6 +233,45 @@ async fn send(
                     carry_over(shared, p, start, end, settings.max_carry);
                 }
             }
+        }
+    }
+    asked
+}
+
+/// Waits `after`, then asks `master` for the factors of `keys` and applies
+/// them: the round this agent reported early in is whole by then.
+async fn recheck(
+    shared: Arc<Shared>,
+    mut client: MasterClient<Channel>,
+    master: String,
+    after: Duration,
+    keys: Vec<(String, String)>,
+    interval: Duration,
+) {
+    tokio::time::sleep(after).await;
+    let mut ops: Vec<OpAccounts> = Vec::new();
+    for (op, account) in keys {
+        if ops.last().is_none_or(|o| o.op != op) {
+            ops.push(OpAccounts {
+                op,
+                accounts: Vec::new(),
+            });
+        }
+        ops.last_mut().expect("pushed above").accounts.push(account);
+    }
+    let request = FactorsRequest {
+        agent_id: shared.agent_id.clone(),
+        ops,
+    };
+    match client.factors(request).await {
+        Ok(reply) => {
+            metrics::counter!("damper_agent_rechecks_total", "result" => "ok").increment(1);
+            apply(&shared, &master, reply.into_inner(), interval);
+        }
+        Err(status) => {
+            // The factor in force stays until the next rollup's reply.
+            metrics::counter!("damper_agent_rechecks_total", "result" => "error").increment(1);
+            tracing::debug!(%master, code = ?status.code(), "factor recheck failed");
         }
     }
 }

@@ -130,6 +130,12 @@ pub struct Verdict {
     pub valid_for: Duration,
     /// The estimated rates the factor was computed from.
     pub rates: Rates,
+    /// When the factor comes from a rollup round that other agents are
+    /// still reporting, the time by which that round should be whole. An
+    /// agent answered this early can ask again then ([`MasterState::verdict`])
+    /// instead of holding a factor the round may overturn (a flood that just
+    /// stopped) for a whole interval.
+    pub recheck_at: Option<Nanos>,
 }
 
 #[derive(Debug)]
@@ -259,6 +265,7 @@ impl MasterState {
                     limit: rate,
                     valid_for: self.config.policy.factor_validity,
                     rates,
+                    recheck_at: None,
                 }
             }
         })
@@ -293,12 +300,13 @@ impl MasterState {
 }
 
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
-    let rates = window.rates(&config.window, now);
+    let (rates, recheck_at) = window.estimate(&config.window, now);
     Verdict {
         factor: config.policy.kind.factor(limit, rates),
         limit,
         valid_for: config.policy.factor_validity,
         rates,
+        recheck_at,
     }
 }
 

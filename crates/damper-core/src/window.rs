@@ -250,9 +250,16 @@ impl DemandWindow {
 
     /// The estimated rates at `now`, by the configured estimator.
     pub fn rates(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
+        self.estimate(cfg, now).0
+    }
+
+    /// The estimated rates at `now`, and, when they come from a round still
+    /// being reported, the time by which that round should be whole: asked
+    /// again then, the estimate will reflect every agent.
+    pub fn estimate(&self, cfg: &WindowConfig, now: Nanos) -> (Rates, Option<Nanos>) {
         match cfg.estimator {
             EstimatorKind::LatestRound => self.latest_round(cfg, now),
-            EstimatorKind::AblyMma => self.ably_mma(cfg, now),
+            EstimatorKind::AblyMma => (self.ably_mma(cfg, now), None),
         }
     }
 
@@ -265,19 +272,21 @@ impl DemandWindow {
     /// round's demand, so taking the higher of the partial round and the
     /// previous one shows a spike as soon as one report carries it, and never
     /// releases before the round that shows the drop is whole.
-    fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
+    fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> (Rates, Option<Nanos>) {
         let r = duration_nanos(cfg.rollup_interval);
         // The newest round every agent must have reported by now.
         let due = (now - cfg.settle()).as_nanos() / r;
         if self.cur.reports == 0 || self.cur.id < due {
             // Nothing reported for a round that is due: no agent had demand.
-            return Rates::default();
+            return (Rates::default(), None);
         }
         let follows = self.prev.id + 1 == self.cur.id;
         if !follows || self.cur.reports >= self.prev.reports {
-            self.cur.rates
+            (self.cur.rates, None)
         } else {
-            self.cur.rates.max(self.prev.rates)
+            // Reports of this round still arrive until its end plus the grace.
+            let whole_by = Nanos::from_nanos(self.cur.id.saturating_mul(r)) + cfg.grace;
+            (self.cur.rates.max(self.prev.rates), Some(whole_by))
         }
     }
 

@@ -32,10 +32,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
+use damper_core::master::Verdict;
 use damper_core::master::{MasterState, Report};
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_server::MasterServer;
-use damper_proto::v1::{AccountFactor, OpFactors, RollupReply, RollupRequest};
+use damper_proto::v1::{AccountFactor, FactorsRequest, OpFactors, RollupReply, RollupRequest};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
@@ -145,6 +146,7 @@ impl Master {
             }
         }
         let mut factors: Vec<Vec<AccountFactor>> = vec![Vec::new(); request.ops.len()];
+        let mut recheck_at: Option<Nanos> = None;
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
             for &(i, j) in entries {
@@ -153,29 +155,82 @@ impl Master {
                     Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
                 })?;
                 if let Some(v) = verdict {
-                    factors[i].push(AccountFactor {
-                        account: counts.account.clone(),
-                        factor: v.factor,
-                        limit: v.limit.get(),
-                        valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
-                    });
+                    if v.factor > 0.0 {
+                        recheck_at = recheck_at.max(v.recheck_at);
+                    }
+                    factors[i].push(account_factor(&counts.account, &v));
                 }
             }
         }
         metrics::counter!("damper_master_rollups_total").increment(1);
-        Ok(RollupReply {
-            ops: request
-                .ops
-                .iter()
+        let ops = request.ops.iter().map(|op| &op.op);
+        let mut reply = self.reply(ops, factors);
+        if let Some(at) = recheck_at {
+            reply.recheck_after_ms = u32::try_from(at.since(now).as_millis())
+                .unwrap_or(u32::MAX)
+                .max(1);
+        }
+        Ok(reply)
+    }
+
+    /// The factors in force for the requested pairs, counting nothing.
+    pub fn factors(&self, request: &FactorsRequest) -> Result<RollupReply, Status> {
+        let entries: usize = request.ops.iter().map(|op| op.accounts.len()).sum();
+        if entries > self.shared.options.max_entries {
+            return Err(Status::resource_exhausted(format!(
+                "request names {entries} (account, op) pairs; this master accepts at most {} per call",
+                self.shared.options.max_entries
+            )));
+        }
+        for (i, op) in request.ops.iter().enumerate() {
+            for (j, account) in op.accounts.iter().enumerate() {
+                for (field, name) in [("op", &op.op), ("account", account)] {
+                    if name.is_empty() || name.len() > damper_core::MAX_NAME_LEN {
+                        return Err(Status::invalid_argument(format!(
+                            "ops[{i}].accounts[{j}]: `{field}` must be 1 to {} bytes, is {}",
+                            damper_core::MAX_NAME_LEN,
+                            name.len()
+                        )));
+                    }
+                }
+            }
+        }
+        let now = self.shared.clock.now();
+        let factors = request
+            .ops
+            .iter()
+            .map(|op| {
+                op.accounts
+                    .iter()
+                    .filter_map(|account| {
+                        let v = self
+                            .lock(self.shard(account))
+                            .verdict(now, account, &op.op)?;
+                        Some(account_factor(account, &v))
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(self.reply(request.ops.iter().map(|op| &op.op), factors))
+    }
+
+    fn reply<'a>(
+        &self,
+        ops: impl Iterator<Item = &'a String>,
+        factors: Vec<Vec<AccountFactor>>,
+    ) -> RollupReply {
+        RollupReply {
+            ops: ops
                 .zip(factors)
                 .filter(|(_, f)| !f.is_empty())
                 .map(|(op, accounts)| OpFactors {
-                    op: op.op.clone(),
+                    op: op.clone(),
                     accounts,
                 })
                 .collect(),
             rollup_interval_ms: self.shared.rollup_interval_ms,
-        })
+            recheck_after_ms: 0,
+        }
     }
 
     /// Forgets every (account, op) idle for longer than the idle time.
@@ -206,6 +261,15 @@ impl Master {
         self.lock(self.shard(account))
             .verdict(now, account, op)
             .map(|v| v.factor)
+    }
+}
+
+fn account_factor(account: &str, v: &Verdict) -> AccountFactor {
+    AccountFactor {
+        account: account.to_owned(),
+        factor: v.factor,
+        limit: v.limit.get(),
+        valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
     }
 }
 
@@ -280,6 +344,16 @@ impl damper_proto::v1::master_server::Master for MasterService {
                 Err(status)
             }
         }
+    }
+
+    async fn factors(
+        &self,
+        request: Request<FactorsRequest>,
+    ) -> Result<Response<RollupReply>, Status> {
+        let request = request.into_inner();
+        self.master.factors(&request).map(Response::new).inspect_err(|status| {
+            tracing::warn!(agent = %request.agent_id, code = ?status.code(), message = status.message(), "factors request refused");
+        })
     }
 }
 

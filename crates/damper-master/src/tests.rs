@@ -151,3 +151,66 @@ fn accounts_spread_over_shards_and_idle_ones_are_evicted() {
     assert_eq!(m.evict_idle(), 16);
     assert!(m.is_empty());
 }
+
+#[test]
+fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
+    use damper_proto::v1::{FactorsRequest, OpAccounts};
+    let clock = clock();
+    let m = master(clock.clone());
+    // Two agents flood for a few rounds; each reports half.
+    let round = |end_ms: u64, each: u64| RollupRequest {
+        interval_start_unix_ms: end_ms - 2_000,
+        interval_end_unix_ms: end_ms,
+        ..request(vec![("messages", vec![counts("flood", each, each)])])
+    };
+    for k in 0..5u64 {
+        let end = T0_MS + 2_000 * k;
+        clock.set(Nanos::from_millis(end + 5));
+        m.rollup(&round(end, 10_000)).unwrap();
+        m.rollup(&round(end, 10_000)).unwrap();
+    }
+    // The flood stops; the first agent to report is told to ask again once
+    // the round can be whole (its end plus the 500 ms grace).
+    let end = T0_MS + 10_000;
+    clock.set(Nanos::from_millis(end + 5));
+    let first = m.rollup(&round(end, 100)).unwrap();
+    assert!(first.ops[0].accounts[0].factor > 0.8);
+    assert_eq!(first.recheck_after_ms, 495);
+    let last = m.rollup(&round(end, 100)).unwrap();
+    assert_eq!(
+        (last.ops[0].accounts[0].factor, last.recheck_after_ms),
+        (0.0, 0)
+    );
+    // The recheck: the release, and nothing counted.
+    let before = m.len();
+    let ask = FactorsRequest {
+        agent_id: "a".into(),
+        ops: vec![OpAccounts {
+            op: "messages".into(),
+            accounts: vec!["flood".into(), "never-seen".into()],
+        }],
+    };
+    clock.set(Nanos::from_millis(end + 500));
+    let reply = m.factors(&ask).unwrap();
+    let factors: Vec<(&str, f64)> = reply.ops[0]
+        .accounts
+        .iter()
+        .map(|a| (a.account.as_str(), a.factor))
+        .collect();
+    assert_eq!(factors, [("flood", 0.0), ("never-seen", 0.0)]);
+    assert_eq!(m.len(), before);
+    // Bad names get the same precise status as rollups.
+    let bad = FactorsRequest {
+        agent_id: "a".into(),
+        ops: vec![OpAccounts {
+            op: "messages".into(),
+            accounts: vec![String::new()],
+        }],
+    };
+    let status = m.factors(&bad).unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("ops[0].accounts[0]: `account`"),
+        "{status:?}"
+    );
+}

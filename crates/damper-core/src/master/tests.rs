@@ -401,3 +401,48 @@ fn verdicts_for_unknown_pairs_allocate_no_state() {
     assert_eq!((v.factor, v.rates), (0.0, Rates::default()));
     assert!(m.is_empty());
 }
+
+#[test]
+fn early_reporters_of_an_incomplete_round_are_told_when_to_ask_again() {
+    let mut m = master("latest-round");
+    let agents = 4u64;
+    let report = |end_ms: u64, rate: f64| Report {
+        account: "acme",
+        op: "messages",
+        start: at(end_ms - 2_000),
+        end: at(end_ms),
+        attempted: (rate * 2.0 / agents as f64) as u64,
+        admitted: 0,
+    };
+    for end in (2_000..=20_000).step_by(2_000) {
+        for a in 0..agents {
+            m.ingest(at(end + 10 * a), &report(end, 10.0 * L)).unwrap();
+        }
+    }
+    // The flood stops. The first reporter of the round cannot be told yet.
+    let first = m
+        .ingest(at(22_010), &report(22_000, 0.5 * L))
+        .unwrap()
+        .unwrap();
+    assert!(first.factor > 0.85);
+    assert_eq!(
+        first.recheck_at,
+        Some(at(22_000) + Duration::from_millis(500))
+    );
+    for a in 1..agents - 1 {
+        let v = m
+            .ingest(at(22_010 + 10 * a), &report(22_000, 0.5 * L))
+            .unwrap()
+            .unwrap();
+        assert!(v.recheck_at.is_some());
+    }
+    // The last report makes the round whole: released, nothing to recheck.
+    let last = m
+        .ingest(at(22_040), &report(22_000, 0.5 * L))
+        .unwrap()
+        .unwrap();
+    assert_eq!((last.factor, last.recheck_at), (0.0, None));
+    // The early reporter, asking again when told, is released too.
+    let again = m.verdict(at(22_500), "acme", "messages").unwrap();
+    assert_eq!((again.factor, again.recheck_at), (0.0, None));
+}

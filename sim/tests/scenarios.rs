@@ -1,0 +1,150 @@
+//! The simulator's claims, on the shipped scenarios.
+
+use damper_core::config::EstimatorKind;
+use damper_sim::engine::{self, Run};
+use damper_sim::scenario::Scenario;
+use damper_sim::summary::{AccountSummary, Summary, summarize};
+use damper_sim::timeseries_csv;
+
+fn scenario(name: &str) -> Scenario {
+    let path = format!("{}/scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    Scenario::from_toml(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn simulate(s: Scenario) -> (Run, Summary) {
+    let run = engine::run(s, |_| {});
+    let summary = summarize(&run, 24);
+    (run, summary)
+}
+
+fn account<'a>(summary: &'a Summary, name: &str) -> &'a AccountSummary {
+    summary.accounts.iter().find(|a| a.account == name).unwrap()
+}
+
+#[test]
+fn same_seed_same_output_byte_for_byte() {
+    let (a, sa) = simulate(scenario("deluge"));
+    let (b, sb) = simulate(scenario("deluge"));
+    assert_eq!(timeseries_csv(&a), timeseries_csv(&b));
+    assert_eq!(
+        serde_json::to_string(&sa).unwrap(),
+        serde_json::to_string(&sb).unwrap()
+    );
+    let mut other = scenario("deluge");
+    other.seed += 1;
+    let (c, _) = simulate(other);
+    assert_ne!(
+        timeseries_csv(&a),
+        timeseries_csv(&c),
+        "the seed changes the arrivals"
+    );
+}
+
+#[test]
+fn the_demand_policy_holds_the_deluge_steadily() {
+    let (_, s) = simulate(scenario("deluge"));
+    let acme = account(&s, "acme");
+    let steady = acme.steady_admitted_ratio.unwrap();
+    assert!((0.95..=1.05).contains(&steady), "{steady}");
+    let p2p = acme.oscillation_p2p.unwrap();
+    assert!(p2p <= 0.1, "{p2p}");
+    let calm = account(&s, "calm");
+    assert_eq!(calm.false_rejections, 0);
+    assert_eq!(
+        calm.admitted, calm.attempted,
+        "the well-behaved account is never touched"
+    );
+}
+
+/// Ably's first approach, faithfully: the linear ramp on the admitted rate,
+/// with Ably's modified moving average. Full swings, with a period near the
+/// 24 s window.
+#[test]
+fn the_linear_ramp_oscillates_with_the_windows_period() {
+    let s = scenario("deluge")
+        .with_policy("linear-ramp")
+        .unwrap()
+        .with_estimator(EstimatorKind::AblyMma);
+    let (run, summary) = simulate(s);
+    let p2p = account(&summary, "acme").oscillation_p2p.unwrap();
+    assert!(p2p >= 0.8, "{p2p}");
+    // The period: upward crossings of the limit by the admitted rate during
+    // the deluge (30 s to 180 s), after it settled into its cycle.
+    let admitted: Vec<u64> = run.series[0].seconds[45..180]
+        .iter()
+        .map(|s| s.admitted)
+        .collect();
+    let ups: Vec<usize> = (1..admitted.len())
+        .filter(|&i| admitted[i - 1] <= 1000 && admitted[i] > 1000)
+        .collect();
+    assert!(ups.len() >= 3, "{ups:?}");
+    let period = (ups[ups.len() - 1] - ups[0]) as f64 / (ups.len() - 1) as f64;
+    assert!(
+        (18.0..=36.0).contains(&period),
+        "period {period} s: {ups:?}"
+    );
+}
+
+#[test]
+fn the_default_estimator_releases_within_3_s_and_ablys_takes_most_of_a_window() {
+    let (_, fast) = simulate(scenario("deluge"));
+    let release = account(&fast, "acme").release_s.unwrap();
+    assert!(release <= 3.0, "default estimator: {release} s");
+    let (_, ably) = simulate(scenario("deluge").with_estimator(EstimatorKind::AblyMma));
+    let release = account(&ably, "acme").release_s.unwrap();
+    assert!(release >= 12.0, "Ably's average: {release} s");
+}
+
+#[test]
+fn steady_traffic_under_the_limit_is_never_suppressed() {
+    for policy in ["demand", "linear-ramp"] {
+        let (_, s) = simulate(scenario("steady").with_policy(policy).unwrap());
+        for a in &s.accounts {
+            assert_eq!(a.admitted, a.attempted, "{policy}: {}", a.account);
+        }
+    }
+}
+
+#[test]
+fn a_single_node_flood_is_caught_by_the_local_guard_within_a_second() {
+    let (_, s) = simulate(scenario("single-agent"));
+    let solo = account(&s, "solo");
+    assert!(solo.reaction_s.unwrap() <= 1.0, "{solo:?}");
+    assert!((0.95..=1.05).contains(&solo.steady_admitted_ratio.unwrap()));
+    assert_eq!(account(&s, "calm").false_rejections, 0);
+}
+
+#[test]
+fn every_shipped_scenario_parses_and_runs() {
+    let dir = format!("{}/scenarios", env!("CARGO_MANIFEST_DIR"));
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 7, "{names:?}");
+    for name in names {
+        let s = scenario(&name);
+        let seconds = s.duration_s as usize;
+        let (run, summary) = simulate(s);
+        assert!(
+            run.series.iter().all(|x| x.seconds.len() == seconds),
+            "{name}"
+        );
+        assert!(!summary.accounts.is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn the_killed_master_owns_the_flooding_account() {
+    // The scenario's comment names m2; the ring must agree.
+    let ring = damper_core::ring::Ring::new(["m0", "m1", "m2"]);
+    assert_eq!(ring.owner("acme"), Some("m2"));
+}

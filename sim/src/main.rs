@@ -138,7 +138,14 @@ fn sim() -> anyhow::Result<()> {
                 all.push(figures);
                 runs.push(run);
             }
-            let title = format!("{} — demand vs linear-ramp", base.name);
+            let estimator = match base.master.window.estimator {
+                EstimatorKind::LatestRound => "latest-round",
+                EstimatorKind::AblyMma => "ably-mma",
+            };
+            let title = format!(
+                "{} — demand vs linear-ramp, estimator {estimator}",
+                base.name
+            );
             for name in ["plot.svg", "plot.png"] {
                 plot::draw(&out.join(name), &title, &runs)
                     .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use damper_core::agent::{AgentConfig, AgentState, Pending, send_spread};
 use damper_core::master::{MasterState, Report};
-use damper_core::ring::Ring;
+use damper_core::membership::{HealthConfig, Membership};
 use damper_core::time::Nanos;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -100,7 +100,7 @@ enum Event {
         agent: usize,
         master: usize,
         factors: Vec<Factor>,
-        recheck: Option<Duration>,
+        recheck: Option<(Duration, Vec<(String, String)>)>,
     },
     Query {
         agent: usize,
@@ -114,11 +114,22 @@ enum Event {
     },
     Fail {
         agent: usize,
+        master: usize,
         start: Nanos,
         end: Nanos,
         pending: Vec<Pending>,
     },
     Scenario(Action),
+    Probe {
+        agent: usize,
+        master: usize,
+    },
+    Health {
+        agent: usize,
+        master: usize,
+        /// The master's start time, when it answered.
+        up: Option<Nanos>,
+    },
 }
 
 /// (account, op, factor, limit, valid for), as a reply carries them.
@@ -126,6 +137,8 @@ type Factor = (String, String, f64, f64, Duration);
 
 struct Agent {
     state: AgentState,
+    /// Which masters this agent routes to: the agent library's logic.
+    membership: Membership,
     spread: Duration,
     partitioned: bool,
 }
@@ -151,8 +164,9 @@ pub struct Sim {
     events: Vec<Option<Event>>,
     free: Vec<usize>,
     masters: Vec<Option<MasterState>>,
+    /// When each master (last) started.
+    started: Vec<Nanos>,
     names: Vec<String>,
-    ring: Ring,
     agents: Vec<Agent>,
     items: Vec<Item>,
     rng: SmallRng,
@@ -170,6 +184,7 @@ impl Sim {
         let names: Vec<String> = (0..c.masters).map(|m| format!("m{m}")).collect();
         let agents = (0..c.agents)
             .map(|a| Agent {
+                membership: Membership::new(&names, HealthConfig::default(), u64::from(a)),
                 state: AgentState::new(AgentConfig {
                     rollup_interval: interval,
                     ..AgentConfig::default()
@@ -202,7 +217,10 @@ impl Sim {
                 .iter()
                 .map(|_| Some(MasterState::new(scenario.master.clone())))
                 .collect(),
-            ring: Ring::new(&names),
+            started: names
+                .iter()
+                .map(|_| EPOCH - Duration::from_secs(3600))
+                .collect(),
             names,
             agents,
             items,
@@ -299,13 +317,12 @@ impl Sim {
                     factors,
                     recheck,
                 } => {
-                    if let Some(after) = recheck {
-                        // As the agent does: ask again, for the suppressed pairs.
-                        let keys = factors
-                            .iter()
-                            .filter(|f| f.2 > 0.0)
-                            .map(|f| (f.0.clone(), f.1.clone()))
-                            .collect();
+                    // Query replies (recheck: None) also show the master is up.
+                    self.agents[agent]
+                        .membership
+                        .succeeded(&self.names[master], self.now);
+                    if let Some((after, keys)) = recheck {
+                        // As the agent does: ask again, for the marked pairs.
                         self.schedule(
                             self.now + after,
                             Event::Query {
@@ -365,11 +382,15 @@ impl Sim {
                 }
                 Event::Fail {
                     agent,
+                    master,
                     start,
                     end,
                     pending,
                 } => {
                     self.rollups.1 += 1;
+                    self.agents[agent]
+                        .membership
+                        .failed(&self.names[master], self.now);
                     for p in pending {
                         self.dropped += self.agents[agent]
                             .state
@@ -377,6 +398,33 @@ impl Sim {
                     }
                 }
                 Event::Scenario(action) => self.act(action),
+                Event::Probe { agent, master } => {
+                    let reachable =
+                        !self.agents[agent].partitioned && self.masters[master].is_some();
+                    if reachable && !self.lost() && !self.lost() {
+                        let at = self.now + self.delay() + self.delay();
+                        let up = Some(self.started[master]);
+                        self.schedule(at, Event::Health { agent, master, up });
+                    } else {
+                        let at = self.now + self.timeout;
+                        self.schedule(
+                            at,
+                            Event::Health {
+                                agent,
+                                master,
+                                up: None,
+                            },
+                        );
+                    }
+                }
+                Event::Health { agent, master, up } => {
+                    let name = &self.names[master];
+                    let membership = &mut self.agents[agent].membership;
+                    match up {
+                        Some(started) => membership.answered(name, Some(started), self.now),
+                        None => membership.failed(name, self.now),
+                    };
+                }
             }
         }
         Run {
@@ -508,7 +556,18 @@ impl Sim {
         let end = self.now;
         let start = end - interval;
         for a in 0..self.agents.len() {
-            let routed = self.agents[a].state.drain_by_owner(&self.ring);
+            self.agents[a].membership.tick(end);
+            for name in self.agents[a].membership.probes_due(end) {
+                let master = self.names.iter().position(|n| *n == name).expect("member");
+                self.schedule(end, Event::Probe { agent: a, master });
+            }
+            let routed = self.agents[a]
+                .state
+                .drain_by_owner(self.agents[a].membership.live());
+            for p in routed.unroutable {
+                // Every master down: keep the counts for when one is back.
+                self.dropped += self.agents[a].state.carry_over(p, start, end, MAX_CARRY);
+            }
             let spread = self.agents[a].spread;
             for (name, pending) in routed.by_master {
                 let master = self
@@ -547,6 +606,7 @@ impl Sim {
                 at,
                 Event::Fail {
                     agent,
+                    master,
                     start,
                     end,
                     pending,
@@ -585,6 +645,7 @@ impl Sim {
                 sent + self.timeout,
                 Event::Fail {
                     agent,
+                    master,
                     start,
                     end,
                     pending,
@@ -594,6 +655,7 @@ impl Sim {
         };
         let mut factors = Vec::new();
         let mut recheck_at: Option<Nanos> = None;
+        let mut marked = Vec::new();
         for p in &pending {
             let report = Report {
                 account: &p.account,
@@ -604,8 +666,9 @@ impl Sim {
                 admitted: p.delta.admitted,
             };
             if let Ok(Some(v)) = state.ingest(now, &report) {
-                if v.factor > 0.0 {
+                if v.recheck_at.is_some() {
                     recheck_at = recheck_at.max(v.recheck_at);
+                    marked.push((p.account.clone(), p.op.clone()));
                 }
                 factors.push((
                     p.account.clone(),
@@ -623,6 +686,7 @@ impl Sim {
                 sent + self.timeout,
                 Event::Fail {
                     agent,
+                    master,
                     start,
                     end,
                     pending,
@@ -630,7 +694,7 @@ impl Sim {
             );
             return;
         }
-        let recheck = recheck_at.map(|at| at.since(now).max(Duration::from_millis(1)));
+        let recheck = recheck_at.map(|at| (at.since(now).max(Duration::from_millis(1)), marked));
         let at = self.now + self.delay();
         self.schedule(
             at,
@@ -657,6 +721,7 @@ impl Sim {
             Action::RestartMaster(m) => {
                 if self.masters[m].is_none() {
                     self.masters[m] = Some(MasterState::new(self.scenario.master.clone()));
+                    self.started[m] = self.now;
                 }
             }
             Action::Partition(list) => {

@@ -168,7 +168,7 @@ fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: 
 }
 
 /// A recheck a master asked for: its address, how long to wait, and the
-/// (op, account) pairs with a positive factor.
+/// (op, account) pairs it marked.
 type Asked = (String, Duration, Vec<(String, String)>);
 
 /// Sends every batch concurrently, applies the replies, carries over the
@@ -217,7 +217,7 @@ async fn send(
                         .flat_map(|op| {
                             op.accounts
                                 .iter()
-                                .filter(|f| f.factor > 0.0)
+                                .filter(|f| f.recheck)
                                 .map(|f| (op.op.clone(), f.account.clone()))
                         })
                         .collect();

@@ -24,6 +24,7 @@
 //! - [`master`]: the master's per-shard state machine.
 //! - [`agent`]: the agent's admission decision, counters and factors.
 //! - [`ring`]: consistent hashing of accounts over masters.
+//! - [`membership`]: which masters are up, with failure counting and probes.
 //!
 //! # Example
 //! One agent and one master, in virtual time, through a deluge:
@@ -73,6 +74,7 @@ pub mod agent;
 pub mod config;
 pub mod limits;
 pub mod master;
+pub mod membership;
 pub mod policy;
 pub mod ring;
 pub mod time;

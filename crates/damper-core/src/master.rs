@@ -130,11 +130,13 @@ pub struct Verdict {
     pub valid_for: Duration,
     /// The estimated rates the factor was computed from.
     pub rates: Rates,
-    /// When the factor comes from a rollup round that other agents are
-    /// still reporting, the time by which that round should be whole. An
-    /// agent answered this early can ask again then ([`MasterState::verdict`])
-    /// instead of holding a factor the round may overturn (a flood that just
-    /// stopped) for a whole interval.
+    /// When the agent should ask again ([`MasterState::verdict`]) rather
+    /// than hold this factor for a whole interval: the time by which the
+    /// round it comes from should be whole. Set when that round is still
+    /// being reported and either the factor is positive (a flood that just
+    /// stopped may release) or it is the account's first round here (an
+    /// account that moved to this master: early reporters saw only part of
+    /// its demand).
     pub recheck_at: Option<Nanos>,
 }
 
@@ -300,13 +302,16 @@ impl MasterState {
 }
 
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
-    let (rates, recheck_at) = window.estimate(&config.window, now);
+    let estimate = window.estimate(&config.window, now);
+    let factor = config.policy.kind.factor(limit, estimate.rates);
     Verdict {
-        factor: config.policy.kind.factor(limit, rates),
+        factor,
         limit,
         valid_for: config.policy.factor_validity,
-        rates,
-        recheck_at,
+        rates: estimate.rates,
+        recheck_at: estimate
+            .whole_by
+            .filter(|_| factor > 0.0 || estimate.first_round),
     }
 }
 

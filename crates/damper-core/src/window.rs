@@ -73,6 +73,20 @@ impl Round {
     }
 }
 
+/// An estimate, and how final it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// The estimated rates.
+    pub rates: Rates,
+    /// When the round the estimate comes from is still being reported: the
+    /// time by which it should be whole.
+    pub whole_by: Option<Nanos>,
+    /// Whether the estimate comes from the first round this window has seen
+    /// reports for (after a quiet spell, or for an account new to this
+    /// master): early reporters then see only part of the demand.
+    pub first_round: bool,
+}
+
 /// Cost that arrived too late to fit in the window, so was not counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
@@ -250,16 +264,19 @@ impl DemandWindow {
 
     /// The estimated rates at `now`, by the configured estimator.
     pub fn rates(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
-        self.estimate(cfg, now).0
+        self.estimate(cfg, now).rates
     }
 
-    /// The estimated rates at `now`, and, when they come from a round still
-    /// being reported, the time by which that round should be whole: asked
-    /// again then, the estimate will reflect every agent.
-    pub fn estimate(&self, cfg: &WindowConfig, now: Nanos) -> (Rates, Option<Nanos>) {
+    /// The estimated rates at `now`, and whether the round they come from
+    /// is still being reported.
+    pub fn estimate(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         match cfg.estimator {
             EstimatorKind::LatestRound => self.latest_round(cfg, now),
-            EstimatorKind::AblyMma => (self.ably_mma(cfg, now), None),
+            EstimatorKind::AblyMma => Estimate {
+                rates: self.ably_mma(cfg, now),
+                whole_by: None,
+                first_round: false,
+            },
         }
     }
 
@@ -272,21 +289,38 @@ impl DemandWindow {
     /// round's demand, so taking the higher of the partial round and the
     /// previous one shows a spike as soon as one report carries it, and never
     /// releases before the round that shows the drop is whole.
-    fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> (Rates, Option<Nanos>) {
+    fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         let r = duration_nanos(cfg.rollup_interval);
         // The newest round every agent must have reported by now.
         let due = (now - cfg.settle()).as_nanos() / r;
         if self.cur.reports == 0 || self.cur.id < due {
             // Nothing reported for a round that is due: no agent had demand.
-            return (Rates::default(), None);
+            return Estimate::default();
         }
+        // Reports of this round still arrive until its end plus the grace.
+        let whole_by = Nanos::from_nanos(self.cur.id.saturating_mul(r)) + cfg.grace;
         let follows = self.prev.id + 1 == self.cur.id;
-        if !follows || self.cur.reports >= self.prev.reports {
-            (self.cur.rates, None)
+        if !follows || self.prev.reports == 0 {
+            // No round before this one: how many reports make it whole is
+            // unknown, so it counts as whole with each report, and is marked
+            // as a first round.
+            Estimate {
+                rates: self.cur.rates,
+                whole_by: (now < whole_by).then_some(whole_by),
+                first_round: true,
+            }
+        } else if self.cur.reports >= self.prev.reports {
+            Estimate {
+                rates: self.cur.rates,
+                whole_by: None,
+                first_round: false,
+            }
         } else {
-            // Reports of this round still arrive until its end plus the grace.
-            let whole_by = Nanos::from_nanos(self.cur.id.saturating_mul(r)) + cfg.grace;
-            (self.cur.rates.max(self.prev.rates), Some(whole_by))
+            Estimate {
+                rates: self.cur.rates.max(self.prev.rates),
+                whole_by: Some(whole_by),
+                first_round: false,
+            }
         }
     }
 

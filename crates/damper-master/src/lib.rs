@@ -155,9 +155,7 @@ impl Master {
                     Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
                 })?;
                 if let Some(v) = verdict {
-                    if v.factor > 0.0 {
-                        recheck_at = recheck_at.max(v.recheck_at);
-                    }
+                    recheck_at = recheck_at.max(v.recheck_at);
                     factors[i].push(account_factor(&counts.account, &v));
                 }
             }
@@ -270,6 +268,7 @@ fn account_factor(account: &str, v: &Verdict) -> AccountFactor {
         factor: v.factor,
         limit: v.limit.get(),
         valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
+        recheck: v.recheck_at.is_some(),
     }
 }
 

@@ -1,0 +1,421 @@
+//! Which masters an agent routes to: the configured members, less those that
+//! stopped answering.
+//!
+//! A master that fails `fail_after` rollups in a row is taken off the live
+//! ring, so its accounts move to their next owners (consistent hashing moves
+//! nothing else). It is probed while down, with exponential backoff and a
+//! per-agent jitter so a fleet of agents does not probe in step, and is put
+//! back on the ring as soon as it answers: its accounts move back.
+//!
+//! ```
+//! use std::time::Duration;
+//! use damper_core::membership::{HealthConfig, Membership};
+//! use damper_core::time::Nanos;
+//!
+//! let mut m = Membership::new(["m1:7070", "m2:7070"], HealthConfig::default(), 7);
+//! let t = Nanos::from_secs(1_800_000_000);
+//! assert_eq!(m.live().members().count(), 2);
+//! m.failed("m1:7070", t);
+//! m.failed("m1:7070", t); // two in a row: down
+//! assert_eq!(m.live().members().collect::<Vec<_>>(), ["m2:7070"]);
+//! let probe_at = m.next_probe("m1:7070").unwrap();
+//! assert!(m.probes_due(probe_at).contains(&"m1:7070".to_string()));
+//! // It answers a probe: it started 3 s ago, so it rejoins at start + 12 s.
+//! let started = probe_at - Duration::from_secs(3);
+//! m.answered("m1:7070", Some(started), probe_at);
+//! assert_eq!(m.live().members().count(), 1);
+//! m.tick(probe_at + Duration::from_secs(10));
+//! assert_eq!(m.live().members().count(), 2);
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::ring::Ring;
+use crate::time::Nanos;
+
+fn align_up(t: Nanos, grid: Duration) -> Nanos {
+    let g = u64::try_from(grid.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Nanos::from_nanos(t.as_nanos().div_ceil(g).saturating_mul(g))
+}
+
+/// When a master counts as down, and how it is probed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Failed rollups in a row that take a master off the ring. Default 2:
+    /// one failure can be a blip; two at 2 s intervals is an outage.
+    pub fail_after: u32,
+    /// First probe delay after a master goes down. Default 1 s.
+    pub probe_initial: Duration,
+    /// Longest delay between probes. Default 8 s, so that every agent
+    /// notices a master is back within the warm-up.
+    pub probe_max: Duration,
+    /// How long after a master (re)starts agents route to it again. Every
+    /// agent rejoins it at the same instant, `started + warmup` rounded up to
+    /// the rollup grid, so its accounts move back in one round instead of
+    /// agent by agent (a split view halves what each master sees, which lets
+    /// a flood through). Longer than `probe_max` plus its jitter. Default 12 s.
+    pub warmup: Duration,
+    /// The rollup interval, the grid rejoins are aligned to. Default 2 s.
+    pub rollup_interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            fail_after: 2,
+            probe_initial: Duration::from_secs(1),
+            probe_max: Duration::from_secs(8),
+            warmup: Duration::from_secs(12),
+            rollup_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    Up {
+        failures: u32,
+    },
+    Down {
+        next_probe: Nanos,
+        backoff: Duration,
+    },
+    /// Answering again; back on the ring at `at`.
+    Rejoining {
+        at: Nanos,
+    },
+}
+
+/// The configured masters, their health, and the live ring.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    config: HealthConfig,
+    health: BTreeMap<String, Health>,
+    live: Ring,
+    /// Per-agent seed of the probe jitter.
+    seed: u64,
+    probes: u64,
+}
+
+impl Membership {
+    /// All of `members` up. `seed` varies the probe jitter between agents.
+    pub fn new<S: AsRef<str>>(
+        members: impl IntoIterator<Item = S>,
+        config: HealthConfig,
+        seed: u64,
+    ) -> Membership {
+        let mut m = Membership {
+            config,
+            health: BTreeMap::new(),
+            live: Ring::new(Vec::<String>::new()),
+            seed,
+            probes: 0,
+        };
+        m.set_members(members);
+        m
+    }
+
+    /// Replaces the configured members (a DNS answer, say). Members already
+    /// known keep their health; new ones start up. Returns whether the live
+    /// ring changed.
+    pub fn set_members<S: AsRef<str>>(&mut self, members: impl IntoIterator<Item = S>) -> bool {
+        let mut health = BTreeMap::new();
+        for m in members {
+            let m = m.as_ref().to_string();
+            let h = self
+                .health
+                .get(&m)
+                .copied()
+                .unwrap_or(Health::Up { failures: 0 });
+            health.insert(m, h);
+        }
+        self.health = health;
+        self.rebuild()
+    }
+
+    /// The ring of the masters currently up: route by this.
+    pub fn live(&self) -> &Ring {
+        &self.live
+    }
+
+    /// Every configured master, up or down.
+    pub fn members(&self) -> impl Iterator<Item = &str> {
+        self.health.keys().map(String::as_str)
+    }
+
+    /// Whether `member` is configured and up.
+    pub fn is_up(&self, member: &str) -> bool {
+        matches!(self.health.get(member), Some(Health::Up { .. }))
+    }
+
+    /// When `member`, if down, is next probed.
+    pub fn next_probe(&self, member: &str) -> Option<Nanos> {
+        match self.health.get(member) {
+            Some(Health::Down { next_probe, .. }) => Some(*next_probe),
+            _ => None,
+        }
+    }
+
+    /// A rollup to `member` succeeded. Returns whether the live ring changed.
+    pub fn succeeded(&mut self, member: &str, now: Nanos) -> bool {
+        self.answered(member, None, now)
+    }
+
+    /// `member` answered, and said it started at `started`, if known (a
+    /// probe's answer). A member that was down rejoins the ring at
+    /// `started + warmup`, on the rollup grid, like every other agent that
+    /// saw it come back; without `started`, at once. Returns whether the live
+    /// ring changed.
+    pub fn answered(&mut self, member: &str, started: Option<Nanos>, now: Nanos) -> bool {
+        let config = self.config;
+        let changed = match self.health.get_mut(member) {
+            Some(h @ Health::Down { .. }) => {
+                let at =
+                    started.map_or(now, |s| align_up(s + config.warmup, config.rollup_interval));
+                *h = Health::Rejoining { at };
+                false
+            }
+            Some(Health::Up { failures }) => {
+                *failures = 0;
+                false
+            }
+            _ => false,
+        };
+        changed | self.tick(now)
+    }
+
+    /// Puts back on the ring the members whose rejoin time has come. Call
+    /// at every rollup cut. Returns whether the live ring changed.
+    pub fn tick(&mut self, now: Nanos) -> bool {
+        let mut promoted = false;
+        for h in self.health.values_mut() {
+            if let Health::Rejoining { at } = h
+                && *at <= now
+            {
+                *h = Health::Up { failures: 0 };
+                promoted = true;
+            }
+        }
+        promoted && self.rebuild()
+    }
+
+    /// A rollup or probe to `member` failed. After `fail_after` in a row it
+    /// goes down; a failed probe doubles the wait for the next one. Returns
+    /// whether the live ring changed.
+    pub fn failed(&mut self, member: &str, now: Nanos) -> bool {
+        let config = self.config;
+        let jitter = self.jitter();
+        let Some(h) = self.health.get_mut(member) else {
+            return false;
+        };
+        match h {
+            Health::Up { failures } => {
+                *failures += 1;
+                if *failures < config.fail_after.max(1) {
+                    return false;
+                }
+                let backoff = config.probe_initial;
+                *h = Health::Down {
+                    next_probe: now + backoff.mul_f64(jitter),
+                    backoff,
+                };
+                self.rebuild()
+            }
+            Health::Down {
+                next_probe,
+                backoff,
+            } => {
+                *backoff = (*backoff * 2).min(config.probe_max);
+                *next_probe = now + backoff.mul_f64(jitter);
+                false
+            }
+            Health::Rejoining { .. } => {
+                // Gone again before it rejoined.
+                let backoff = config.probe_initial;
+                *h = Health::Down {
+                    next_probe: now + backoff.mul_f64(jitter),
+                    backoff,
+                };
+                false
+            }
+        }
+    }
+
+    /// The down members whose probe is due at `now`. Each is scheduled for
+    /// its next probe at once, so a probe that never returns is not sent
+    /// again before then.
+    pub fn probes_due(&mut self, now: Nanos) -> Vec<String> {
+        let mut due = Vec::new();
+        let jitter = self.jitter();
+        for (m, h) in &mut self.health {
+            if let Health::Down {
+                next_probe,
+                backoff,
+            } = h
+                && *next_probe <= now
+            {
+                *next_probe = now + backoff.mul_f64(jitter);
+                due.push(m.clone());
+            }
+        }
+        due
+    }
+
+    /// A factor in [0.75, 1.25), different for each agent and each use:
+    /// spreads the probes of many agents over time.
+    fn jitter(&mut self) -> f64 {
+        self.probes = self.probes.wrapping_add(1);
+        let mut x = self.seed ^ self.probes.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        0.75 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.5
+    }
+
+    fn rebuild(&mut self) -> bool {
+        let up: Vec<&String> = self
+            .health
+            .iter()
+            .filter(|(_, h)| matches!(h, Health::Up { .. }))
+            .map(|(m, _)| m)
+            .collect();
+        let ring = Ring::new(up);
+        let changed = ring.version() != self.live.version();
+        self.live = ring;
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: u64) -> Nanos {
+        Nanos::from_millis(1_800_000_000_000 + ms)
+    }
+
+    #[test]
+    fn a_master_goes_down_after_failures_in_a_row_and_its_accounts_move() {
+        let mut m = Membership::new(["a:1", "b:1", "c:1"], HealthConfig::default(), 1);
+        let before: Vec<(String, String)> = (0..3000)
+            .map(|i| {
+                let acct = format!("acct-{i}");
+                let owner = m.live().owner(&acct).unwrap().to_string();
+                (acct, owner)
+            })
+            .collect();
+        assert!(!m.failed("b:1", t(0)), "one failure is a blip");
+        assert!(!m.succeeded("b:1", t(1)) && m.is_up("b:1"));
+        assert!(!m.failed("b:1", t(2)));
+        assert!(m.failed("b:1", t(3)), "two in a row: off the ring");
+        assert!(!m.is_up("b:1"));
+        for (acct, owner) in &before {
+            let now = m.live().owner(acct).unwrap();
+            if owner == "b:1" {
+                assert_ne!(now, "b:1");
+            } else {
+                assert_eq!(now, owner, "{acct} moved off a live master");
+            }
+        }
+        // Back up (no start time known: at once): every account returns.
+        assert!(m.answered("b:1", None, t(5)));
+        for (acct, owner) in &before {
+            assert_eq!(m.live().owner(acct).unwrap(), owner);
+        }
+    }
+
+    #[test]
+    fn probes_back_off_with_jitter_up_to_the_maximum() {
+        let config = HealthConfig::default();
+        let mut m = Membership::new(["a:1", "b:1"], config, 42);
+        m.failed("a:1", t(0));
+        m.failed("a:1", t(0));
+        let mut now = t(0);
+        let mut waits = Vec::new();
+        for _ in 0..12 {
+            let next = m.next_probe("a:1").unwrap();
+            waits.push(next.since(now));
+            assert!(m.probes_due(now).is_empty() || next <= now);
+            now = next;
+            assert_eq!(m.probes_due(now), vec!["a:1".to_string()]);
+            m.failed("a:1", now); // the probe fails too
+        }
+        // Doubling from 1 s (± 25%) to at most 8 s (± 25%).
+        assert!(
+            waits[0] >= Duration::from_millis(750) && waits[0] < Duration::from_millis(1250),
+            "{waits:?}"
+        );
+        assert!(waits[3] > waits[1] * 2, "{waits:?}");
+        assert!(
+            waits.iter().all(|w| *w < Duration::from_millis(10_000)),
+            "{waits:?}"
+        );
+        assert!(
+            waits.last().unwrap() >= &Duration::from_millis(6_000),
+            "{waits:?}"
+        );
+    }
+
+    #[test]
+    fn agents_that_see_a_master_return_at_different_times_rejoin_it_together() {
+        let started = t(100_300);
+        let mut rejoined = Vec::new();
+        for (seed, seen_at) in [(1, t(101_000)), (2, t(104_500)), (3, t(109_900))] {
+            let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), seed);
+            m.failed("a:1", t(0));
+            m.failed("a:1", t(0));
+            m.answered("a:1", Some(started), seen_at);
+            assert!(!m.is_up("a:1"), "not before the common instant");
+            // The common instant: 100.3 s + 12 s, up to the 2 s grid = 114 s.
+            assert!(!m.tick(t(113_999)));
+            assert!(m.tick(t(114_000)));
+            rejoined.push(m.live().version());
+        }
+        assert!(rejoined.windows(2).all(|w| w[0] == w[1]));
+        // An agent that only finds out later rejoins at once.
+        let mut late = Membership::new(["a:1", "b:1"], HealthConfig::default(), 4);
+        late.failed("a:1", t(0));
+        late.failed("a:1", t(0));
+        assert!(late.answered("a:1", Some(started), t(120_000)));
+        // Dying again while rejoining sends it back to probing.
+        let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), 5);
+        m.failed("a:1", t(0));
+        m.failed("a:1", t(0));
+        m.answered("a:1", Some(started), t(101_000));
+        m.failed("a:1", t(102_000));
+        assert!(m.next_probe("a:1").is_some());
+        assert!(!m.tick(t(200_000)));
+    }
+
+    #[test]
+    fn agents_probe_out_of_step() {
+        let firsts: Vec<Nanos> = (0..50)
+            .map(|seed| {
+                let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), seed);
+                m.failed("a:1", t(0));
+                m.failed("a:1", t(0));
+                m.next_probe("a:1").unwrap()
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = firsts.iter().collect();
+        assert!(distinct.len() > 40, "probes bunch up");
+    }
+
+    #[test]
+    fn new_member_lists_keep_known_health() {
+        let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), 1);
+        m.failed("a:1", t(0));
+        m.failed("a:1", t(0));
+        assert!(!m.set_members(["a:1", "b:1"]), "same list, same ring");
+        assert!(!m.is_up("a:1"));
+        assert!(m.set_members(["a:1", "b:1", "c:1"]));
+        assert!(m.is_up("c:1") && !m.is_up("a:1"));
+        assert_eq!(m.live().members().collect::<Vec<_>>(), ["b:1", "c:1"]);
+        // All down: an empty live ring (the agent carries counts and fails open).
+        let mut solo = Membership::new(["a:1"], HealthConfig::default(), 1);
+        solo.failed("a:1", t(0));
+        solo.failed("a:1", t(0));
+        assert!(solo.live().is_empty());
+    }
+}

@@ -114,6 +114,7 @@ pub struct AgentBuilder {
     request_timeout: Option<Duration>,
     max_entries_per_request: usize,
     max_carry: Duration,
+    fail_after: u32,
 }
 
 impl Default for AgentBuilder {
@@ -126,6 +127,7 @@ impl Default for AgentBuilder {
             request_timeout: None,
             max_entries_per_request: 10_000,
             max_carry: Duration::from_secs(30),
+            fail_after: 2,
         }
     }
 }
@@ -193,6 +195,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Failed rollups in a row that take a master off this agent's ring, so
+    /// its accounts go to their next owners (default 2). It is probed, with
+    /// backoff, and rejoined when it answers.
+    pub fn fail_after(mut self, failures: u32) -> Self {
+        self.fail_after = failures;
+        self
+    }
+
     /// Starts the agent: its clock and its rollup task. Call from within a
     /// tokio runtime.
     pub fn start(self) -> Result<Agent, AgentError> {
@@ -222,6 +232,12 @@ impl AgentBuilder {
                 reason: "must be at least 10 ms",
             });
         }
+        if self.fail_after == 0 {
+            return Err(AgentError::Invalid {
+                field: "fail_after",
+                reason: "must be at least 1",
+            });
+        }
         if self.max_entries_per_request == 0 {
             return Err(AgentError::Invalid {
                 field: "max_entries_per_request",
@@ -248,6 +264,11 @@ impl AgentBuilder {
                 .unwrap_or((self.rollup_interval / 2).min(Duration::from_secs(1))),
             max_entries_per_request: self.max_entries_per_request,
             max_carry: self.max_carry,
+            health: damper_core::membership::HealthConfig {
+                fail_after: self.fail_after,
+                rollup_interval: self.rollup_interval,
+                ..Default::default()
+            },
         };
         let (stop, stopped) = watch::channel(false);
         let task = runtime.spawn(rollup::run(shared.clone(), settings, stopped));

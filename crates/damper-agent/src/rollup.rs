@@ -7,11 +7,12 @@
 //! which reports belong to one round. Sends are spread over the first fifth
 //! of the interval by agent id, so masters do not see every agent at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use damper_core::agent::{Pending, send_spread};
+use damper_core::membership::{HealthConfig, Membership};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_client::MasterClient;
@@ -30,6 +31,7 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
     pub(crate) max_entries_per_request: usize,
     pub(crate) max_carry: Duration,
+    pub(crate) health: HealthConfig,
 }
 
 /// One request to one master, with what it carries.
@@ -41,13 +43,14 @@ struct Batch {
 
 pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch::Receiver<bool>) {
     let interval = settings.rollup_interval;
-    let mut members = Members::new(&settings.masters).await;
+    let seed = agent_id_seed(&shared.agent_id);
+    let mut members = Members::new(&settings.masters, settings.health, seed).await;
     let mut clients = Clients::new(settings.request_timeout);
     let spread = send_spread(&shared.agent_id, interval);
     let mut start = grid_floor(SystemClock.now(), interval);
     // Factor rechecks a master asked for, in flight.
     let mut rechecks = JoinSet::new();
-    tracing::info!(agent = %shared.agent_id, masters = ?members.ring.members().collect::<Vec<_>>(), "damper agent started");
+    tracing::info!(agent = %shared.agent_id, masters = ?members.membership.members().collect::<Vec<_>>(), "damper agent started");
     loop {
         let boundary = start + interval;
         let stopping = *stop.borrow()
@@ -60,20 +63,49 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
         } else {
             boundary
         };
-        let batches = drain(
-            &shared,
-            &members.ring,
-            start,
-            end,
-            settings.max_entries_per_request,
-        );
+        members.membership.tick(SystemClock.now());
+        let batches = drain(&shared, members.membership.live(), start, end, &settings);
+        let mut probing = JoinSet::new();
+        for master in members.membership.probes_due(SystemClock.now()) {
+            if let Ok(client) = clients.get(&master) {
+                probing.spawn(probe(client, shared.agent_id.clone(), master));
+            }
+        }
         if !stopping && !spread.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(spread) => {}
                 _ = stop.changed() => {}
             }
         }
-        let asked = send(&shared, &mut clients, batches, start, end, &settings).await;
+        let (asked, outcomes) = send(&shared, &mut clients, batches, start, end, &settings).await;
+        for (master, ok) in outcomes {
+            let m = &mut members.membership;
+            let changed = if ok {
+                m.succeeded(&master, SystemClock.now())
+            } else {
+                m.failed(&master, SystemClock.now())
+            };
+            if changed {
+                tracing::warn!(%master, up = ok, live = ?m.live().members().collect::<Vec<_>>(), "master ring changed");
+            }
+        }
+        while let Some(joined) = probing.join_next().await {
+            let Ok((master, started)) = joined else {
+                continue;
+            };
+            let m = &mut members.membership;
+            match started {
+                Some(started) => {
+                    m.answered(&master, Some(started), SystemClock.now());
+                    if !m.is_up(&master) {
+                        tracing::info!(%master, "master answers again; rejoining after its warm-up");
+                    }
+                }
+                None => {
+                    m.failed(&master, SystemClock.now());
+                }
+            }
+        }
         while rechecks.try_join_next().is_some() {}
         for (master, after, keys) in asked {
             if let Ok(client) = clients.get(&master) {
@@ -94,9 +126,16 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
             return;
         }
         if members.refresh_if_due().await {
-            clients.retain(&members.ring);
+            clients.retain(members.membership.members());
         }
     }
+}
+
+/// A seed for this agent's probe jitter.
+fn agent_id_seed(agent_id: &str) -> u64 {
+    agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The start of the grid interval that contains `now`.
@@ -109,7 +148,14 @@ fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
 
 /// Takes every (account, op)'s counts, routed by the ring, and groups them
 /// into requests of at most `max_entries`, one or more per master.
-fn drain(shared: &Shared, ring: &Ring, start: Nanos, end: Nanos, max_entries: usize) -> Vec<Batch> {
+fn drain(
+    shared: &Shared,
+    ring: &Ring,
+    start: Nanos,
+    end: Nanos,
+    settings: &Settings,
+) -> Vec<Batch> {
+    let max_entries = settings.max_entries_per_request;
     let routed = shared.state.drain_by_owner(ring);
     if !routed.unroutable.is_empty() {
         tracing::warn!(
@@ -117,7 +163,7 @@ fn drain(shared: &Shared, ring: &Ring, start: Nanos, end: Nanos, max_entries: us
             "no master to send counts to; carrying them over"
         );
         for p in routed.unroutable {
-            shared.state.carry_over(p, start, end, Duration::MAX);
+            carry_over(shared, p, start, end, settings.max_carry);
         }
     }
     let mut batches = Vec::new();
@@ -180,8 +226,10 @@ async fn send(
     start: Nanos,
     end: Nanos,
     settings: &Settings,
-) -> Vec<Asked> {
+) -> (Vec<Asked>, BTreeMap<String, bool>) {
     let mut asked = Vec::new();
+    // Per master: did every request to it succeed?
+    let mut outcomes: BTreeMap<String, bool> = BTreeMap::new();
     let mut in_flight = JoinSet::new();
     for batch in batches {
         let client = match clients.get(&batch.master) {
@@ -209,6 +257,7 @@ async fn send(
         match result {
             Ok(reply) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
+                outcomes.entry(master.clone()).or_insert(true);
                 let reply = reply.into_inner();
                 if reply.recheck_after_ms > 0 {
                     let keys: Vec<(String, String)> = reply
@@ -228,6 +277,7 @@ async fn send(
             }
             Err(status) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
+                outcomes.insert(master.clone(), false);
                 tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
                 for p in pending {
                     carry_over(shared, p, start, end, settings.max_carry);
@@ -235,7 +285,7 @@ async fn send(
             }
         }
     }
-    asked
+    (asked, outcomes)
 }
 
 /// Waits `after`, then asks `master` for the factors of `keys` and applies
@@ -293,9 +343,9 @@ fn apply(shared: &Shared, master: &str, reply: RollupReply, interval: Duration) 
     }
 }
 
-/// The current member list and ring.
+/// The configured masters and their health ([`Membership`]).
 struct Members {
-    ring: Ring,
+    membership: Membership,
     dns: Option<Dns>,
 }
 
@@ -307,15 +357,15 @@ struct Dns {
 }
 
 impl Members {
-    async fn new(masters: &Masters) -> Members {
+    async fn new(masters: &Masters, health: HealthConfig, seed: u64) -> Members {
         match masters {
             Masters::Static(list) => Members {
-                ring: Ring::new(list),
+                membership: Membership::new(list, health, seed),
                 dns: None,
             },
             Masters::Dns { host, port, every } => {
                 let mut members = Members {
-                    ring: Ring::new(Vec::<String>::new()),
+                    membership: Membership::new(Vec::<String>::new(), health, seed),
                     dns: Some(Dns {
                         host: host.clone(),
                         port: *port,
@@ -355,13 +405,31 @@ impl Members {
                 return false;
             }
         };
-        let ring = Ring::new(&addresses);
-        if ring.version() == self.ring.version() {
-            return false;
+        let changed = self.membership.set_members(&addresses);
+        if changed {
+            tracing::info!(%target, masters = ?addresses, "master list changed");
         }
-        tracing::info!(%target, masters = ?addresses, "master list changed");
-        self.ring = ring;
-        true
+        changed
+    }
+}
+
+/// Asks a down master whether it answers again: a `Factors` call naming
+/// nothing. Returns when it started, if it answered.
+async fn probe(
+    mut client: MasterClient<Channel>,
+    agent_id: String,
+    master: String,
+) -> (String, Option<Nanos>) {
+    let request = FactorsRequest {
+        agent_id,
+        ops: Vec::new(),
+    };
+    match client.factors(request).await {
+        Ok(reply) => (
+            master,
+            Some(Nanos::from_millis(reply.into_inner().started_unix_ms)),
+        ),
+        Err(_) => (master, None),
     }
 }
 
@@ -393,9 +461,9 @@ impl Clients {
         Ok(client)
     }
 
-    /// Drops the clients of masters no longer on the ring.
-    fn retain(&mut self, ring: &Ring) {
-        let members: Vec<&str> = ring.members().collect();
+    /// Drops the clients of masters no longer configured.
+    fn retain<'a>(&mut self, members: impl Iterator<Item = &'a str>) {
+        let members: Vec<&str> = members.collect();
         self.by_master.retain(|m, _| members.contains(&m.as_str()));
     }
 }

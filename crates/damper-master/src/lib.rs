@@ -87,6 +87,8 @@ struct Shared {
     options: MasterOptions,
     idle_after: Duration,
     rollup_interval_ms: u32,
+    /// When this master started: agents rejoin it relative to this.
+    started: Nanos,
 }
 
 impl Master {
@@ -111,10 +113,11 @@ impl Master {
                     .map(|_| Mutex::new(MasterState::new(config.clone())))
                     .collect(),
                 shard_hasher: foldhash::fast::FixedState::with_seed(0x6461_6d70),
-                clock,
+                clock: clock.clone(),
                 options,
                 idle_after: options.idle_after.unwrap_or(window * 3),
                 rollup_interval_ms,
+                started: clock.now(),
             }),
         }
     }
@@ -228,6 +231,7 @@ impl Master {
                 .collect(),
             rollup_interval_ms: self.shared.rollup_interval_ms,
             recheck_after_ms: 0,
+            started_unix_ms: self.shared.started.as_millis(),
         }
     }
 

@@ -1,0 +1,172 @@
+//! Master loss, for real: three `damper-master` processes, agents in this
+//! process, a 10× flood on an account, and `kill -9` of the master that owns
+//! it. Production timing (2 s rollups, 4 × 6 s window).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_agent::Agent;
+use damper_core::ring::Ring;
+use damper_load::{Tally, Traffic, drive};
+
+const LIMIT: u64 = 2_000;
+
+/// Starts a master on `listen` and waits until it serves. Returns the
+/// process and the address it bound.
+fn start_master(listen: &str, config: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_damper-master"))
+        .args(["--listen", listen, "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("damper-master starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let address = loop {
+        let line = lines.next().expect("a log line").expect("readable");
+        if let Some(rest) = line.split("listen=").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .trim_matches('"')
+                .to_string();
+        }
+    };
+    // Keep draining its logs so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, address)
+}
+
+async fn run(agents: &[Arc<Agent>], traffic: &[Traffic], secs: u64) -> Vec<Vec<Tally>> {
+    let (agents, traffic) = (agents.to_vec(), traffic.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let mut seconds = Vec::new();
+        drive(&agents, &traffic, Duration::from_secs(secs), |_, t| {
+            seconds.push(t.to_vec())
+        });
+        seconds
+    })
+    .await
+    .unwrap()
+}
+
+fn six_second_rates(seconds: &[Vec<Tally>], item: usize) -> Vec<f64> {
+    seconds
+        .windows(6)
+        .map(|w| w.iter().map(|s| s[item].admitted).sum::<u64>() as f64 / 6.0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_without_a_burst() {
+    let dir = std::env::temp_dir().join(format!("damper-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("master.toml");
+    std::fs::write(&config, format!("[limits]\nmessages = {LIMIT}\n")).unwrap();
+
+    let mut masters: Vec<(Child, String)> = (0..3)
+        .map(|_| start_master("127.0.0.1:0", &config))
+        .collect();
+    let addresses: Vec<String> = masters.iter().map(|(_, a)| a.clone()).collect();
+    let owner = Ring::new(&addresses).owner("flood").unwrap().to_string();
+    let victim = addresses.iter().position(|a| *a == owner).unwrap();
+    let calm_owner = Ring::new(&addresses).owner("calm").unwrap().to_string();
+    eprintln!("masters {addresses:?}; flood on {owner}; calm on {calm_owner}");
+
+    let agents: Vec<Arc<Agent>> = (0..4)
+        .map(|i| {
+            Arc::new(
+                Agent::builder()
+                    .masters(addresses.iter().cloned())
+                    .agent_id(format!("failover-{i}"))
+                    .start()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let traffic = vec![
+        Traffic {
+            account: "flood".into(),
+            op: "messages".into(),
+            rate: 10.0 * LIMIT as f64,
+            cost: 1,
+        },
+        Traffic {
+            account: "calm".into(),
+            op: "messages".into(),
+            rate: LIMIT as f64 / 2.0,
+            cost: 1,
+        },
+    ];
+
+    // Held before the fault.
+    let before = run(&agents, &traffic, 14).await;
+    let held = six_second_rates(&before[8..], 0);
+    assert!(
+        held.iter()
+            .all(|r| (*r - LIMIT as f64).abs() <= 0.1 * LIMIT as f64),
+        "before: {held:?}"
+    );
+
+    // kill -9 the flood's master.
+    masters[victim].0.kill().unwrap();
+    masters[victim].0.wait().unwrap();
+    let after_kill = run(&agents, &traffic, 24).await;
+    let per_sec: Vec<u64> = after_kill.iter().map(|s| s[0].admitted).collect();
+    eprintln!("after kill -9, admitted per second: {per_sec:?}");
+    let rates = six_second_rates(&after_kill[10..], 0);
+    assert!(
+        rates
+            .iter()
+            .all(|r| (*r - LIMIT as f64).abs() <= 0.1 * LIMIT as f64),
+        "not held again within 10 s of the kill: {rates:?}"
+    );
+
+    // Restart it on the same address: its accounts move back.
+    let restarted = start_master(&owner, &config);
+    masters[victim] = restarted;
+    let after_restart = run(&agents, &traffic, 30).await;
+    let per_sec: Vec<u64> = after_restart.iter().map(|s| s[0].admitted).collect();
+    eprintln!("after restart, admitted per second: {per_sec:?}");
+    let peak = six_second_rates(&after_restart, 0)
+        .into_iter()
+        .fold(0.0, f64::max);
+    assert!(
+        peak <= 1.25 * LIMIT as f64,
+        "a burst through when accounts moved back: {peak}/s over 6 s"
+    );
+
+    // No check ever blocked: the driver kept its pace, every second, and the
+    // well-behaved account was never rejected.
+    for (phase, seconds) in [
+        ("before", &before),
+        ("kill", &after_kill),
+        ("restart", &after_restart),
+    ] {
+        for (t, s) in seconds.iter().enumerate() {
+            let attempted = s[0].attempted as f64;
+            assert!(
+                attempted >= 0.9 * 10.0 * LIMIT as f64,
+                "{phase} {t} s: only {attempted} attempted"
+            );
+            assert_eq!(
+                s[1].admitted, s[1].attempted,
+                "{phase} {t} s: calm rejected"
+            );
+        }
+    }
+    for agent in &agents {
+        agent.shutdown().await;
+    }
+    for (mut child, _) in masters {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -602,16 +602,7 @@ impl Sim {
         let unreachable = self.agents[agent].partitioned || self.masters[master].is_none();
         if unreachable || self.lost() {
             let at = self.now + self.timeout;
-            self.schedule(
-                at,
-                Event::Fail {
-                    agent,
-                    master,
-                    start,
-                    end,
-                    pending,
-                },
-            );
+            self.fail_at(at, agent, master, start, end, pending);
             return;
         }
         let at = self.now + self.delay();
@@ -641,16 +632,7 @@ impl Sim {
         let now = self.now;
         let Some(state) = self.masters[master].as_mut() else {
             // Died while the request was on its way.
-            self.schedule(
-                sent + self.timeout,
-                Event::Fail {
-                    agent,
-                    master,
-                    start,
-                    end,
-                    pending,
-                },
-            );
+            self.fail_at(sent + self.timeout, agent, master, start, end, pending);
             return;
         };
         let mut factors = Vec::new();
@@ -682,16 +664,7 @@ impl Sim {
         if self.lost() {
             // The master counted them, but the agent never hears back: it
             // times out and sends them again, as the real agent would.
-            self.schedule(
-                sent + self.timeout,
-                Event::Fail {
-                    agent,
-                    master,
-                    start,
-                    end,
-                    pending,
-                },
-            );
+            self.fail_at(sent + self.timeout, agent, master, start, end, pending);
             return;
         }
         let recheck = recheck_at.map(|at| (at.since(now).max(Duration::from_millis(1)), marked));
@@ -705,6 +678,26 @@ impl Sim {
                 recheck,
             },
         );
+    }
+
+    /// The agent times out on a rollup at `at` and carries its counts over.
+    fn fail_at(
+        &mut self,
+        at: Nanos,
+        agent: usize,
+        master: usize,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    ) {
+        let event = Event::Fail {
+            agent,
+            master,
+            start,
+            end,
+            pending,
+        };
+        self.schedule(at, event);
     }
 
     fn apply(&mut self, agent: usize, factors: Vec<Factor>) {

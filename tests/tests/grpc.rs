@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use damper_agent::Agent;
 use damper_core::config::MasterConfig;
-use damper_load::{Tally, Traffic, drive};
+use damper_load::{Traffic, drive_seconds};
 use damper_master::{Master, MasterOptions};
 use tokio::sync::oneshot;
 
@@ -67,20 +67,6 @@ impl Cluster {
     }
 }
 
-/// Runs `traffic` for `secs` on a blocking thread; returns per-second tallies.
-async fn run(agents: &[Arc<Agent>], traffic: &[Traffic], secs: u64) -> Vec<Vec<Tally>> {
-    let (agents, traffic) = (agents.to_vec(), traffic.to_vec());
-    tokio::task::spawn_blocking(move || {
-        let mut seconds = Vec::new();
-        drive(&agents, &traffic, Duration::from_secs(secs), |_, t| {
-            seconds.push(t.to_vec())
-        });
-        seconds
-    })
-    .await
-    .unwrap()
-}
-
 fn traffic(flood_rate: f64) -> Vec<Traffic> {
     vec![
         // 10 × the limit.
@@ -112,7 +98,12 @@ async fn a_flood_is_held_at_its_limit_and_released_when_it_stops() {
     let cluster = cluster(2, 4).await;
 
     // Phase 1: the flood, 22 s.
-    let flood = run(&cluster.agents, &traffic(10.0 * LIMIT), 22).await;
+    let flood = drive_seconds(
+        &cluster.agents,
+        &traffic(10.0 * LIMIT),
+        Duration::from_secs(22),
+    )
+    .await;
     let per_sec: Vec<u64> = flood.iter().map(|s| s[0].admitted).collect();
     eprintln!("flood admitted per second: {per_sec:?}");
     // Held at the limit ±10%, over every 6 s window from 10 s on.
@@ -137,7 +128,12 @@ async fn a_flood_is_held_at_its_limit_and_released_when_it_stops() {
 
     // Phase 2: the flood stops (a quarter of the limit goes on). Its factor
     // must return to 0 on every agent within one window (24 s).
-    let quiet = run(&cluster.agents, &traffic(LIMIT / 4.0), 26).await;
+    let quiet = drive_seconds(
+        &cluster.agents,
+        &traffic(LIMIT / 4.0),
+        Duration::from_secs(26),
+    )
+    .await;
     let released_at = quiet
         .iter()
         .position(|s| s[0].admitted == s[0].attempted)

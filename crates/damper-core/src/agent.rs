@@ -418,6 +418,24 @@ impl AgentState {
         }
     }
 
+    /// The entry of an (account, op), created if it is new.
+    fn entry<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        guard: &'g impl papaya::Guard,
+    ) -> &'g Entry {
+        match self.entries.get(&KeyRef { op, account }, guard) {
+            Some(entry) => entry,
+            None => self.entries.get_or_insert_with(
+                self.new_key(account, op),
+                || Entry::new(now),
+                guard,
+            ),
+        }
+    }
+
     /// The owned key for a new (account, op), with the op interned.
     fn new_key(&self, account: &str, op: &str) -> Key {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
@@ -464,11 +482,7 @@ impl AgentState {
                 if !reportable(account) || !reportable(op) {
                     return Decision::Admit;
                 }
-                self.entries.get_or_insert_with(
-                    self.new_key(account, op),
-                    || Entry::new(now),
-                    &guard,
-                )
+                self.entry(now, account, op, &guard)
             }
         };
         entry.decide(now, cost, rng, &self.config)
@@ -492,14 +506,7 @@ impl AgentState {
             return n;
         }
         let guard = self.entries.guard();
-        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
-            Some(entry) => entry,
-            None => self.entries.get_or_insert_with(
-                self.new_key(account, op),
-                || Entry::new(now),
-                &guard,
-            ),
-        };
+        let entry = self.entry(now, account, op, &guard);
         entry.decide_batch(now, cost, n, rng, &self.config)
     }
 
@@ -520,14 +527,7 @@ impl AgentState {
             return;
         }
         let guard = self.entries.guard();
-        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
-            Some(entry) => entry,
-            None => self.entries.get_or_insert_with(
-                self.new_key(account, op),
-                || Entry::new(now),
-                &guard,
-            ),
-        };
+        let entry = self.entry(now, account, op, &guard);
         let limit = if limit.is_finite() && limit > 0.0 {
             limit
         } else {

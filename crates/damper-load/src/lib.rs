@@ -140,6 +140,23 @@ pub fn drive(
     }
 }
 
+/// [`drive`] from async code: runs it on a blocking thread and returns
+/// every second's tallies.
+pub async fn drive_seconds(
+    agents: &[Arc<Agent>],
+    traffic: &[Traffic],
+    duration: Duration,
+) -> Vec<Vec<Tally>> {
+    let (agents, traffic) = (agents.to_vec(), traffic.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let mut seconds = Vec::new();
+        drive(&agents, &traffic, duration, |_, t| seconds.push(t.to_vec()));
+        seconds
+    })
+    .await
+    .expect("the driver does not panic")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

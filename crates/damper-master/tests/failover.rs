@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use damper_agent::Agent;
 use damper_core::ring::Ring;
-use damper_load::{Tally, Traffic, drive};
+use damper_load::{Tally, Traffic, drive_seconds};
 
 const LIMIT: u64 = 2_000;
 
@@ -41,19 +41,6 @@ fn start_master(listen: &str, config: &std::path::Path) -> (Child, String) {
     // Keep draining its logs so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (child, address)
-}
-
-async fn run(agents: &[Arc<Agent>], traffic: &[Traffic], secs: u64) -> Vec<Vec<Tally>> {
-    let (agents, traffic) = (agents.to_vec(), traffic.to_vec());
-    tokio::task::spawn_blocking(move || {
-        let mut seconds = Vec::new();
-        drive(&agents, &traffic, Duration::from_secs(secs), |_, t| {
-            seconds.push(t.to_vec())
-        });
-        seconds
-    })
-    .await
-    .unwrap()
 }
 
 fn six_second_rates(seconds: &[Vec<Tally>], item: usize) -> Vec<f64> {
@@ -106,7 +93,7 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     ];
 
     // Held before the fault.
-    let before = run(&agents, &traffic, 14).await;
+    let before = drive_seconds(&agents, &traffic, Duration::from_secs(14)).await;
     let held = six_second_rates(&before[8..], 0);
     assert!(
         held.iter()
@@ -117,7 +104,7 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     // kill -9 the flood's master.
     masters[victim].0.kill().unwrap();
     masters[victim].0.wait().unwrap();
-    let after_kill = run(&agents, &traffic, 24).await;
+    let after_kill = drive_seconds(&agents, &traffic, Duration::from_secs(24)).await;
     let per_sec: Vec<u64> = after_kill.iter().map(|s| s[0].admitted).collect();
     eprintln!("after kill -9, admitted per second: {per_sec:?}");
     let rates = six_second_rates(&after_kill[10..], 0);
@@ -131,7 +118,7 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     // Restart it on the same address: its accounts move back.
     let restarted = start_master(&owner, &config);
     masters[victim] = restarted;
-    let after_restart = run(&agents, &traffic, 30).await;
+    let after_restart = drive_seconds(&agents, &traffic, Duration::from_secs(30)).await;
     let per_sec: Vec<u64> = after_restart.iter().map(|s| s[0].admitted).collect();
     eprintln!("after restart, admitted per second: {per_sec:?}");
     let peak = six_second_rates(&after_restart, 0)

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use damper_core::agent::{Pending, send_spread};
+use damper_core::agent::{Pending, agent_seed, send_spread};
 use damper_core::membership::{HealthConfig, Membership};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
@@ -43,7 +43,7 @@ struct Batch {
 
 pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch::Receiver<bool>) {
     let interval = settings.rollup_interval;
-    let seed = agent_id_seed(&shared.agent_id);
+    let seed = agent_seed(&shared.agent_id);
     let mut members = Members::new(&settings.masters, settings.health, seed).await;
     let mut clients = Clients::new(settings.request_timeout);
     let spread = send_spread(&shared.agent_id, interval);
@@ -129,13 +129,6 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
             clients.retain(members.membership.members());
         }
     }
-}
-
-/// A seed for this agent's probe jitter.
-fn agent_id_seed(agent_id: &str) -> u64 {
-    agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// The start of the grid interval that contains `now`.

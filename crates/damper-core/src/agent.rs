@@ -47,7 +47,6 @@ use compact_str::CompactString;
 use foldhash::fast::RandomState;
 use rand::Rng;
 
-use crate::MAX_NAME_LEN;
 use crate::ring::Ring;
 use crate::time::{Nanos, duration_nanos};
 
@@ -155,11 +154,15 @@ pub fn send_spread(agent_id: &str, interval: Duration) -> Duration {
     if window == 0 {
         return Duration::ZERO;
     }
-    // FNV-1a: stable across builds, and plenty to scatter agents.
-    let hash = agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    Duration::from_millis(agent_seed(agent_id) % window)
+}
+
+/// A number derived from an agent id, the same in every build (FNV-1a):
+/// scatters agents' send times and probe jitter.
+pub fn agent_seed(agent_id: &str) -> u64 {
+    agent_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    Duration::from_millis(hash % window)
+    })
 }
 
 /// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
@@ -393,10 +396,10 @@ impl std::fmt::Debug for AgentState {
 }
 
 /// Whether a name can be counted and reported. The master refuses empty
-/// names and names over [`MAX_NAME_LEN`] bytes, so the agent never sends
+/// names and names over [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, so the agent never sends
 /// them: such checks are admitted and not counted.
 fn reportable(name: &str) -> bool {
-    !name.is_empty() && name.len() <= MAX_NAME_LEN
+    crate::master::validate_name("name", name).is_ok()
 }
 
 impl AgentState {
@@ -461,7 +464,7 @@ impl AgentState {
     /// (while it is valid; expired factors count as 0, so a lost master
     /// fails open) and the local guard's. Edge cases, by design: a `cost` of
     /// 0 is admitted and not counted (it uses nothing); an empty account or
-    /// op, or one longer than [`MAX_NAME_LEN`] bytes, is admitted and not
+    /// op, or one longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, is admitted and not
     /// counted (it cannot be reported, so it cannot be limited).
     #[inline]
     pub fn check<R: Rng + ?Sized>(

@@ -89,20 +89,26 @@ pub enum ReportError {
     },
 }
 
+/// Checks an account or op name: 1 to [`MAX_NAME_LEN`] bytes. `field`
+/// names it in the error. The one rule masters enforce and agents respect.
+pub fn validate_name(field: &'static str, name: &str) -> Result<(), ReportError> {
+    if name.is_empty() {
+        return Err(ReportError::Empty { field });
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ReportError::TooLong {
+            field,
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
 impl Report<'_> {
     /// Checks the report on its own, without the state.
     pub fn validate(&self) -> Result<(), ReportError> {
-        for (field, name) in [("account", self.account), ("op", self.op)] {
-            if name.is_empty() {
-                return Err(ReportError::Empty { field });
-            }
-            if name.len() > MAX_NAME_LEN {
-                return Err(ReportError::TooLong {
-                    field,
-                    len: name.len(),
-                });
-            }
-        }
+        validate_name("account", self.account)?;
+        validate_name("op", self.op)?;
         if self.admitted > self.attempted {
             return Err(ReportError::AdmittedExceedsAttempted {
                 admitted: self.admitted,

@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
-use damper_core::master::Verdict;
 use damper_core::master::{MasterState, Report};
+use damper_core::master::{Verdict, validate_name};
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_server::MasterServer;
 use damper_proto::v1::{AccountFactor, FactorsRequest, OpFactors, RollupReply, RollupRequest};
@@ -185,15 +185,11 @@ impl Master {
         }
         for (i, op) in request.ops.iter().enumerate() {
             for (j, account) in op.accounts.iter().enumerate() {
-                for (field, name) in [("op", &op.op), ("account", account)] {
-                    if name.is_empty() || name.len() > damper_core::MAX_NAME_LEN {
-                        return Err(Status::invalid_argument(format!(
-                            "ops[{i}].accounts[{j}]: `{field}` must be 1 to {} bytes, is {}",
-                            damper_core::MAX_NAME_LEN,
-                            name.len()
-                        )));
-                    }
-                }
+                validate_name("op", &op.op)
+                    .and_then(|()| validate_name("account", account))
+                    .map_err(|e| {
+                        Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
+                    })?;
             }
         }
         let now = self.shared.clock.now();

@@ -1,4 +1,5 @@
 use super::*;
+use crate::MAX_NAME_LEN;
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;

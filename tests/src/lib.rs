@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use damper_agent::rollup_request;
 use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::config::MasterConfig;
 use damper_core::ring::Ring;
 use damper_core::time::{ManualClock, Nanos};
 use damper_master::{Master, MasterOptions};
-use damper_proto::v1::{AccountCounts, OpCounts, RollupReply, RollupRequest};
+use damper_proto::v1::{RollupReply, RollupRequest};
 use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -174,31 +175,10 @@ impl WireLoop {
     /// applies the decoded replies.
     fn rollup_from(&mut self, a: usize, start: Nanos) {
         let agent = &self.agents[a];
-        let mut by_master: BTreeMap<String, BTreeMap<String, Vec<AccountCounts>>> = BTreeMap::new();
-        agent.drain(|account, op, delta| {
-            let owner = self.ring.owner(account).expect("masters").to_owned();
-            by_master
-                .entry(owner)
-                .or_default()
-                .entry(op.to_owned())
-                .or_default()
-                .push(AccountCounts {
-                    account: account.to_owned(),
-                    attempted: delta.attempted,
-                    admitted: delta.admitted,
-                    start_unix_ms: delta.since.map_or(0, Nanos::as_millis),
-                });
-        });
-        for (owner, ops) in by_master {
-            let request = RollupRequest {
-                agent_id: format!("agent-{a}"),
-                interval_start_unix_ms: start.as_millis(),
-                interval_end_unix_ms: self.now.as_millis(),
-                ops: ops
-                    .into_iter()
-                    .map(|(op, accounts)| OpCounts { op, accounts })
-                    .collect(),
-            };
+        let routed = agent.drain_by_owner(&self.ring);
+        assert!(routed.unroutable.is_empty(), "every account has a master");
+        for (owner, pending) in routed.by_master {
+            let request = rollup_request(&format!("agent-{a}"), start, self.now, &pending);
             let bytes = request.encode_to_vec();
             self.wire_bytes += bytes.len();
             let arrival = self.now + self.latency;

@@ -54,6 +54,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use damper_core::agent::{Decision, RejectSource, Rejection};
+pub use rollup::rollup_request;
 
 use crate::clock::CoarseClock;
 

@@ -164,37 +164,56 @@ fn drain(
         while !pending.is_empty() {
             let rest = pending.split_off(pending.len().min(max_entries));
             let chunk = std::mem::replace(&mut pending, rest);
-            let mut ops: Vec<OpCounts> = Vec::new();
-            for p in &chunk {
-                if ops.last().is_none_or(|o| o.op != p.op) {
-                    ops.push(OpCounts {
-                        op: p.op.clone(),
-                        accounts: Vec::new(),
-                    });
-                }
-                ops.last_mut()
-                    .expect("pushed above")
-                    .accounts
-                    .push(AccountCounts {
-                        account: p.account.clone(),
-                        attempted: p.delta.attempted,
-                        admitted: p.delta.admitted,
-                        start_unix_ms: p.delta.since.map_or(0, Nanos::as_millis),
-                    });
-            }
             batches.push(Batch {
                 master: master.clone(),
-                request: RollupRequest {
-                    agent_id: shared.agent_id.clone(),
-                    interval_start_unix_ms: start.as_millis(),
-                    interval_end_unix_ms: end.as_millis(),
-                    ops,
-                },
+                request: rollup_request(&shared.agent_id, start, end, &chunk),
                 pending: chunk,
             });
         }
     }
     batches
+}
+
+/// The request that reports `pending` (a drain's counts for one master,
+/// sorted by op) for the interval `[start, end)`: counts grouped by op, each
+/// with its own start when it was carried over.
+pub fn rollup_request(
+    agent_id: &str,
+    start: Nanos,
+    end: Nanos,
+    pending: &[Pending],
+) -> RollupRequest {
+    let counts = pending.iter().map(|p| {
+        let counts = AccountCounts {
+            account: p.account.clone(),
+            attempted: p.delta.attempted,
+            admitted: p.delta.admitted,
+            start_unix_ms: p.delta.since.map_or(0, Nanos::as_millis),
+        };
+        (p.op.clone(), counts)
+    });
+    RollupRequest {
+        agent_id: agent_id.to_owned(),
+        interval_start_unix_ms: start.as_millis(),
+        interval_end_unix_ms: end.as_millis(),
+        ops: group_by_op(counts)
+            .into_iter()
+            .map(|(op, accounts)| OpCounts { op, accounts })
+            .collect(),
+    }
+}
+
+/// Groups `(op, item)` pairs that come sorted by op: one entry per op, so
+/// each op name goes on the wire once.
+fn group_by_op<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for (op, item) in items {
+        match groups.last_mut() {
+            Some((last, group)) if *last == op => group.push(item),
+            _ => groups.push((op, vec![item])),
+        }
+    }
+    groups
 }
 
 /// Puts back counts that could not be delivered, counting what is dropped
@@ -292,19 +311,12 @@ async fn recheck(
     interval: Duration,
 ) {
     tokio::time::sleep(after).await;
-    let mut ops: Vec<OpAccounts> = Vec::new();
-    for (op, account) in keys {
-        if ops.last().is_none_or(|o| o.op != op) {
-            ops.push(OpAccounts {
-                op,
-                accounts: Vec::new(),
-            });
-        }
-        ops.last_mut().expect("pushed above").accounts.push(account);
-    }
     let request = FactorsRequest {
         agent_id: shared.agent_id.clone(),
-        ops,
+        ops: group_by_op(keys)
+            .into_iter()
+            .map(|(op, accounts)| OpAccounts { op, accounts })
+            .collect(),
     };
     match client.factors(request).await {
         Ok(reply) => {

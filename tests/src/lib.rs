@@ -14,6 +14,10 @@
 //!   never touched while a deluge is held at its limit.
 //! - `tests/policies.rs`: the demand policy holds a deluge steadily; Ably's
 //!   linear ramp on the admitted rate oscillates.
+//! - [`proxy`]: a fault-injecting TCP proxy (delay, drop, cut);
+//!   `tests/faults.rs` puts it between agents and a master.
+
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -43,6 +43,7 @@ mod rollup;
 
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -116,6 +117,7 @@ pub struct AgentBuilder {
     max_entries_per_request: usize,
     max_carry: Duration,
     fail_after: u32,
+    fail_static: Vec<(String, Duration)>,
 }
 
 impl Default for AgentBuilder {
@@ -129,6 +131,7 @@ impl Default for AgentBuilder {
             max_entries_per_request: 10_000,
             max_carry: Duration::from_secs(30),
             fail_after: 2,
+            fail_static: Vec::new(),
         }
     }
 }
@@ -204,6 +207,16 @@ impl AgentBuilder {
         self
     }
 
+    /// Makes `op` fail static: when no fresh factor arrives (its master is
+    /// unreachable), keep applying the last one for `hold` past its validity
+    /// before failing open. Default for every op: fail open as soon as the
+    /// factor's validity (3 rollup intervals) passes. `hold` is at most
+    /// 10 minutes: a stale factor no longer follows the demand.
+    pub fn fail_static(mut self, op: impl Into<String>, hold: Duration) -> Self {
+        self.fail_static.push((op.into(), hold));
+        self
+    }
+
     /// Starts the agent: its clock and its rollup task. Call from within a
     /// tokio runtime.
     pub fn start(self) -> Result<Agent, AgentError> {
@@ -245,17 +258,36 @@ impl AgentBuilder {
                 reason: "must be at least 1",
             });
         }
+        for (op, hold) in &self.fail_static {
+            if damper_core::master::validate_name("op", op).is_err() {
+                return Err(AgentError::Invalid {
+                    field: "fail_static",
+                    reason: "the op must be 1 to 256 bytes long",
+                });
+            }
+            if *hold > Duration::from_secs(600) {
+                return Err(AgentError::Invalid {
+                    field: "fail_static",
+                    reason: "the hold must be at most 10 minutes",
+                });
+            }
+        }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
         let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
         let clock = CoarseClock::start(Duration::from_millis(1))
             .map_err(|e| AgentError::Clock(e.to_string()))?;
-        let shared = Arc::new(Shared {
-            state: AgentState::new(AgentConfig {
+        let state = self.fail_static.iter().fold(
+            AgentState::new(AgentConfig {
                 rollup_interval: self.rollup_interval,
                 local_window: self.local_window,
             }),
+            |state, (op, hold)| state.with_fail_static(op, *hold),
+        );
+        let shared = Arc::new(Shared {
+            state,
             clock,
             agent_id,
+            stats: Stats::default(),
         });
         let settings = rollup::Settings {
             masters,
@@ -310,6 +342,33 @@ pub(crate) struct Shared {
     pub(crate) state: AgentState,
     pub(crate) clock: CoarseClock,
     pub(crate) agent_id: String,
+    pub(crate) stats: Stats,
+}
+
+/// Running totals behind [`Agent::stats`], kept by the rollup task.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) rollups_sent: AtomicU64,
+    pub(crate) rollups_failed: AtomicU64,
+    pub(crate) factors_expired: AtomicU64,
+    pub(crate) dropped_cost: AtomicU64,
+}
+
+/// What the agent's rollup task has done since start: for the host's health
+/// checks and tests. The same figures go to the `metrics` facade.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// Rollup requests a master answered.
+    pub rollups_sent: u64,
+    /// Rollup requests that failed (timeout, refused, error status); their
+    /// counts were carried over.
+    pub rollups_failed: u64,
+    /// Fail-open events: positive factors that lapsed with no fresher one
+    /// from their master, so their (account, op) went back to admitting.
+    pub factors_expired: u64,
+    /// Attempted cost dropped because it could not be delivered within
+    /// `max_carry`.
+    pub dropped_cost: u64,
 }
 
 /// The agent a node holds. Cheap to share: wrap it in an `Arc`.
@@ -362,6 +421,17 @@ impl Agent {
         self.shared
             .state
             .factor(self.shared.clock.now(), account, op)
+    }
+
+    /// What the rollup task has done since start.
+    pub fn stats(&self) -> AgentStats {
+        let s = &self.shared.stats;
+        AgentStats {
+            rollups_sent: s.rollups_sent.load(Relaxed),
+            rollups_failed: s.rollups_failed.load(Relaxed),
+            factors_expired: s.factors_expired.load(Relaxed),
+            dropped_cost: s.dropped_cost.load(Relaxed),
+        }
     }
 
     /// This agent's identity.

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use damper_core::agent::{Pending, agent_seed, send_spread};
@@ -105,6 +106,18 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                     m.failed(&master, SystemClock.now());
                 }
             }
+        }
+        let lapsed = shared.state.expired_factors(shared.clock.now());
+        if lapsed > 0 {
+            shared
+                .stats
+                .factors_expired
+                .fetch_add(lapsed as u64, Relaxed);
+            metrics::counter!("damper_agent_factors_expired_total").increment(lapsed as u64);
+            tracing::warn!(
+                lapsed,
+                "factors lapsed with no fresh one from their master: those (account, op) pairs fail open"
+            );
         }
         while rechecks.try_join_next().is_some() {}
         for (master, after, keys) in asked {
@@ -221,6 +234,7 @@ fn group_by_op<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, 
 fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: Duration) {
     let dropped = shared.state.carry_over(p, start, end, max_carry);
     if dropped > 0 {
+        shared.stats.dropped_cost.fetch_add(dropped, Relaxed);
         metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(dropped);
     }
 }
@@ -269,6 +283,7 @@ async fn send(
         match result {
             Ok(reply) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
+                shared.stats.rollups_sent.fetch_add(1, Relaxed);
                 outcomes.entry(master.clone()).or_insert(true);
                 let reply = reply.into_inner();
                 if reply.recheck_after_ms > 0 {
@@ -289,6 +304,7 @@ async fn send(
             }
             Err(status) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
+                shared.stats.rollups_failed.fetch_add(1, Relaxed);
                 outcomes.insert(master.clone(), false);
                 tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
                 for p in pending {

@@ -235,6 +235,9 @@ struct Entry {
     /// Whether the last drain took anything: the next one reports a zero
     /// once, so the master knows this agent went quiet.
     active_last_drain: AtomicBool,
+    /// The `master_expires` whose expiry [`AgentState::expired_factors`]
+    /// already counted, so each lapse is counted once.
+    expiry_counted: AtomicU64,
 }
 
 impl Entry {
@@ -252,6 +255,7 @@ impl Entry {
             local_threshold: AtomicU64::new(0),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
+            expiry_counted: AtomicU64::new(0),
         }
     }
 
@@ -384,6 +388,9 @@ pub struct AgentState {
     /// Drains and undrains take this, so there is one drainer at a time.
     /// Never taken by `check`.
     drain_lock: Mutex<()>,
+    /// Ops whose factors are held past their validity (fail-static), and for
+    /// how long. Read when a factor is applied, never by `check`.
+    fail_static: Vec<(Box<str>, Duration)>,
 }
 
 impl std::fmt::Debug for AgentState {
@@ -418,7 +425,19 @@ impl AgentState {
                 .build(),
             ops: Mutex::default(),
             drain_lock: Mutex::new(()),
+            fail_static: Vec::new(),
         }
+    }
+
+    /// Makes `op` fail static for `hold`: when its master cannot be reached,
+    /// the last factor it sent stays in force for `hold` past its validity
+    /// instead of lapsing to 0 (fail open). For ops where letting a deluge
+    /// through is worse than suppressing a little too long; bound `hold`,
+    /// since a stale factor no longer follows the demand.
+    pub fn with_fail_static(mut self, op: &str, hold: Duration) -> AgentState {
+        self.fail_static.retain(|(o, _)| &**o != op);
+        self.fail_static.push((op.into(), hold));
+        self
     }
 
     /// The entry of an (account, op), created if it is new.
@@ -536,13 +555,39 @@ impl AgentState {
         } else {
             0.0
         };
+        let hold = self
+            .fail_static
+            .iter()
+            .find(|(o, _)| &**o == op)
+            .map_or(Duration::ZERO, |(_, hold)| *hold);
         entry.limit.store(limit.to_bits(), Relaxed);
         entry.master_threshold.store(threshold(factor), Relaxed);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)
         entry
             .master_expires
-            .store((now + valid_for).as_nanos(), Release);
+            .store((now + valid_for + hold).as_nanos(), Release);
+    }
+
+    /// Counts the positive factors that lapsed (their validity, and any
+    /// fail-static hold, passed with no fresher factor from the master) since
+    /// the last call: each is an (account, op) that now fails open. Off the
+    /// hot path: the rollup task calls it once per interval to log and count
+    /// fail-open events.
+    pub fn expired_factors(&self, now: Nanos) -> usize {
+        let guard = self.entries.guard();
+        let mut lapsed = 0;
+        for (_, entry) in self.entries.iter(&guard) {
+            let expires = entry.master_expires.load(Acquire);
+            if expires != 0
+                && now.as_nanos() >= expires
+                && entry.master_threshold.load(Relaxed) != 0
+                && entry.expiry_counted.swap(expires, Relaxed) != expires
+            {
+                lapsed += 1;
+            }
+        }
+        lapsed
     }
 
     /// The master's factor in force for an (account, op) at `now` (0 when

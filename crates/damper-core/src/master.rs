@@ -87,7 +87,37 @@ pub enum ReportError {
         /// Reported end.
         end: Nanos,
     },
+    /// The interval ends further ahead of the master's clock than any sane
+    /// clock skew: the agent's clock, or the request, is wrong.
+    #[error(
+        "the interval ends {ahead_ms} ms after this master's clock; at most {} ms of clock skew is accepted",
+        MAX_CLOCK_AHEAD.as_millis()
+    )]
+    EndsInFuture {
+        /// How far ahead, in milliseconds.
+        ahead_ms: u64,
+    },
+    /// The interval is longer than any an agent sends (agents carry counts
+    /// over for at most tens of seconds).
+    #[error(
+        "the interval is {span_ms} ms long; at most {} ms is accepted",
+        MAX_REPORT_SPAN.as_millis()
+    )]
+    SpanTooLong {
+        /// Its length, in milliseconds.
+        span_ms: u64,
+    },
 }
+
+/// How far a report's end may be ahead of the master's clock. Within it, the
+/// report is moved back to end at the master's `now` (clock skew between
+/// hosts); beyond it, it is refused.
+pub const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
+
+/// The longest interval one report may cover. Agents report every rollup
+/// interval and carry failed counts over for at most their `max_carry`
+/// (default 30 s); anything near an hour is a bug or an attack.
+pub const MAX_REPORT_SPAN: Duration = Duration::from_secs(3600);
 
 /// Checks an account or op name: 1 to [`MAX_NAME_LEN`] bytes. `field`
 /// names it in the error. The one rule masters enforce and agents respect.
@@ -105,8 +135,9 @@ pub fn validate_name(field: &'static str, name: &str) -> Result<(), ReportError>
 }
 
 impl Report<'_> {
-    /// Checks the report on its own, without the state.
-    pub fn validate(&self) -> Result<(), ReportError> {
+    /// Checks the report on its own, without the state, as received at
+    /// `now` by the master's clock.
+    pub fn validate(&self, now: Nanos) -> Result<(), ReportError> {
         validate_name("account", self.account)?;
         validate_name("op", self.op)?;
         if self.admitted > self.attempted {
@@ -121,8 +152,22 @@ impl Report<'_> {
                 end: self.end,
             });
         }
+        if self.end > now && self.end.since(now) > MAX_CLOCK_AHEAD {
+            return Err(ReportError::EndsInFuture {
+                ahead_ms: ms(self.end.since(now)),
+            });
+        }
+        if self.end.since(self.start) > MAX_REPORT_SPAN {
+            return Err(ReportError::SpanTooLong {
+                span_ms: ms(self.end.since(self.start)),
+            });
+        }
         Ok(())
     }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What the master tells agents about one limited (account, op).
@@ -213,7 +258,7 @@ impl MasterState {
         now: Nanos,
         report: &Report<'_>,
     ) -> Result<Option<Verdict>, ReportError> {
-        report.validate()?;
+        report.validate(now)?;
         let (mut start, mut end) = (report.start, report.end);
         if end > now {
             let ahead = end.since(now);

@@ -28,6 +28,7 @@
 
 use std::future::Future;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,6 +90,31 @@ struct Shared {
     rollup_interval_ms: u32,
     /// When this master started: agents rejoin it relative to this.
     started: Nanos,
+    /// Totals of what was ingested, for [`Master::ingested`].
+    ingested: IngestedCounters,
+}
+
+#[derive(Default)]
+struct IngestedCounters {
+    rollups: AtomicU64,
+    entries: AtomicU64,
+    attempted: AtomicU64,
+    admitted: AtomicU64,
+}
+
+/// What a master has counted since it started, over all shards: rollups
+/// accepted and the entries and cost they carried. Refused rollups are not
+/// in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ingested {
+    /// Rollups accepted.
+    pub rollups: u64,
+    /// (account, op) entries they carried.
+    pub entries: u64,
+    /// Attempted cost they reported (saturating).
+    pub attempted: u64,
+    /// Admitted cost they reported (saturating).
+    pub admitted: u64,
 }
 
 impl Master {
@@ -118,6 +144,7 @@ impl Master {
                 idle_after: options.idle_after.unwrap_or(window * 3),
                 rollup_interval_ms,
                 started: clock.now(),
+                ingested: IngestedCounters::default(),
             }),
         }
     }
@@ -138,8 +165,8 @@ impl Master {
     /// validated first: a bad one is refused with a status naming the field
     /// and nothing of it is counted.
     pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
-        validate(request, self.shared.options.max_entries)?;
         let now = self.shared.clock.now();
+        validate(request, self.shared.options.max_entries, now)?;
 
         // Group entries by shard so each shard is locked once per request.
         let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.shared.shards.len()];
@@ -163,6 +190,20 @@ impl Master {
                 }
             }
         }
+        let counted = &self.shared.ingested;
+        let (mut entries, mut attempted, mut admitted) = (0u64, 0u64, 0u64);
+        for counts in request.ops.iter().flat_map(|op| &op.accounts) {
+            entries += 1;
+            attempted = attempted.saturating_add(counts.attempted);
+            admitted = admitted.saturating_add(counts.admitted);
+        }
+        counted.rollups.fetch_add(1, Relaxed);
+        counted.entries.fetch_add(entries, Relaxed);
+        let add = |total: &AtomicU64, v: u64| {
+            let _ = total.fetch_update(Relaxed, Relaxed, |t| Some(t.saturating_add(v)));
+        };
+        add(&counted.attempted, attempted);
+        add(&counted.admitted, admitted);
         metrics::counter!("damper_master_rollups_total").increment(1);
         let ops = request.ops.iter().map(|op| &op.op);
         let mut reply = self.reply(ops, factors);
@@ -247,6 +288,17 @@ impl Master {
             .sum()
     }
 
+    /// What this master has counted since it started.
+    pub fn ingested(&self) -> Ingested {
+        let c = &self.shared.ingested;
+        Ingested {
+            rollups: c.rollups.load(Relaxed),
+            entries: c.entries.load(Relaxed),
+            attempted: c.attempted.load(Relaxed),
+            admitted: c.admitted.load(Relaxed),
+        }
+    }
+
     /// Whether nothing is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -273,7 +325,7 @@ fn account_factor(account: &str, v: &Verdict) -> AccountFactor {
 }
 
 /// Checks a whole request before any of it is counted.
-fn validate(request: &RollupRequest, max_entries: usize) -> Result<(), Status> {
+fn validate(request: &RollupRequest, max_entries: usize, now: Nanos) -> Result<(), Status> {
     let entries: usize = request.ops.iter().map(|op| op.accounts.len()).sum();
     if entries > max_entries {
         return Err(Status::resource_exhausted(format!(
@@ -289,7 +341,7 @@ fn validate(request: &RollupRequest, max_entries: usize) -> Result<(), Status> {
     for (i, op) in request.ops.iter().enumerate() {
         for j in 0..op.accounts.len() {
             report(request, i, j)
-                .validate()
+                .validate(now)
                 .map_err(|e| Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}")))?;
         }
     }

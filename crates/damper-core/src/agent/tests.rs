@@ -140,6 +140,52 @@ fn expired_factors_fail_open() {
 }
 
 #[test]
+fn lapsed_factors_are_counted_once_each() {
+    let agent = AgentState::new(AgentConfig::default());
+    let six = Duration::from_secs(6);
+    agent.apply(t(0), "acme", "messages", 0.5, 1e3, six);
+    agent.apply(t(0), "calm", "messages", 0.0, 1e3, six);
+    assert_eq!(agent.expired_factors(t(5_999)), 0);
+    // Only the positive factor lapsing changes a decision: one event.
+    assert_eq!(agent.expired_factors(t(6_000)), 1);
+    assert_eq!(agent.expired_factors(t(9_000)), 0, "counted once");
+    // Refreshed, then lapsed again: a new event.
+    agent.apply(t(10_000), "acme", "messages", 0.5, 1e3, six);
+    assert_eq!(agent.expired_factors(t(12_000)), 0);
+    assert_eq!(agent.expired_factors(t(16_000)), 1);
+}
+
+#[test]
+fn fail_static_ops_hold_the_last_factor_for_a_bounded_time() {
+    let agent = AgentState::new(AgentConfig::default())
+        .with_fail_static("messages", Duration::from_secs(30));
+    let mut rng = SmallRng::seed_from_u64(3);
+    let six = Duration::from_secs(6);
+    agent.apply(t(0), "acme", "messages", 1.0, 1e12, six);
+    agent.apply(t(0), "acme", "presence", 1.0, 1e12, six);
+    // Past the validity: `presence` fails open, `messages` holds.
+    assert!(
+        agent
+            .check(t(10_000), "acme", "presence", 1, &mut rng)
+            .is_admit()
+    );
+    assert!(
+        !agent
+            .check(t(10_000), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.factor(t(35_999), "acme", "messages"), Some(1.0));
+    assert_eq!(agent.expired_factors(t(35_999)), 1, "presence only");
+    // The hold is bounded: then it fails open too.
+    assert!(
+        agent
+            .check(t(36_000), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.expired_factors(t(36_000)), 1);
+}
+
+#[test]
 fn bad_factors_from_a_reply_are_clamped() {
     let agent = AgentState::new(AgentConfig::default());
     let v = Duration::from_secs(6);

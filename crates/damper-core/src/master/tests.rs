@@ -251,6 +251,21 @@ fn bad_reports_are_refused_with_the_field_and_not_counted() {
             },
             "ends",
         ),
+        (
+            Report {
+                start: at(60_000),
+                end: at(62_006),
+                ..good
+            },
+            "ends 60001 ms after this master's clock; at most 60000 ms",
+        ),
+        (
+            Report {
+                start: Nanos::from_nanos(0),
+                ..good
+            },
+            "ms long; at most 3600000 ms is accepted",
+        ),
     ];
     for (report, message) in cases {
         let err = m.ingest(at(2_005), &report).unwrap_err().to_string();

@@ -191,6 +191,19 @@ pub struct Verdict {
     pub recheck_at: Option<Nanos>,
 }
 
+/// One (account, op)'s window, as a snapshot carries it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct KeySnapshot {
+    /// The operation.
+    pub op: String,
+    /// The account.
+    pub account: String,
+    /// When its last report arrived (idle eviction counts from here).
+    pub last_report: Nanos,
+    /// Its demand window.
+    pub window: DemandWindow,
+}
+
 #[derive(Debug)]
 struct KeyState {
     window: DemandWindow,
@@ -334,6 +347,51 @@ impl MasterState {
         self.ops.retain(|_, accounts| !accounts.is_empty());
         self.keys = self.ops.values().map(HashMap::len).sum();
         before - self.keys
+    }
+
+    /// Copies out every (account, op)'s window, for a snapshot that a
+    /// restarted master loads with [`import`](Self::import).
+    pub fn export(&self) -> Vec<KeySnapshot> {
+        self.ops
+            .iter()
+            .flat_map(|(op, accounts)| {
+                accounts.iter().map(|(account, key)| KeySnapshot {
+                    op: op.to_string(),
+                    account: account.to_string(),
+                    last_report: key.last_report,
+                    window: key.window.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Takes in windows from a snapshot. Ones with bad names or a window of
+    /// another shape than this config's are skipped; a pair already tracked
+    /// keeps its own window. Returns how many were taken.
+    pub fn import(&mut self, keys: impl IntoIterator<Item = KeySnapshot>) -> usize {
+        let mut taken = 0;
+        for k in keys {
+            if validate_name("op", &k.op).is_err()
+                || validate_name("account", &k.account).is_err()
+                || !k.window.fits(&self.config.window)
+            {
+                continue;
+            }
+            let accounts = self.ops.entry(k.op.into_boxed_str()).or_default();
+            if let std::collections::hash_map::Entry::Vacant(slot) =
+                accounts.entry(k.account.into_boxed_str())
+            {
+                slot.insert(KeyState {
+                    window: k.window,
+                    last_report: k.last_report,
+                    limit: None,
+                    generation: self.generation.wrapping_sub(1),
+                });
+                self.keys += 1;
+                taken += 1;
+            }
+        }
+        taken
     }
 
     /// Number of (account, op) pairs tracked.

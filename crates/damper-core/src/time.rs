@@ -17,7 +17,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// is (NTP keeps them within milliseconds, which is noise next to 2 s rollups).
 /// Because a wall clock can step backwards, every difference saturates at
 /// zero instead of panicking or wrapping.
-#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Nanos(u64);
 
 impl Nanos {

@@ -25,11 +25,13 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{EstimatorKind, WindowConfig};
 use crate::time::{Nanos, duration_nanos};
 
 /// Rates of one (account, op), in cost per second.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
     /// Attempted cost per second: what would have been used had nothing
     /// been suppressed.
@@ -49,14 +51,14 @@ impl Rates {
 
 /// Attempted and admitted cost of one sub-interval. Saturating: counts
 /// never wrap.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Counts {
     attempted: u64,
     admitted: u64,
 }
 
 /// The reports of one rollup round: the sum of their rates.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 struct Round {
     /// Grid index: the round whose reports end at `id × rollup_interval`.
     id: u64,
@@ -97,7 +99,11 @@ pub struct Dropped {
 }
 
 /// The demand window of one (account, op). Sans-IO: time is an argument.
-#[derive(Clone, Debug)]
+///
+/// Serializable, so a master can snapshot its windows across a restart; a
+/// window only fits the [`WindowConfig`] shape it was made for
+/// ([`fits`](Self::fits)).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DemandWindow {
     /// Sub-interval index (since the epoch) of the newest bucket.
     head: u64,
@@ -123,6 +129,12 @@ impl DemandWindow {
             cur: Round::default(),
             prev: Round::default(),
         }
+    }
+
+    /// Whether this window was made for a config of `cfg`'s shape (a
+    /// deserialized one may not be).
+    pub fn fits(&self, cfg: &WindowConfig) -> bool {
+        self.buckets.len() == ring_len(cfg)
     }
 
     /// Adds a report of `attempted` and `admitted` cost over `[start, end)`.

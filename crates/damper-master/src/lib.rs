@@ -10,6 +10,8 @@
 //! - [`Master`]: the sharded state, the clock, and the options.
 //! - [`MasterService`]: the `damper.v1.Master` gRPC service over a [`Master`].
 //! - [`run`]: serves a listener until a shutdown future completes.
+//! - `snapshot`: [`Master::write_snapshot`] and [`Master::load_snapshot`],
+//!   so a restart keeps the windows.
 //! - `src/main.rs`: the `damper-master` binary (flags, logs, signals).
 //!
 //! # Example
@@ -450,6 +452,9 @@ pub async fn run(
     evictor.abort();
     result.map_err(ServeError::from)
 }
+
+mod snapshot;
+pub use snapshot::SnapshotError;
 
 #[cfg(test)]
 mod tests;

@@ -2,11 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use damper_core::config::MasterConfig;
-use damper_master::{DEFAULT_CONFIG, Master, MasterOptions, run};
+use damper_master::{DEFAULT_CONFIG, Master, MasterOptions, SnapshotError, run};
 
 /// The Damper master: receives agents' rollups of attempted and admitted
 /// cost per (account, op) and answers with the suppression factor that
@@ -33,6 +34,18 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_entries: u32,
+
+    /// Snapshot file for the demand windows: written on SIGTERM or SIGINT,
+    /// loaded at start if recent, so a restart keeps enforcing. A corrupt,
+    /// old or mismatched snapshot is ignored with a warning.
+    #[arg(long, value_name = "FILE")]
+    snapshot: Option<PathBuf>,
+
+    /// Oldest snapshot, in seconds, that is loaded at start. Older counts are
+    /// outside the window anyway.
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    snapshot_max_age: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +89,25 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }
+    if let Some(path) = &args.snapshot {
+        check_snapshot_path(path)?;
+    }
+    let limits = config.limits.len();
+    let master = Master::new(config, options);
+    if let Some(path) = &args.snapshot {
+        let max_age = Duration::from_secs(args.snapshot_max_age);
+        match master.load_snapshot(path, max_age) {
+            Ok(windows) => {
+                tracing::info!(snapshot = %path.display(), windows, "windows restored from the snapshot")
+            }
+            Err(SnapshotError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                tracing::info!(snapshot = %path.display(), "no snapshot to restore; starting empty")
+            }
+            Err(e) => tracing::warn!(error = %e, "ignoring the snapshot; starting empty"),
+        }
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen: cannot bind {}", args.listen))?;
@@ -83,11 +115,39 @@ async fn serve() -> anyhow::Result<()> {
         listen = %listener.local_addr()?,
         config = %source,
         shards = options.shards,
-        limits = config.limits.len(),
+        limits,
         "damper-master serving"
     );
-    run(listener, Master::new(config, options), shutdown_signal()).await?;
+    run(listener, master.clone(), shutdown_signal()).await?;
+    if let Some(path) = &args.snapshot {
+        match master.write_snapshot(path) {
+            Ok(windows) => {
+                tracing::info!(snapshot = %path.display(), windows, "windows written to the snapshot")
+            }
+            Err(e) => tracing::error!(error = %e, "cannot write the snapshot"),
+        }
+    }
     tracing::info!("damper-master stopped");
+    Ok(())
+}
+
+/// Fails at start, naming the flag, when the snapshot could never be
+/// written: better than finding out at shutdown.
+fn check_snapshot_path(path: &std::path::Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        anyhow::bail!(
+            "--snapshot: {} is a directory; give a file path",
+            path.display()
+        );
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let probe = dir.join(format!(".damper-snapshot-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("--snapshot: cannot write in {}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
     Ok(())
 }
 

@@ -2,45 +2,21 @@
 //! process, a 10× flood on an account, and `kill -9` of the master that owns
 //! it. Production timing (2 s rollups, 4 × 6 s window).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::MasterProcess;
 use damper_agent::Agent;
 use damper_core::ring::Ring;
 use damper_load::{Tally, Traffic, drive_seconds};
 
 const LIMIT: u64 = 2_000;
 
-/// Starts a master on `listen` and waits until it serves. Returns the
-/// process and the address it bound.
-fn start_master(listen: &str, config: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_damper-master"))
-        .args(["--listen", listen, "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("damper-master starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let address = loop {
-        let line = lines.next().expect("a log line").expect("readable");
-        if let Some(rest) = line.split("listen=").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .trim_matches('"')
-                .to_string();
-        }
-    };
-    // Keep draining its logs so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    (child, address)
+/// Starts a master on `listen` and waits until it serves.
+fn start_master(listen: &str, config: &std::path::Path) -> MasterProcess {
+    MasterProcess::start(listen, &["--config".as_ref(), config.as_os_str()])
 }
 
 fn six_second_rates(seconds: &[Vec<Tally>], item: usize) -> Vec<f64> {
@@ -57,10 +33,10 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     let config = dir.join("master.toml");
     std::fs::write(&config, format!("[limits]\nmessages = {LIMIT}\n")).unwrap();
 
-    let mut masters: Vec<(Child, String)> = (0..3)
+    let mut masters: Vec<MasterProcess> = (0..3)
         .map(|_| start_master("127.0.0.1:0", &config))
         .collect();
-    let addresses: Vec<String> = masters.iter().map(|(_, a)| a.clone()).collect();
+    let addresses: Vec<String> = masters.iter().map(|m| m.address.clone()).collect();
     let owner = Ring::new(&addresses).owner("flood").unwrap().to_string();
     let victim = addresses.iter().position(|a| *a == owner).unwrap();
     let calm_owner = Ring::new(&addresses).owner("calm").unwrap().to_string();
@@ -102,8 +78,8 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     );
 
     // kill -9 the flood's master.
-    masters[victim].0.kill().unwrap();
-    masters[victim].0.wait().unwrap();
+    masters[victim].child.kill().unwrap();
+    masters[victim].child.wait().unwrap();
     let after_kill = drive_seconds(&agents, &traffic, Duration::from_secs(24)).await;
     let per_sec: Vec<u64> = after_kill.iter().map(|s| s[0].admitted).collect();
     eprintln!("after kill -9, admitted per second: {per_sec:?}");
@@ -151,9 +127,6 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     for agent in &agents {
         agent.shutdown().await;
     }
-    for (mut child, _) in masters {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(masters);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -461,3 +461,29 @@ fn early_reporters_of_an_incomplete_round_are_told_when_to_ask_again() {
     let again = m.verdict(at(22_500), "acme", "messages").unwrap();
     assert_eq!((again.factor, again.recheck_at), (0.0, None));
 }
+
+#[test]
+fn exported_windows_imported_elsewhere_give_the_same_verdicts() {
+    let mut m = master("latest-round");
+    for end in (2_000..=12_000).step_by(2_000) {
+        round(&mut m, end, 4_000.0);
+    }
+    let now = at(12_500);
+    let before = m.verdict(now, "acme", "messages").unwrap();
+    assert!((before.factor - 0.75).abs() < 1e-9, "{before:?}");
+
+    let mut restored = master("latest-round");
+    assert_eq!(restored.import(m.export()), 1);
+    assert_eq!(restored.verdict(now, "acme", "messages").unwrap(), before);
+    // Importing again keeps the window already there.
+    assert_eq!(restored.import(m.export()), 0);
+    assert_eq!(restored.len(), 1);
+
+    // A window cut for another shape, or with a bad name, is skipped.
+    let toml = format!("[window]\nsub_intervals = 5\n[limits]\nmessages = {L}\n");
+    let mut other = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
+    assert_eq!(other.import(m.export()), 0);
+    let mut bad = m.export();
+    bad[0].account.clear();
+    assert_eq!(master("latest-round").import(bad), 0);
+}

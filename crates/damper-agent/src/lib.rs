@@ -118,6 +118,50 @@ pub struct AgentBuilder {
     max_carry: Duration,
     fail_after: u32,
     fail_static: Vec<(String, Duration)>,
+    tls: Option<AgentTls>,
+}
+
+/// TLS to the masters: the CA their certificates chain to and, for mutual
+/// TLS, this agent's own certificate and key. PEM throughout.
+#[derive(Clone)]
+pub struct AgentTls {
+    pub(crate) ca_pem: Vec<u8>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) domain: Option<String>,
+}
+
+impl std::fmt::Debug for AgentTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("AgentTls")
+            .field("client_certificate", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentTls {
+    /// Trust masters whose certificates chain to this CA.
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> AgentTls {
+        AgentTls {
+            ca_pem: ca_pem.into(),
+            identity: None,
+            domain: None,
+        }
+    }
+
+    /// Present this client certificate and key (mutual TLS).
+    pub fn identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Verify the masters' certificates against this name instead of the
+    /// host in each master's address.
+    pub fn domain(mut self, name: impl Into<String>) -> Self {
+        self.domain = Some(name.into());
+        self
+    }
 }
 
 impl Default for AgentBuilder {
@@ -132,6 +176,7 @@ impl Default for AgentBuilder {
             max_carry: Duration::from_secs(30),
             fail_after: 2,
             fail_static: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -217,6 +262,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Talk to the masters over TLS (default: plain TCP, for loopback or a
+    /// trusted network).
+    pub fn tls(mut self, tls: AgentTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Starts the agent: its clock and its rollup task. Call from within a
     /// tokio runtime.
     pub fn start(self) -> Result<Agent, AgentError> {
@@ -297,6 +349,7 @@ impl AgentBuilder {
                 .unwrap_or((self.rollup_interval / 2).min(Duration::from_secs(1))),
             max_entries_per_request: self.max_entries_per_request,
             max_carry: self.max_carry,
+            tls: self.tls,
             health: damper_core::membership::HealthConfig {
                 fail_after: self.fail_after,
                 rollup_interval: self.rollup_interval,

@@ -32,6 +32,7 @@ pub(crate) struct Settings {
     pub(crate) request_timeout: Duration,
     pub(crate) max_entries_per_request: usize,
     pub(crate) max_carry: Duration,
+    pub(crate) tls: Option<crate::AgentTls>,
     pub(crate) health: HealthConfig,
 }
 
@@ -46,7 +47,7 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
     let interval = settings.rollup_interval;
     let seed = agent_seed(&shared.agent_id);
     let mut members = Members::new(&settings.masters, settings.health, seed).await;
-    let mut clients = Clients::new(settings.request_timeout);
+    let mut clients = Clients::new(settings.request_timeout, settings.tls.clone());
     let spread = send_spread(&shared.agent_id, interval);
     let mut start = grid_floor(SystemClock.now(), interval);
     // Factor rechecks a master asked for, in flight.
@@ -457,13 +458,27 @@ async fn probe(
 /// One lazily connected gRPC client per master.
 struct Clients {
     timeout: Duration,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     by_master: HashMap<String, MasterClient<Channel>>,
 }
 
 impl Clients {
-    fn new(timeout: Duration) -> Clients {
+    fn new(timeout: Duration, tls: Option<crate::AgentTls>) -> Clients {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let tls = tls.map(|t| {
+            let mut config =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
+            if let Some((cert, key)) = &t.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            match t.domain {
+                Some(domain) => config.domain_name(domain),
+                None => config,
+            }
+        });
         Clients {
             timeout,
+            tls,
             by_master: HashMap::new(),
         }
     }
@@ -472,7 +487,12 @@ impl Clients {
         if let Some(client) = self.by_master.get(master) {
             return Ok(client.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{master}"))?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{master}"))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let channel = endpoint
             .connect_timeout(self.timeout)
             .timeout(self.timeout)
             .tcp_nodelay(true)

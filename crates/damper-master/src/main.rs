@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_core::config::MasterConfig;
-use damper_master::{DEFAULT_CONFIG, Master, MasterOptions, SnapshotError, run};
+use damper_master::{
+    DEFAULT_CONFIG, Master, MasterOptions, ServerTls, SnapshotError, run_with_tls,
+};
 
 /// The Damper master: receives agents' rollups of attempted and admitted
 /// cost per (account, op) and answers with the suppression factor that
@@ -46,6 +48,21 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     snapshot_max_age: u64,
+
+    /// Serve gRPC over TLS with this certificate chain (PEM). Needs
+    /// --tls-key. Without it, plain TCP: keep that to loopback or a trusted
+    /// network.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: refuse agents without a client certificate issued by this
+    /// CA (PEM). Needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,6 +109,14 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.snapshot {
         check_snapshot_path(path)?;
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::from_files(
+            cert,
+            key,
+            args.tls_client_ca.as_deref(),
+        )?),
+        _ => None,
+    };
     let limits = config.limits.len();
     let master = Master::new(config, options);
     if let Some(path) = &args.snapshot {
@@ -116,9 +141,14 @@ async fn serve() -> anyhow::Result<()> {
         config = %source,
         shards = options.shards,
         limits,
+        tls = match &tls {
+            None => "off",
+            Some(_) if args.tls_client_ca.is_some() => "mutual",
+            Some(_) => "server",
+        },
         "damper-master serving"
     );
-    run(listener, master.clone(), shutdown_signal()).await?;
+    run_with_tls(listener, master.clone(), tls, shutdown_signal()).await?;
     if let Some(path) = &args.snapshot {
         match master.write_snapshot(path) {
             Ok(windows) => {

@@ -77,7 +77,12 @@ async fn a_master_restarted_with_its_snapshot_holds_the_flood_at_once() {
         rate: 10.0 * LIMIT as f64,
         cost: 1,
     };
-    drive_seconds(std::slice::from_ref(&agent), &[flood], Duration::from_secs(14)).await;
+    drive_seconds(
+        std::slice::from_ref(&agent),
+        &[flood],
+        Duration::from_secs(14),
+    )
+    .await;
     agent.shutdown().await;
     let before = factor(&address).await;
     assert!(

@@ -1,0 +1,126 @@
+//! Mutual TLS between agents and a master, over real gRPC on loopback, with
+//! the test-only certificates in `tests/tls/` (see `gen.sh` there).
+//!
+//! The master requires client certificates issued by `ca.pem`. An agent
+//! that presents one is served and its flood is suppressed; agents without
+//! a certificate, with one from another CA, or speaking plain TCP are
+//! refused: every rollup fails and the master counts nothing from them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_agent::{Agent, AgentTls};
+use damper_core::config::MasterConfig;
+use damper_master::{Master, MasterOptions, ServerTls};
+use tokio::sync::oneshot;
+
+fn pem(name: &str) -> Vec<u8> {
+    let path = format!("{}/tls/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn agent(master: &str, id: &str, tls: Option<AgentTls>) -> Arc<Agent> {
+    let mut builder = Agent::builder()
+        .masters([master])
+        .agent_id(id)
+        .rollup_interval(Duration::from_millis(500));
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
+    Arc::new(builder.start().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
+    let config = MasterConfig::from_toml(
+        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
+         [limits]\nmessages = 100\n",
+    )
+    .unwrap();
+    let master = Master::new(config, MasterOptions::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let tls = ServerTls::new(pem("master.pem"), pem("master.key")).require_client_ca(pem("ca.pem"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(damper_master::run_with_tls(
+        listener,
+        master.clone(),
+        Some(tls),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let trusted = agent(
+        &address,
+        "trusted",
+        Some(AgentTls::new(pem("ca.pem")).identity(pem("agent.pem"), pem("agent.key"))),
+    );
+    let refused = [
+        (
+            "no-client-cert",
+            agent(
+                &address,
+                "no-client-cert",
+                Some(AgentTls::new(pem("ca.pem"))),
+            ),
+        ),
+        (
+            "other-ca",
+            agent(
+                &address,
+                "other-ca",
+                Some(
+                    AgentTls::new(pem("ca.pem"))
+                        .identity(pem("rogue-agent.pem"), pem("rogue-agent.key")),
+                ),
+            ),
+        ),
+        ("plain-tcp", agent(&address, "plain-tcp", None)),
+    ];
+
+    // Each agent floods its own account at 10× the limit for 3 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        for _ in 0..10 {
+            trusted.check("trusted", "messages", 1);
+            for (account, agent) in &refused {
+                agent.check(account, "messages", 1);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let served = trusted.stats();
+    assert!(
+        served.rollups_sent >= 3 && served.rollups_failed == 0,
+        "trusted: {served:?}"
+    );
+    let factor = trusted.factor("trusted", "messages").unwrap_or(0.0);
+    assert!(
+        factor > 0.5,
+        "the trusted agent's flood is suppressed: {factor}"
+    );
+    for (account, agent) in &refused {
+        let stats = agent.stats();
+        assert_eq!(stats.rollups_sent, 0, "{account} was served: {stats:?}");
+        assert!(stats.rollups_failed >= 2, "{account}: {stats:?}");
+        assert_eq!(
+            master.factor(account, "messages"),
+            Some(0.0),
+            "{account} counted"
+        );
+    }
+    assert_eq!(
+        master.len(),
+        1,
+        "only the trusted agent's account is tracked"
+    );
+
+    trusted.shutdown().await;
+    for (_, agent) in refused {
+        agent.shutdown().await;
+    }
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

@@ -288,3 +288,63 @@ async fn a_fail_static_op_keeps_its_factor_through_a_partition() {
     agent.shutdown().await;
     setup.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_ring_is_counted_reported_and_healed() {
+    // Two masters, each behind its own proxy; the ring is the proxies'
+    // addresses, as agents know them.
+    let (a, b) = (setup().await, setup().await);
+    let members = vec![a.proxy.address().to_string(), b.proxy.address().to_string()];
+    a.master.set_ring(&members, &members[0]).unwrap();
+    b.master.set_ring(&members, &members[1]).unwrap();
+    let agent = Arc::new(
+        Agent::builder()
+            .masters(members.clone())
+            .agent_id("split-view")
+            .rollup_interval(INTERVAL)
+            .start()
+            .unwrap(),
+    );
+    let ring = damper_core::ring::Ring::new(&members);
+    let accounts: Vec<String> = (0..20).map(|i| format!("acct-{i}")).collect();
+    assert!(accounts.iter().any(|x| ring.owner(x) == Some(&members[0])));
+    let traffic = {
+        let (agent, accounts) = (agent.clone(), accounts.clone());
+        tokio::spawn(async move {
+            loop {
+                for account in &accounts {
+                    agent.check(account, "messages", 1);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(b.master.ingested().foreign, 0, "views agree");
+
+    // The agent loses its link to a: a's accounts go to b, which counts them
+    // and says they are not its own.
+    a.proxy.set(Fault::Cut);
+    assert!(
+        eventually(Duration::from_secs(10), || b.master.ingested().foreign > 0).await,
+        "b never saw a's accounts"
+    );
+    let a_before = a.master.ingested().entries;
+
+    // The link returns: the agent rejoins a, and b stops receiving them.
+    a.proxy.set(Fault::Pass);
+    let mut healed = false;
+    for _ in 0..30 {
+        let foreign = b.master.ingested().foreign;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if b.master.ingested().foreign == foreign && a.master.ingested().entries > a_before {
+            healed = true;
+            break;
+        }
+    }
+    assert!(healed, "the split never healed");
+    traffic.abort();
+    agent.shutdown().await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -326,8 +326,7 @@ impl AgentBuilder {
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
         let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
-        let clock = CoarseClock::start(Duration::from_millis(1))
-            .map_err(|e| AgentError::Clock(e.to_string()))?;
+        let clock = CoarseClock::shared().map_err(|e| AgentError::Clock(e.to_string()))?;
         let state = self.fail_static.iter().fold(
             AgentState::new(AgentConfig {
                 rollup_interval: self.rollup_interval,
@@ -501,18 +500,17 @@ impl Agent {
         if let Some(task) = task {
             let _ = task.await;
         }
-        self.shared.clock.stop();
     }
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // Without shutdown(): stop the task and clock, without a last flush.
+        // Without shutdown(): stop the task, without a last flush. The clock
+        // thread ends once no agent holds it.
         let _ = self.stop.send(true);
         if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
             task.abort();
         }
-        self.shared.clock.stop();
     }
 }
 

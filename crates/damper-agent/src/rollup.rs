@@ -79,7 +79,21 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                 _ = stop.changed() => {}
             }
         }
-        let (asked, outcomes) = send(&shared, &mut clients, batches, start, end, &settings).await;
+        let (asked, outcomes, foreign) =
+            send(&shared, &mut clients, batches, start, end, &settings).await;
+        if foreign {
+            // Probe the masters this agent has down within the interval: the
+            // others see one of them up.
+            let hastened = members
+                .membership
+                .hasten_probes(SystemClock.now(), interval);
+            if hastened > 0 {
+                tracing::info!(
+                    hastened,
+                    "a master reports a different ring: probing down masters now"
+                );
+            }
+        }
         for (master, ok) in outcomes {
             let m = &mut members.membership;
             let changed = if ok {
@@ -180,7 +194,10 @@ fn drain(
             let chunk = std::mem::replace(&mut pending, rest);
             batches.push(Batch {
                 master: master.clone(),
-                request: rollup_request(&shared.agent_id, start, end, &chunk),
+                request: RollupRequest {
+                    ring_version: ring.version(),
+                    ..rollup_request(&shared.agent_id, start, end, &chunk)
+                },
                 pending: chunk,
             });
         }
@@ -214,6 +231,7 @@ pub fn rollup_request(
             .into_iter()
             .map(|(op, accounts)| OpCounts { op, accounts })
             .collect(),
+        ring_version: 0,
     }
 }
 
@@ -253,8 +271,10 @@ async fn send(
     start: Nanos,
     end: Nanos,
     settings: &Settings,
-) -> (Vec<Asked>, BTreeMap<String, bool>) {
+) -> (Vec<Asked>, BTreeMap<String, bool>, bool) {
     let mut asked = Vec::new();
+    // Did a master say this agent's ring differs from its own?
+    let mut foreign = false;
     // Per master: did every request to it succeed?
     let mut outcomes: BTreeMap<String, bool> = BTreeMap::new();
     let mut in_flight = JoinSet::new();
@@ -287,6 +307,10 @@ async fn send(
                 shared.stats.rollups_sent.fetch_add(1, Relaxed);
                 outcomes.entry(master.clone()).or_insert(true);
                 let reply = reply.into_inner();
+                if reply.foreign_entries > 0 {
+                    foreign = true;
+                    tracing::debug!(%master, entries = reply.foreign_entries, "the master does not own some accounts sent to it: this agent's ring differs");
+                }
                 if reply.recheck_after_ms > 0 {
                     let keys: Vec<(String, String)> = reply
                         .ops
@@ -314,7 +338,7 @@ async fn send(
             }
         }
     }
-    (asked, outcomes)
+    (asked, outcomes, foreign)
 }
 
 /// Waits `after`, then asks `master` for the factors of `keys` and applies

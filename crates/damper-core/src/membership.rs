@@ -242,6 +242,33 @@ impl Membership {
         }
     }
 
+    /// A master said it received counts it does not own under its view of
+    /// the ring: this agent's view differs, most likely because it still has
+    /// down a master the others see up. Brings every down member's next
+    /// probe forward to within `within` of `now` (jittered) and resets its
+    /// backoff, so the views agree again within an interval or two instead
+    /// of a full backoff. Returns how many probes were brought forward.
+    pub fn hasten_probes(&mut self, now: Nanos, within: Duration) -> usize {
+        let initial = self.config.probe_initial;
+        let mut hastened = 0;
+        let jitter = self.jitter();
+        for h in self.health.values_mut() {
+            if let Health::Down {
+                next_probe,
+                backoff,
+            } = h
+            {
+                let soon = now + within.mul_f64(jitter);
+                if *next_probe > soon {
+                    *next_probe = soon;
+                    hastened += 1;
+                }
+                *backoff = initial;
+            }
+        }
+        hastened
+    }
+
     /// The down members whose probe is due at `now`. Each is scheduled for
     /// its next probe at once, so a probe that never returns is not sent
     /// again before then.
@@ -386,6 +413,37 @@ mod tests {
         m.failed("a:1", t(102_000));
         assert!(m.next_probe("a:1").is_some());
         assert!(!m.tick(t(200_000)));
+    }
+
+    #[test]
+    fn a_hint_that_views_differ_brings_probes_forward_and_resets_backoff() {
+        let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), 7);
+        m.failed("a:1", t(0));
+        m.failed("a:1", t(0));
+        // Backed off to 8 s.
+        for _ in 0..5 {
+            let next = m.next_probe("a:1").unwrap();
+            m.probes_due(next);
+            m.failed("a:1", next);
+        }
+        let now = m.next_probe("a:1").unwrap() - Duration::from_secs(5);
+        assert_eq!(m.hasten_probes(now, Duration::from_secs(2)), 1);
+        let next = m.next_probe("a:1").unwrap();
+        assert!(
+            next.since(now) < Duration::from_millis(2_500),
+            "{:?}",
+            next.since(now)
+        );
+        // Already soon: not pushed back, not counted.
+        assert_eq!(m.hasten_probes(now, Duration::from_secs(2)), 0);
+        assert_eq!(m.next_probe("a:1"), Some(next));
+        // The backoff starts again from 1 s.
+        m.probes_due(next);
+        m.failed("a:1", next);
+        let wait = m.next_probe("a:1").unwrap().since(next);
+        assert!(wait < Duration::from_millis(2_600), "{wait:?}");
+        // Up members are untouched.
+        assert!(m.is_up("b:1"));
     }
 
     #[test]

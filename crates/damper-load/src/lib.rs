@@ -80,6 +80,27 @@ impl FromStr for Traffic {
     }
 }
 
+/// Copies every item whose account contains `{i}` `accounts` times, with
+/// `{i}` replaced by 0, 1, ...: `acct-{i}:messages:1` with 10 000 accounts
+/// is 10 000 accounts at 1 operation per second each. Other items are kept
+/// once.
+pub fn expand(traffic: &[Traffic], accounts: usize) -> Vec<Traffic> {
+    traffic
+        .iter()
+        .flat_map(|t| {
+            let copies = if t.account.contains("{i}") {
+                accounts
+            } else {
+                1
+            };
+            (0..copies).map(move |i| Traffic {
+                account: t.account.replace("{i}", &i.to_string()),
+                ..t.clone()
+            })
+        })
+        .collect()
+}
+
 /// Cost attempted and admitted by one traffic item in one second.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -100,9 +121,27 @@ pub fn drive(
     agents: &[Arc<Agent>],
     traffic: &[Traffic],
     duration: Duration,
+    on_second: impl FnMut(u64, &[Tally]),
+) -> Vec<Tally> {
+    drive_spread(agents, traffic, agents.len(), duration, on_second)
+}
+
+/// [`drive`], with each traffic item sent through only `spread` of the
+/// agents (consecutive ones, from a start that depends on the item), as an
+/// account's connections land on a few edge nodes rather than all of them.
+pub fn drive_spread(
+    agents: &[Arc<Agent>],
+    traffic: &[Traffic],
+    spread: usize,
+    duration: Duration,
     mut on_second: impl FnMut(u64, &[Tally]),
 ) -> Vec<Tally> {
     assert!(!agents.is_empty(), "drive needs at least one agent");
+    let spread = spread.clamp(1, agents.len());
+    // Item i's agents: first[i], first[i] + 1, ... (mod n), `spread` of them.
+    let first: Vec<usize> = (0..traffic.len())
+        .map(|i| (i.wrapping_mul(0x9E37_79B9) >> 7) % agents.len())
+        .collect();
     let clock = tokio::time::Instant::now();
     let mut issued = vec![0u64; traffic.len()];
     let mut next_agent = vec![0usize; traffic.len()];
@@ -115,8 +154,8 @@ pub fn drive(
             // Attempts due so far: spread evenly over time.
             let due = (t.rate * elapsed.as_secs_f64()) as u64;
             while issued[i] < due {
-                let agent = &agents[next_agent[i]];
-                next_agent[i] = (next_agent[i] + 1) % agents.len();
+                let agent = &agents[(first[i] + next_agent[i]) % agents.len()];
+                next_agent[i] = (next_agent[i] + 1) % spread;
                 issued[i] += 1;
                 let admitted = agent.check(&t.account, &t.op, t.cost).is_admit();
                 for tally in [&mut second[i], &mut totals[i]] {
@@ -160,6 +199,17 @@ pub async fn drive_seconds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn templated_accounts_expand_and_others_stay_single() {
+        let items: Vec<Traffic> = ["acct-{i}:messages:1", "flood:messages:100"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let expanded = expand(&items, 3);
+        let accounts: Vec<&str> = expanded.iter().map(|t| t.account.as_str()).collect();
+        assert_eq!(accounts, ["acct-0", "acct-1", "acct-2", "flood"]);
+    }
 
     #[test]
     fn traffic_items_parse_and_bad_ones_say_why() {

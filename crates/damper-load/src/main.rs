@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_agent::Agent;
-use damper_load::{Traffic, drive};
+use damper_load::{Traffic, drive_spread, expand};
 use serde_json::json;
 
 /// Load generator for Damper, in the spirit of redis-benchmark: starts N
@@ -42,6 +42,22 @@ struct Args {
     #[arg(long, default_value_t = 30, value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     duration: u64,
+
+    /// Expand every traffic item whose ACCOUNT contains `{i}` into this many
+    /// accounts, `{i}` replaced by 0..N.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    accounts: u32,
+
+    /// Send each traffic item through this many agents only (an account's
+    /// connections land on a few edge nodes). Default: all of them.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    spread: Option<u32>,
+
+    /// Print only the summary lines, not one line per item per second
+    /// (for many accounts).
+    #[arg(long)]
+    quiet: bool,
 
     /// The agents' rollup interval in milliseconds; must match the masters'.
     #[arg(long, default_value_t = 2000, value_name = "MS",
@@ -96,12 +112,27 @@ fn load() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()
     })?;
 
-    let traffic = args.traffic.clone();
-    let totals = drive(
+    let traffic = expand(&args.traffic, args.accounts as usize);
+    // Which items came from a `{i}` template: --quiet leaves them out.
+    let templated: Vec<bool> = args
+        .traffic
+        .iter()
+        .flat_map(|t| {
+            let many = t.account.contains("{i}");
+            std::iter::repeat_n(many, if many { args.accounts as usize } else { 1 })
+        })
+        .collect();
+    let spread = args.spread.map_or(agents.len(), |k| k as usize);
+    let quiet = args.quiet;
+    let totals = drive_spread(
         &agents,
         &traffic,
+        spread,
         Duration::from_secs(args.duration),
         |t, tallies| {
+            if quiet {
+                return;
+            }
             for (item, tally) in traffic.iter().zip(tallies) {
                 println!(
                     "{}",
@@ -116,7 +147,32 @@ fn load() -> anyhow::Result<()> {
             agent.shutdown().await;
         }
     });
-    for (item, total) in traffic.iter().zip(totals) {
+    let stats =
+        agents
+            .iter()
+            .map(|a| a.stats())
+            .fold(damper_agent::AgentStats::default(), |s, a| {
+                damper_agent::AgentStats {
+                    rollups_sent: s.rollups_sent + a.rollups_sent,
+                    rollups_failed: s.rollups_failed + a.rollups_failed,
+                    factors_expired: s.factors_expired + a.factors_expired,
+                    dropped_cost: s.dropped_cost + a.dropped_cost,
+                }
+            });
+    let (attempted, admitted) = totals
+        .iter()
+        .fold((0u64, 0u64), |(a, b), t| (a + t.attempted, b + t.admitted));
+    println!(
+        "{}",
+        json!({"agents_summary": true, "agents": agents.len(), "items": traffic.len(),
+               "attempted": attempted, "admitted": admitted,
+               "rollups_sent": stats.rollups_sent, "rollups_failed": stats.rollups_failed,
+               "factors_expired": stats.factors_expired, "dropped_cost": stats.dropped_cost})
+    );
+    for ((item, total), templated) in traffic.iter().zip(totals).zip(templated) {
+        if quiet && templated {
+            continue;
+        }
         println!(
             "{}",
             json!({"summary": true, "account": item.account, "op": item.op,

@@ -38,6 +38,7 @@ use std::time::Duration;
 use damper_core::config::MasterConfig;
 use damper_core::master::{MasterState, Report};
 use damper_core::master::{Verdict, validate_name};
+use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_server::MasterServer;
 use damper_proto::v1::{AccountFactor, FactorsRequest, OpFactors, RollupReply, RollupRequest};
@@ -95,10 +96,35 @@ struct Shared {
     started: Nanos,
     /// Totals of what was ingested, for [`Master::ingested`].
     ingested: IngestedCounters,
+    /// This master's view of the ring, when configured: lets it tell agents
+    /// whose view differs ([`Master::set_ring`]).
+    ring: std::sync::OnceLock<RingView>,
+}
+
+struct RingView {
+    ring: Ring,
+    me: String,
+}
+
+/// Why a ring view was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RingViewError {
+    /// This master is not among the members.
+    #[error("this master's address {me:?} is not one of the ring's members {members:?}")]
+    NotAMember {
+        /// The address given for this master.
+        me: String,
+        /// The members given.
+        members: Vec<String>,
+    },
+    /// A view was set already.
+    #[error("the ring view is already set")]
+    AlreadySet,
 }
 
 #[derive(Default)]
 struct IngestedCounters {
+    foreign: AtomicU64,
     rollups: AtomicU64,
     entries: AtomicU64,
     attempted: AtomicU64,
@@ -118,6 +144,9 @@ pub struct Ingested {
     pub attempted: u64,
     /// Admitted cost they reported (saturating).
     pub admitted: u64,
+    /// Entries for accounts this master does not own under its view of the
+    /// ring (counted all the same).
+    pub foreign: u64,
 }
 
 impl Master {
@@ -148,8 +177,29 @@ impl Master {
                 rollup_interval_ms,
                 started: clock.now(),
                 ingested: IngestedCounters::default(),
+                ring: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Tells this master the ring the masters form (every configured master,
+    /// as agents address them) and its own address in it. It then counts the
+    /// entries of rollups for accounts it does not own and says so in the
+    /// reply, with its ring version, so agents whose view differs heal it.
+    pub fn set_ring(&self, members: &[String], me: &str) -> Result<(), RingViewError> {
+        if !members.iter().any(|m| m == me) {
+            return Err(RingViewError::NotAMember {
+                me: me.to_string(),
+                members: members.to_vec(),
+            });
+        }
+        self.shared
+            .ring
+            .set(RingView {
+                ring: Ring::new(members),
+                me: me.to_string(),
+            })
+            .map_err(|_| RingViewError::AlreadySet)
     }
 
     fn shard(&self, account: &str) -> usize {
@@ -210,6 +260,24 @@ impl Master {
         metrics::counter!("damper_master_rollups_total").increment(1);
         let ops = request.ops.iter().map(|op| &op.op);
         let mut reply = self.reply(ops, factors);
+        if let Some(view) = self.shared.ring.get() {
+            reply.ring_version = view.ring.version();
+            if request.ring_version != reply.ring_version {
+                let foreign = request
+                    .ops
+                    .iter()
+                    .flat_map(|op| &op.accounts)
+                    .filter(|c| view.ring.owner(&c.account) != Some(view.me.as_str()))
+                    .count();
+                if foreign > 0 {
+                    counted.foreign.fetch_add(foreign as u64, Relaxed);
+                    metrics::counter!("damper_master_foreign_entries_total")
+                        .increment(foreign as u64);
+                    tracing::debug!(agent = %request.agent_id, foreign, "rollup carries accounts this master does not own: the agent's ring differs");
+                }
+                reply.foreign_entries = u32::try_from(foreign).unwrap_or(u32::MAX);
+            }
+        }
         if let Some(at) = recheck_at {
             reply.recheck_after_ms = u32::try_from(at.since(now).as_millis())
                 .unwrap_or(u32::MAX)
@@ -272,6 +340,8 @@ impl Master {
             rollup_interval_ms: self.shared.rollup_interval_ms,
             recheck_after_ms: 0,
             started_unix_ms: self.shared.started.as_millis(),
+            ring_version: self.shared.ring.get().map_or(0, |v| v.ring.version()),
+            foreign_entries: 0,
         }
     }
 
@@ -299,6 +369,7 @@ impl Master {
             entries: c.entries.load(Relaxed),
             attempted: c.attempted.load(Relaxed),
             admitted: c.admitted.load(Relaxed),
+            foreign: c.foreign.load(Relaxed),
         }
     }
 

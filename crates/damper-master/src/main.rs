@@ -49,6 +49,17 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     snapshot_max_age: u64,
 
+    /// Every master of the ring, comma-separated, as agents address them
+    /// (host:port). With it, this master tells agents that send it accounts
+    /// it does not own that their ring differs, so they probe the masters
+    /// they have down and heal the split.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR...]")]
+    ring: Vec<String>,
+
+    /// This master's own address in --ring. Default: --listen.
+    #[arg(long, value_name = "ADDR", requires = "ring")]
+    advertise: Option<String>,
+
     /// Serve gRPC over TLS with this certificate chain (PEM). Needs
     /// --tls-key. Without it, plain TCP: keep that to loopback or a trusted
     /// network.
@@ -132,6 +143,19 @@ async fn serve() -> anyhow::Result<()> {
             }
             Err(e) => tracing::warn!(error = %e, "ignoring the snapshot; starting empty"),
         }
+    }
+    if !args.ring.is_empty() {
+        let me = args
+            .advertise
+            .clone()
+            .unwrap_or_else(|| args.listen.to_string());
+        master
+            .set_ring(&args.ring, &me)
+            .context(if args.advertise.is_some() {
+                "--advertise"
+            } else {
+                "--ring (give --advertise when --listen is not the address agents use)"
+            })?;
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

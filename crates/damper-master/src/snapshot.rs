@@ -201,6 +201,7 @@ mod tests {
             clock.set(Nanos::from_millis(T0_MS + end + 5));
             let request = RollupRequest {
                 agent_id: "a".into(),
+                ring_version: 0,
                 interval_start_unix_ms: T0_MS + end - 2_000,
                 interval_end_unix_ms: T0_MS + end,
                 ops: vec![OpCounts {

@@ -27,6 +27,7 @@ fn counts(account: &str, attempted: u64, admitted: u64) -> AccountCounts {
 fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
     RollupRequest {
         agent_id: "test".into(),
+        ring_version: 0,
         interval_start_unix_ms: T0_MS - 2_000,
         interval_end_unix_ms: T0_MS,
         ops: ops
@@ -212,5 +213,55 @@ fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
     assert!(
         status.message().contains("ops[0].accounts[0]: `account`"),
         "{status:?}"
+    );
+}
+
+#[test]
+fn accounts_owned_elsewhere_are_counted_and_reported_as_foreign() {
+    let m = master(clock());
+    let members: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+    assert!(matches!(
+        m.set_ring(&members, "z:1"),
+        Err(RingViewError::NotAMember { .. })
+    ));
+    m.set_ring(&members, "a:1").unwrap();
+    assert_eq!(m.set_ring(&members, "a:1"), Err(RingViewError::AlreadySet));
+    let ring = Ring::new(&members);
+    let (mine, theirs): (Vec<String>, Vec<String>) = (0..4)
+        .map(|i| format!("acct-{i}"))
+        .partition(|a| ring.owner(a) == Some("a:1"));
+    assert!(!mine.is_empty() && !theirs.is_empty());
+    let all: Vec<AccountCounts> = mine
+        .iter()
+        .chain(&theirs)
+        .map(|a| counts(a, 10, 10))
+        .collect();
+
+    // An agent whose ring is the masters' sends only what this one owns;
+    // the versions match and nothing is foreign.
+    let mut agreeing = request(vec![(
+        "messages",
+        mine.iter().map(|a| counts(a, 10, 10)).collect(),
+    )]);
+    agreeing.ring_version = ring.version();
+    let reply = m.rollup(&agreeing).unwrap();
+    assert_eq!(
+        (reply.ring_version, reply.foreign_entries),
+        (ring.version(), 0)
+    );
+
+    // An agent with b:1 and c:1 down sends everything here: all of it is
+    // counted, and the reply says how much was foreign.
+    let mut split = request(vec![("messages", all)]);
+    split.ring_version = Ring::new(["a:1"]).version();
+    let reply = m.rollup(&split).unwrap();
+    assert_eq!(reply.foreign_entries as usize, theirs.len());
+    let ingested = m.ingested();
+    assert_eq!(ingested.foreign as usize, theirs.len());
+    assert_eq!(ingested.entries as usize, 2 * mine.len() + theirs.len());
+    assert_eq!(
+        m.len(),
+        mine.len() + theirs.len(),
+        "foreign accounts are tracked"
     );
 }

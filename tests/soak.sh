@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The soak run (issue 5): 3 damper-master processes, damper-load with 200
+# agents and 10 000 accounts (plus one 10x flood), for DURATION seconds
+# (default 600). Prints each master's RSS every minute and damper-load's
+# summary lines. Loopback only; stops what it starts.
+#
+#   tests/soak.sh [DURATION]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+duration=${1:-600}
+cargo build --release --locked -p damper-master -p damper-load >&2
+bin=target/release
+dir=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+
+masters=()
+for i in 0 1 2; do
+  NO_COLOR=1 "$bin/damper-master" --listen 127.0.0.1:0 >"$dir/master$i.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do
+    addr=$(grep -o 'listen=[0-9.:]*' "$dir/master$i.log" | head -1 | cut -d= -f2 || true)
+    [ -n "$addr" ] && break
+    sleep 0.1
+  done
+  masters+=("$addr")
+done
+list=$(IFS=,; echo "${masters[*]}")
+rss() { for p in "${pids[@]:0:3}"; do awk '/VmRSS/ {printf "%s ", $2}' "/proc/$p/status"; done; }
+echo "masters: $list" >&2
+
+"$bin/damper-load" --masters "$list" --agents 200 --accounts 10000 --spread 4 --quiet \
+  --traffic 'acct-{i}:messages:1:1' --traffic 'flood:messages:10000:1' \
+  --duration "$duration" >"$dir/load.json" &
+load=$!
+pids+=($load)
+for ((t = 0; t <= duration; t += 60)); do
+  echo "t=${t}s master RSS (KiB): $(rss)" >&2
+  [ "$t" -lt "$duration" ] && sleep 60
+done
+wait "$load"
+cat "$dir/load.json"
+echo "end master RSS (KiB): $(rss)" >&2
+grep -ciE 'error|refused' "$dir"/master*.log | sed 's/^/error lines: /' >&2 || true

@@ -286,6 +286,15 @@ impl Master {
         Ok(reply)
     }
 
+    /// [`rollup`](Self::rollup) on an encoded `RollupRequest`, as it comes
+    /// off the wire: bytes that do not decode are INVALID_ARGUMENT. The
+    /// entry point of the fuzz target and of the malformed-input corpus.
+    pub fn rollup_bytes(&self, bytes: &[u8]) -> Result<RollupReply, Status> {
+        let request = <RollupRequest as prost::Message>::decode(bytes)
+            .map_err(|e| Status::invalid_argument(format!("not a RollupRequest: {e}")))?;
+        self.rollup(&request)
+    }
+
     /// The factors in force for the requested pairs, counting nothing.
     pub fn factors(&self, request: &FactorsRequest) -> Result<RollupReply, Status> {
         let entries: usize = request.ops.iter().map(|op| op.accounts.len()).sum();

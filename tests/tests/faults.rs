@@ -163,12 +163,14 @@ async fn partition_then_heal(fault: Fault) {
     );
 
     setup.proxy.set(fault);
+    let broken = tokio::time::Instant::now();
     // The factor cannot be refreshed: it lapses after its validity (1.5 s
     // here) and the agent admits everything.
     assert!(
         eventually(Duration::from_secs(10), || factor() == 0.0).await,
         "factor never lapsed"
     );
+    eprintln!("{fault:?}: factor lapsed {:?} after the fault", broken.elapsed());
     assert!(
         eventually(Duration::from_secs(5), || agent.stats().factors_expired
             >= 1)
@@ -189,12 +191,17 @@ async fn partition_then_heal(fault: Fault) {
     );
 
     setup.proxy.set(Fault::Pass);
+    let healed = tokio::time::Instant::now();
     // The agent probes the master, rejoins it, and sends what it carried.
     let delivered = eventually(Duration::from_secs(30), || {
         setup.master.ingested().attempted >= attempted
     })
     .await;
     let ingested = setup.master.ingested().attempted;
+    eprintln!(
+        "{fault:?}: carried counts delivered {:?} after the heal: {ingested} of {attempted}",
+        healed.elapsed(),
+    );
     assert!(
         delivered,
         "counts lost: master has {ingested} of {attempted}"

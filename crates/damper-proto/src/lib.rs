@@ -27,6 +27,8 @@
 //!             start_unix_ms: 0,
 //!         }],
 //!     }],
+//!     // The digest of the ring the agent routed by (0: unknown).
+//!     ring_version: 0,
 //! };
 //! let bytes = request.encode_to_vec();
 //! assert_eq!(RollupRequest::decode(bytes.as_slice()).unwrap(), request);

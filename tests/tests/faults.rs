@@ -170,7 +170,10 @@ async fn partition_then_heal(fault: Fault) {
         eventually(Duration::from_secs(10), || factor() == 0.0).await,
         "factor never lapsed"
     );
-    eprintln!("{fault:?}: factor lapsed {:?} after the fault", broken.elapsed());
+    eprintln!(
+        "{fault:?}: factor lapsed {:?} after the fault",
+        broken.elapsed()
+    );
     assert!(
         eventually(Duration::from_secs(5), || agent.stats().factors_expired
             >= 1)

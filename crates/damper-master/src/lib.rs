@@ -658,7 +658,19 @@ pub async fn run_with_tls(
             }
         };
     }
+    // gRPC health checking (grpc.health.v1), so standard probes and tools
+    // can ask whether `damper.v1.Master` serves; NOT_SERVING once shutdown
+    // begins.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<MasterServer<MasterService>>().await;
+    let shutdown = async move {
+        shutdown.await;
+        health
+            .set_not_serving::<MasterServer<MasterService>>()
+            .await;
+    };
     let result = server
+        .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;

@@ -17,6 +17,12 @@ use damper_master::{
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
+    /// Validate this config file and exit: 0 if it is valid, 2 with the
+    /// error (naming the field, or the line) if not. Serves nothing. For CI
+    /// pipelines that change limits.
+    #[arg(long, value_name = "FILE")]
+    check_config: Option<PathBuf>,
+
     /// Address to serve gRPC on.
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
     listen: SocketAddr,
@@ -96,6 +102,14 @@ async fn serve() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    if let Some(path) = &args.check_config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--check-config: cannot read {}", path.display()))?;
+        let config = MasterConfig::from_toml(&text)
+            .with_context(|| format!("--check-config: {}", path.display()))?;
+        println!("{}: valid ({} limits)", path.display(), config.limits.len());
+        return Ok(());
+    }
 
     let (text, source) = match &args.config {
         Some(path) => (

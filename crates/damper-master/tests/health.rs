@@ -1,0 +1,83 @@
+//! Standard tooling against the master: gRPC health checking, and
+//! `--check-config` for CI pipelines.
+
+use std::process::Command;
+
+use damper_core::config::MasterConfig;
+use damper_master::{Master, MasterOptions};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+#[tokio::test]
+async fn the_master_answers_grpc_health_checks() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(damper_master::run(
+        listener,
+        Master::new(config, MasterOptions::default()),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "damper.v1.Master"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[test]
+fn check_config_validates_a_file_and_names_the_bad_field() {
+    let dir = std::env::temp_dir().join(format!("damper-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "[limits]\nmessages = 1000\n\"messages/acme\" = 5000\n",
+    )
+    .unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[window]\nsub_intervals = 0\n").unwrap();
+    let run = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_damper-master"))
+            .arg("--check-config")
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&good);
+    assert!(ok.status.success());
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("valid (2 limits)"));
+    let refused = run(&bad);
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("window.sub_intervals"), "{stderr}");
+    let missing = run(&dir.join("none.toml"));
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("--check-config"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

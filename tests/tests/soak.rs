@@ -14,7 +14,7 @@ use damper_agent::{Agent, AgentStats};
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_spread, expand};
 use damper_master::{Master, MasterOptions};
-use tokio::sync::oneshot;
+use damper_tests::served::ServedMaster;
 
 const AGENTS: usize = 200;
 const ACCOUNTS: usize = 2_000;
@@ -23,23 +23,13 @@ const LIMIT: f64 = 1_000.0;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_agents_three_masters_thirty_seconds() {
     let config = MasterConfig::from_toml(&format!("[limits]\nmessages = {LIMIT}\n")).unwrap();
-    let (mut masters, mut addresses, mut stops, mut servers) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut served = Vec::new();
     for _ in 0..3 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addresses.push(listener.local_addr().unwrap().to_string());
         let master = Master::new(config.clone(), MasterOptions::default());
-        let (stop, stopped) = oneshot::channel::<()>();
-        servers.push(tokio::spawn(damper_master::run(
-            listener,
-            master.clone(),
-            async {
-                let _ = stopped.await;
-            },
-        )));
-        masters.push(master);
-        stops.push(stop);
+        served.push(ServedMaster::start(master, None).await);
     }
+    let addresses: Vec<String> = served.iter().map(|m| m.address.to_string()).collect();
+    let masters: Vec<Master> = served.iter().map(|m| m.master.clone()).collect();
     let agents: Vec<Arc<Agent>> = (0..AGENTS)
         .map(|i| {
             Arc::new(
@@ -76,15 +66,7 @@ async fn two_hundred_agents_three_masters_thirty_seconds() {
         agent.shutdown().await;
     }
 
-    let stats = agents
-        .iter()
-        .map(|a| a.stats())
-        .fold(AgentStats::default(), |s, a| AgentStats {
-            rollups_sent: s.rollups_sent + a.rollups_sent,
-            rollups_failed: s.rollups_failed + a.rollups_failed,
-            factors_expired: s.factors_expired + a.factors_expired,
-            dropped_cost: s.dropped_cost + a.dropped_cost,
-        });
+    let stats: AgentStats = agents.iter().map(|a| a.stats()).sum();
     eprintln!("agents: {stats:?}; tracked at 15 s: {tracked_mid}, at 30 s: {tracked_end}");
     assert_eq!(stats.rollups_failed, 0, "{stats:?}");
     assert_eq!(stats.dropped_cost, 0, "{stats:?}");
@@ -126,10 +108,7 @@ async fn two_hundred_agents_three_masters_thirty_seconds() {
             );
         }
     }
-    for stop in stops {
-        let _ = stop.send(());
-    }
-    for server in servers {
-        server.await.unwrap().unwrap();
+    for master in served {
+        master.stop().await;
     }
 }

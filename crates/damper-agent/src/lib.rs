@@ -423,6 +423,19 @@ pub struct AgentStats {
     pub dropped_cost: u64,
 }
 
+/// The totals over several agents (a process that runs many, like
+/// `damper-load`).
+impl std::iter::Sum for AgentStats {
+    fn sum<I: Iterator<Item = AgentStats>>(stats: I) -> AgentStats {
+        stats.fold(AgentStats::default(), |s, a| AgentStats {
+            rollups_sent: s.rollups_sent + a.rollups_sent,
+            rollups_failed: s.rollups_failed + a.rollups_failed,
+            factors_expired: s.factors_expired + a.factors_expired,
+            dropped_cost: s.dropped_cost + a.dropped_cost,
+        })
+    }
+}
+
 /// The agent a node holds. Cheap to share: wrap it in an `Arc`.
 pub struct Agent {
     shared: Arc<Shared>,

@@ -112,16 +112,18 @@ fn load() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()
     })?;
 
-    let traffic = expand(&args.traffic, args.accounts as usize);
-    // Which items came from a `{i}` template: --quiet leaves them out.
-    let templated: Vec<bool> = args
+    // Each item expanded on its own, so --quiet knows which came from a
+    // `{i}` template (and leaves them out of the summary).
+    let (traffic, templated): (Vec<Traffic>, Vec<bool>) = args
         .traffic
         .iter()
         .flat_map(|t| {
             let many = t.account.contains("{i}");
-            std::iter::repeat_n(many, if many { args.accounts as usize } else { 1 })
+            expand(std::slice::from_ref(t), args.accounts as usize)
+                .into_iter()
+                .map(move |e| (e, many))
         })
-        .collect();
+        .unzip();
     let spread = args.spread.map_or(agents.len(), |k| k as usize);
     let quiet = args.quiet;
     let totals = drive_spread(
@@ -147,18 +149,7 @@ fn load() -> anyhow::Result<()> {
             agent.shutdown().await;
         }
     });
-    let stats =
-        agents
-            .iter()
-            .map(|a| a.stats())
-            .fold(damper_agent::AgentStats::default(), |s, a| {
-                damper_agent::AgentStats {
-                    rollups_sent: s.rollups_sent + a.rollups_sent,
-                    rollups_failed: s.rollups_failed + a.rollups_failed,
-                    factors_expired: s.factors_expired + a.factors_expired,
-                    dropped_cost: s.dropped_cost + a.dropped_cost,
-                }
-            });
+    let stats: damper_agent::AgentStats = agents.iter().map(|a| a.stats()).sum();
     let (attempted, admitted) = totals
         .iter()
         .fold((0u64, 0u64), |(a, b), t| (a + t.attempted, b + t.admitted));

@@ -16,8 +16,10 @@
 //!   linear ramp on the admitted rate oscillates.
 //! - [`proxy`]: a fault-injecting TCP proxy (delay, drop, cut);
 //!   `tests/faults.rs` puts it between agents and a master.
+//! - [`served::ServedMaster`]: a master served in-process on loopback.
 
 pub mod proxy;
+pub mod served;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

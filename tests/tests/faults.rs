@@ -16,7 +16,7 @@ use damper_agent::Agent;
 use damper_core::config::MasterConfig;
 use damper_master::{Master, MasterOptions};
 use damper_tests::proxy::{Fault, FaultProxy};
-use tokio::sync::oneshot;
+use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 1_000.0;
 /// Checks per second, each of cost [`COST`]: 10 × the limit.
@@ -25,10 +25,8 @@ const COST: u64 = 5;
 const INTERVAL: Duration = Duration::from_millis(500);
 
 struct Setup {
-    master: Master,
+    served: ServedMaster,
     proxy: FaultProxy,
-    stop: oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), damper_master::ServeError>>,
 }
 
 /// A master with 500 ms rollups behind a fault proxy.
@@ -38,20 +36,9 @@ async fn setup() -> Setup {
          [limits]\nmessages = {LIMIT}\npresence = {LIMIT}\n"
     ))
     .unwrap();
-    let master = Master::new(config, MasterOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(damper_master::run(listener, master.clone(), async {
-        let _ = stopped.await;
-    }));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    Setup {
-        master,
-        proxy,
-        stop,
-        server,
-    }
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let proxy = FaultProxy::start(served.address).await.unwrap();
+    Setup { served, proxy }
 }
 
 impl Setup {
@@ -71,8 +58,7 @@ impl Setup {
         // gracefully waits for its connections, and a faulty link may never
         // carry its goodbye.
         drop(self.proxy);
-        let _ = self.stop.send(());
-        self.server.await.unwrap().unwrap();
+        self.served.stop().await;
     }
 }
 
@@ -189,7 +175,7 @@ async fn partition_then_heal(fault: Fault) {
     thread.join().unwrap();
     let (attempted, _) = flood.totals();
     assert!(
-        setup.master.ingested().attempted < attempted,
+        setup.served.master.ingested().attempted < attempted,
         "the master saw everything although the link was down"
     );
 
@@ -197,10 +183,10 @@ async fn partition_then_heal(fault: Fault) {
     let healed = tokio::time::Instant::now();
     // The agent probes the master, rejoins it, and sends what it carried.
     let delivered = eventually(Duration::from_secs(30), || {
-        setup.master.ingested().attempted >= attempted
+        setup.served.master.ingested().attempted >= attempted
     })
     .await;
-    let ingested = setup.master.ingested().attempted;
+    let ingested = setup.served.master.ingested().attempted;
     eprintln!(
         "{fault:?}: carried counts delivered {:?} after the heal: {ingested} of {attempted}",
         healed.elapsed(),
@@ -305,8 +291,8 @@ async fn a_split_ring_is_counted_reported_and_healed() {
     // addresses, as agents know them.
     let (a, b) = (setup().await, setup().await);
     let members = vec![a.proxy.address().to_string(), b.proxy.address().to_string()];
-    a.master.set_ring(&members, &members[0]).unwrap();
-    b.master.set_ring(&members, &members[1]).unwrap();
+    a.served.master.set_ring(&members, &members[0]).unwrap();
+    b.served.master.set_ring(&members, &members[1]).unwrap();
     let agent = Arc::new(
         Agent::builder()
             .masters(members.clone())
@@ -330,24 +316,32 @@ async fn a_split_ring_is_counted_reported_and_healed() {
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(b.master.ingested().foreign, 0, "views agree");
+    assert_eq!(b.served.master.ingested().foreign, 0, "views agree");
 
     // The agent loses its link to a: a's accounts go to b, which counts them
     // and says they are not its own.
     a.proxy.set(Fault::Cut);
     assert!(
-        eventually(Duration::from_secs(10), || b.master.ingested().foreign > 0).await,
+        eventually(Duration::from_secs(10), || b
+            .served
+            .master
+            .ingested()
+            .foreign
+            > 0)
+        .await,
         "b never saw a's accounts"
     );
-    let a_before = a.master.ingested().entries;
+    let a_before = a.served.master.ingested().entries;
 
     // The link returns: the agent rejoins a, and b stops receiving them.
     a.proxy.set(Fault::Pass);
     let mut healed = false;
     for _ in 0..30 {
-        let foreign = b.master.ingested().foreign;
+        let foreign = b.served.master.ingested().foreign;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if b.master.ingested().foreign == foreign && a.master.ingested().entries > a_before {
+        if b.served.master.ingested().foreign == foreign
+            && a.served.master.ingested().entries > a_before
+        {
             healed = true;
             break;
         }

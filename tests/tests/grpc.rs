@@ -9,14 +9,13 @@ use damper_agent::Agent;
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_seconds};
 use damper_master::{Master, MasterOptions};
-use tokio::sync::oneshot;
+use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 2_000.0;
 
 struct Cluster {
     agents: Vec<Arc<Agent>>,
-    stops: Vec<oneshot::Sender<()>>,
-    servers: Vec<tokio::task::JoinHandle<Result<(), damper_master::ServeError>>>,
+    masters: Vec<ServedMaster>,
 }
 
 async fn cluster(masters: usize, agents: usize) -> Cluster {
@@ -24,17 +23,12 @@ async fn cluster(masters: usize, agents: usize) -> Cluster {
         "[limits]\nmessages = {LIMIT}\n\"messages/calm\" = {LIMIT}\n"
     ))
     .unwrap();
-    let (mut addresses, mut stops, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    let mut served = Vec::new();
     for _ in 0..masters {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addresses.push(listener.local_addr().unwrap().to_string());
-        let (stop, stopped) = oneshot::channel::<()>();
-        stops.push(stop);
         let master = Master::new(config.clone(), MasterOptions::default());
-        servers.push(tokio::spawn(damper_master::run(listener, master, async {
-            let _ = stopped.await;
-        })));
+        served.push(ServedMaster::start(master, None).await);
     }
+    let addresses: Vec<String> = served.iter().map(|m| m.address.to_string()).collect();
     let agents = (0..agents)
         .map(|i| {
             Arc::new(
@@ -48,8 +42,7 @@ async fn cluster(masters: usize, agents: usize) -> Cluster {
         .collect();
     Cluster {
         agents,
-        stops,
-        servers,
+        masters: served,
     }
 }
 
@@ -58,11 +51,8 @@ impl Cluster {
         for agent in &self.agents {
             agent.shutdown().await;
         }
-        for stop in self.stops {
-            let _ = stop.send(());
-        }
-        for server in self.servers {
-            server.await.unwrap().unwrap();
+        for master in self.masters {
+            master.stop().await;
         }
     }
 }

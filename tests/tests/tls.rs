@@ -12,7 +12,7 @@ use std::time::Duration;
 use damper_agent::{Agent, AgentTls};
 use damper_core::config::MasterConfig;
 use damper_master::{Master, MasterOptions, ServerTls};
-use tokio::sync::oneshot;
+use damper_tests::served::ServedMaster;
 
 fn pem(name: &str) -> Vec<u8> {
     let path = format!("{}/tls/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -37,19 +37,10 @@ async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
          [limits]\nmessages = 100\n",
     )
     .unwrap();
-    let master = Master::new(config, MasterOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
     let tls = ServerTls::new(pem("master.pem"), pem("master.key")).require_client_ca(pem("ca.pem"));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(damper_master::run_with_tls(
-        listener,
-        master.clone(),
-        Some(tls),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let server =
+        ServedMaster::start(Master::new(config, MasterOptions::default()), Some(tls)).await;
+    let (master, address) = (server.master.clone(), server.address.to_string());
 
     let trusted = agent(
         &address,
@@ -121,6 +112,5 @@ async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
     for (_, agent) in refused {
         agent.shutdown().await;
     }
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }

@@ -222,10 +222,15 @@ impl Master {
         validate(request, self.shared.options.max_entries, now)?;
 
         // Group entries by shard so each shard is locked once per request.
+        // The same pass totals what the rollup carries, for `ingested`.
         let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.shared.shards.len()];
+        let (mut entries, mut attempted, mut admitted) = (0u64, 0u64, 0u64);
         for (i, op) in request.ops.iter().enumerate() {
             for (j, counts) in op.accounts.iter().enumerate() {
                 by_shard[self.shard(&counts.account)].push((i, j));
+                entries += 1;
+                attempted = attempted.saturating_add(counts.attempted);
+                admitted = admitted.saturating_add(counts.admitted);
             }
         }
         let mut factors: Vec<Vec<AccountFactor>> = vec![Vec::new(); request.ops.len()];
@@ -244,12 +249,6 @@ impl Master {
             }
         }
         let counted = &self.shared.ingested;
-        let (mut entries, mut attempted, mut admitted) = (0u64, 0u64, 0u64);
-        for counts in request.ops.iter().flat_map(|op| &op.accounts) {
-            entries += 1;
-            attempted = attempted.saturating_add(counts.attempted);
-            admitted = admitted.saturating_add(counts.admitted);
-        }
         counted.rollups.fetch_add(1, Relaxed);
         counted.entries.fetch_add(entries, Relaxed);
         let add = |total: &AtomicU64, v: u64| {

@@ -92,6 +92,11 @@ pub enum SnapshotError {
 }
 
 impl Master {
+    /// The shape of this master's windows (every shard has the same config).
+    fn shape(&self) -> Shape {
+        Shape::of(&self.lock(0).config().window)
+    }
+
     /// Writes every window to `path` (atomically: a temporary file renamed
     /// into place). Returns how many (account, op) windows were written.
     pub fn write_snapshot(&self, path: &Path) -> Result<usize, SnapshotError> {
@@ -99,17 +104,13 @@ impl Master {
             path: path.display().to_string(),
             source,
         };
-        let mut keys = Vec::new();
-        let mut window = None;
-        for shard in 0..self.shared.shards.len() {
-            let state = self.lock(shard);
-            window.get_or_insert_with(|| Shape::of(&state.config().window));
-            keys.extend(state.export());
-        }
+        let keys = (0..self.shared.shards.len())
+            .flat_map(|shard| self.lock(shard).export())
+            .collect();
         let file = SnapshotFile {
             format: FORMAT,
             written_unix_ms: self.shared.clock.now().as_millis(),
-            window: window.expect("a master has at least one shard"),
+            window: self.shape(),
             keys,
         };
         let written = file.keys.len();
@@ -153,7 +154,7 @@ impl Master {
                 max_ms: max_age.as_millis() as u64,
             });
         }
-        let expected = Shape::of(&self.lock(0).config().window);
+        let expected = self.shape();
         if file.window != expected {
             return Err(SnapshotError::OtherShape {
                 path: name,

@@ -11,8 +11,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    // The encoded descriptors, for gRPC server reflection on the master.
+    let descriptors = PathBuf::from(std::env::var("OUT_DIR")?).join("damper_descriptor.bin");
     tonic_prost_build::configure()
         .build_transport(false)
+        .file_descriptor_set_path(descriptors)
         .compile_with_config(config, &[proto], &[root])?;
     Ok(())
 }

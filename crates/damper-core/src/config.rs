@@ -35,12 +35,15 @@ use crate::limits::Limits;
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum ConfigError {
     /// A field has a value outside its valid range.
-    #[error("invalid `{field}`: {reason}")]
+    #[error("invalid `{field}`{}: {reason}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
     Invalid {
         /// Dotted path of the field, such as `window.sub_intervals`.
         field: String,
         /// What is wrong and what is allowed.
         reason: String,
+        /// The line of the file the field is on, when read from a file and
+        /// found there (1-based).
+        line: Option<usize>,
     },
     /// The file is not valid TOML, has an unknown key, or a value of the
     /// wrong type. The message carries the key and the line.
@@ -53,8 +56,57 @@ impl ConfigError {
         ConfigError::Invalid {
             field: field.to_string(),
             reason: reason.into(),
+            line: None,
         }
     }
+
+    /// Adds the line `field` is on in `text`, when it can be found.
+    fn located(self, text: &str) -> ConfigError {
+        match self {
+            ConfigError::Invalid {
+                field,
+                reason,
+                line: None,
+            } => ConfigError::Invalid {
+                line: line_of(text, &field),
+                field,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The 1-based line of `text` that sets `field` (a dotted path such as
+/// `window.sub_intervals` or `limits."messages/acme"`), under its table
+/// header or as a dotted key at the top level. Plain TOML layouts only: a
+/// field set in an inline table is not found, and the error says no line.
+fn line_of(text: &str, field: &str) -> Option<usize> {
+    let unquote = |s: &str| s.trim().trim_matches('"').trim_matches('\'').to_string();
+    let (table, key) = field.split_once('.')?;
+    let (table, key) = (unquote(table), unquote(key));
+    let mut current = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if let Some(header) = line.strip_prefix('[') {
+            current = unquote(header.trim_end_matches(']'));
+            continue;
+        }
+        let Some((lhs, _)) = line.split_once('=') else {
+            continue;
+        };
+        let lhs = unquote(lhs);
+        let here = if current.is_empty() {
+            lhs.split_once('.')
+                .is_some_and(|(t, k)| unquote(t) == table && unquote(k) == key)
+        } else {
+            current == table && lhs == key
+        };
+        if here {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
 /// How the master estimates an (account, op)'s rates from its window.
@@ -326,6 +378,7 @@ impl MasterConfig {
         let file: ConfigFile =
             toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         MasterConfig::from_sections(&file.window, &file.policy, &file.limits)
+            .map_err(|e| e.located(text))
     }
 
     /// Validates the three tables (as embedded in another file).
@@ -422,6 +475,37 @@ mod tests {
             let e = err(text);
             assert!(e.contains(field), "{text:?} gave {e:?}");
         }
+    }
+
+    #[test]
+    fn invalid_values_read_from_a_file_name_their_line() {
+        for (text, want) in [
+            (
+                "# limits\n[limits]\nmessages = 100\n\"messages/acme\" = 0\n",
+                4,
+            ),
+            ("[window]\n\nsub_intervals = 0\n", 3),
+            ("window.sub_intervals = 0\n", 1),
+            ("[policy]\nkind = \"linear-ramp\"\nramp = 0.5\n", 3),
+        ] {
+            let e = err(text);
+            assert!(e.contains(&format!("(line {want})")), "{text:?} gave {e:?}");
+        }
+        // Built from sections (no file), there is no line to name.
+        let window = WindowSection {
+            sub_intervals: 0,
+            ..WindowSection::default()
+        };
+        let e = MasterConfig::from_sections(
+            &window,
+            &PolicySection::default(),
+            &LimitsSection::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::Invalid { line: None, .. }),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -211,6 +211,61 @@ struct KeyState {
     /// The limit that applied under config `generation`.
     limit: Option<LimitId>,
     generation: u32,
+    /// Whether the last verdict had a positive factor: a change is a
+    /// [`Transition`].
+    suppressed: bool,
+}
+
+/// An (account, op) starting or stopping being suppressed, as
+/// [`MasterState::take_transitions`] hands it out: what operators want one
+/// log line for, rather than one per rollup.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// The operation.
+    pub op: String,
+    /// The account.
+    pub account: String,
+    /// What happened.
+    pub kind: TransitionKind,
+    /// The factor now (0 once stopped).
+    pub factor: f64,
+    /// The demand rate, cost per second, it was computed from.
+    pub demand: f64,
+    /// The limit in force, cost per second (0 when none applies any more).
+    pub limit: f64,
+}
+
+/// Whether suppression started or stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransitionKind {
+    /// The factor went from 0 to positive.
+    Started,
+    /// The factor went back to 0, the limit was removed, or the pair went
+    /// idle and was forgotten.
+    Stopped,
+}
+
+/// One tracked (account, op) as the master sees it at some instant: what
+/// introspection shows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct KeyView {
+    /// The account.
+    pub account: String,
+    /// The operation.
+    pub op: String,
+    /// The account-wide limit in force, cost per second; `None` when no
+    /// configured limit applies (the pair is tracked, never suppressed).
+    pub limit: Option<f64>,
+    /// The configured key that gave the limit, such as `messages/acme`.
+    pub limit_key: Option<String>,
+    /// Estimated attempted cost per second (before suppression).
+    pub demand: f64,
+    /// Estimated admitted cost per second.
+    pub admitted: f64,
+    /// The suppression factor agents get now.
+    pub factor: f64,
+    /// When the last report for it arrived (Unix milliseconds).
+    pub last_report_unix_ms: u64,
 }
 
 /// Per-(account, op) windows and the factors they give. See the module docs.
@@ -223,6 +278,10 @@ pub struct MasterState {
     ops: HashMap<Box<str>, HashMap<Box<str>, KeyState, RandomState>, RandomState>,
     keys: usize,
     dropped: Dropped,
+    /// Suppression starts and stops not yet taken, when tracked
+    /// ([`track_transitions`](Self::track_transitions)); `None` otherwise,
+    /// so a caller that never takes them (the simulator) keeps nothing.
+    transitions: Option<Vec<Transition>>,
 }
 
 impl MasterState {
@@ -234,7 +293,23 @@ impl MasterState {
             ops: HashMap::default(),
             keys: 0,
             dropped: Dropped::default(),
+            transitions: None,
         }
+    }
+
+    /// Starts (or stops) keeping a [`Transition`] each time an (account,
+    /// op) starts or stops being suppressed. The caller must drain them
+    /// with [`take_transitions`](Self::take_transitions).
+    pub fn track_transitions(&mut self, on: bool) {
+        self.transitions = on.then(Vec::new);
+    }
+
+    /// The suppression starts and stops since the last call.
+    pub fn take_transitions(&mut self) -> Vec<Transition> {
+        self.transitions
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The configuration in force.
@@ -294,6 +369,7 @@ impl MasterState {
                         last_report: now,
                         limit: None,
                         generation: self.generation.wrapping_sub(1),
+                        suppressed: false,
                     })
             }
         };
@@ -311,10 +387,62 @@ impl MasterState {
                 .map(|m| m.id);
             key.generation = self.generation;
         }
-        Ok(key
+        let verdict = key
             .limit
             .and_then(|id| self.config.limits.get(id))
-            .map(|limit| verdict(&self.config, &key.window, limit.rate, now)))
+            .map(|limit| verdict(&self.config, &key.window, limit.rate, now));
+        let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
+        if suppressed != key.suppressed {
+            key.suppressed = suppressed;
+            if let Some(transitions) = &mut self.transitions {
+                transitions.push(Transition {
+                    op: report.op.to_owned(),
+                    account: report.account.to_owned(),
+                    kind: if suppressed {
+                        TransitionKind::Started
+                    } else {
+                        TransitionKind::Stopped
+                    },
+                    factor: verdict.map_or(0.0, |v| v.factor),
+                    demand: verdict.map_or(0.0, |v| v.rates.demand),
+                    limit: verdict.map_or(0.0, |v| v.limit.get()),
+                });
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// Every tracked (account, op) that `keep(op, account)` selects, as it
+    /// stands at `now`: limit, rates and factor. For introspection; the
+    /// order is unspecified.
+    pub fn views(&self, now: Nanos, mut keep: impl FnMut(&str, &str) -> bool) -> Vec<KeyView> {
+        let mut views = Vec::new();
+        for (op, accounts) in &self.ops {
+            for (account, key) in accounts {
+                if !keep(op, account) {
+                    continue;
+                }
+                let limit = self.config.limits.lookup(account, op);
+                let (factor, rates) = match limit {
+                    Some(m) => {
+                        let v = verdict(&self.config, &key.window, m.rate, now);
+                        (v.factor, v.rates)
+                    }
+                    None => (0.0, key.window.estimate(&self.config.window, now).rates),
+                };
+                views.push(KeyView {
+                    account: account.to_string(),
+                    op: op.to_string(),
+                    limit: limit.map(|m| m.rate.get()),
+                    limit_key: limit.map(|m| m.key.to_owned()),
+                    demand: rates.demand,
+                    admitted: rates.admitted,
+                    factor,
+                    last_report_unix_ms: key.last_report.as_millis(),
+                });
+            }
+        }
+        views
     }
 
     /// The verdict for an (account, op) at `now` without a new report:
@@ -341,8 +469,23 @@ impl MasterState {
     /// stays proportional to the active accounts. Returns how many went.
     pub fn evict_idle(&mut self, now: Nanos, idle_for: Duration) -> usize {
         let before = self.keys;
-        for accounts in self.ops.values_mut() {
-            accounts.retain(|_, key| now.since(key.last_report) < idle_for);
+        for (op, accounts) in &mut self.ops {
+            accounts.retain(|account, key| {
+                let keep = now.since(key.last_report) < idle_for;
+                if !keep && key.suppressed {
+                    if let Some(transitions) = &mut self.transitions {
+                        transitions.push(Transition {
+                            op: op.to_string(),
+                            account: account.to_string(),
+                            kind: TransitionKind::Stopped,
+                            factor: 0.0,
+                            demand: 0.0,
+                            limit: 0.0,
+                        });
+                    }
+                }
+                keep
+            });
         }
         self.ops.retain(|_, accounts| !accounts.is_empty());
         self.keys = self.ops.values().map(HashMap::len).sum();
@@ -386,6 +529,7 @@ impl MasterState {
                     last_report: k.last_report,
                     limit: None,
                     generation: self.generation.wrapping_sub(1),
+                    suppressed: false,
                 });
                 self.keys += 1;
                 taken += 1;
@@ -402,6 +546,15 @@ impl MasterState {
     /// Whether no (account, op) is tracked.
     pub fn is_empty(&self) -> bool {
         self.keys == 0
+    }
+
+    /// For each op with any, how many of its pairs are suppressed: their
+    /// last report got a positive factor. Counts flags, computes nothing.
+    pub fn suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.ops.iter().filter_map(|(op, accounts)| {
+            let n = accounts.values().filter(|k| k.suppressed).count();
+            (n > 0).then_some((&**op, n))
+        })
     }
 
     /// Cost that arrived too late to fit in its window, since start.

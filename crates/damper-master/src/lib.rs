@@ -13,6 +13,12 @@
 //!   [`run_with_tls`] with [`ServerTls`] (mutual TLS when a client CA is set).
 //! - `snapshot`: [`Master::write_snapshot`] and [`Master::load_snapshot`],
 //!   so a restart keeps the windows.
+//! - [`reload`]: live config changes ([`Master::reload`], the file watcher
+//!   [`reload::ConfigWatcher`]) that keep every window.
+//! - [`http`]: the operator's HTTP endpoint: `/v1/accounts`, the accounts
+//!   page at `/`, Prometheus `/metrics`.
+//! - [`AccountsQuery`] and [`Master::accounts`]: which (account, op) pairs
+//!   are suppressed, and why.
 //! - `src/main.rs`: the `damper-master` binary (flags, logs, signals).
 //!
 //! # Example
@@ -36,8 +42,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
+use damper_core::master::{KeyView, Transition, TransitionKind, Verdict, validate_name};
 use damper_core::master::{MasterState, Report};
-use damper_core::master::{Verdict, validate_name};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
 use damper_proto::v1::master_server::MasterServer;
@@ -99,6 +105,9 @@ struct Shared {
     /// This master's view of the ring, when configured: lets it tell agents
     /// whose view differs ([`Master::set_ring`]).
     ring: std::sync::OnceLock<RingView>,
+    /// Every op the suppressed-accounts gauge was set for, so it is set
+    /// back to 0 when none is suppressed any more.
+    suppressed_ops: Mutex<std::collections::BTreeSet<String>>,
 }
 
 struct RingView {
@@ -168,7 +177,11 @@ impl Master {
         Master {
             shared: Arc::new(Shared {
                 shards: (0..shards)
-                    .map(|_| Mutex::new(MasterState::new(config.clone())))
+                    .map(|_| {
+                        let mut state = MasterState::new(config.clone());
+                        state.track_transitions(true);
+                        Mutex::new(state)
+                    })
                     .collect(),
                 shard_hasher: foldhash::fast::FixedState::with_seed(0x6461_6d70),
                 clock: clock.clone(),
@@ -178,6 +191,7 @@ impl Master {
                 started: clock.now(),
                 ingested: IngestedCounters::default(),
                 ring: std::sync::OnceLock::new(),
+                suppressed_ops: Mutex::default(),
             }),
         }
     }
@@ -247,6 +261,7 @@ impl Master {
                     factors[i].push(account_factor(&counts.account, &v));
                 }
             }
+            log_transitions(state.take_transitions());
         }
         let counted = &self.shared.ingested;
         counted.rollups.fetch_add(1, Relaxed);
@@ -257,6 +272,9 @@ impl Master {
         add(&counted.attempted, attempted);
         add(&counted.admitted, admitted);
         metrics::counter!("damper_master_rollups_total").increment(1);
+        metrics::counter!("damper_master_entries_total").increment(entries);
+        metrics::counter!("damper_master_factors_sent_total")
+            .increment(factors.iter().map(Vec::len).sum::<usize>() as u64);
         let ops = request.ops.iter().map(|op| &op.op);
         let mut reply = self.reply(ops, factors);
         if let Some(view) = self.shared.ring.get() {
@@ -358,8 +376,82 @@ impl Master {
     pub fn evict_idle(&self) -> usize {
         let now = self.shared.clock.now();
         (0..self.shared.shards.len())
-            .map(|s| self.lock(s).evict_idle(now, self.shared.idle_after))
+            .map(|s| {
+                let mut state = self.lock(s);
+                let evicted = state.evict_idle(now, self.shared.idle_after);
+                log_transitions(state.take_transitions());
+                evicted
+            })
             .sum()
+    }
+
+    /// The tracked (account, op) pairs that `query` selects, sorted and cut
+    /// to its limit, and how many matched before the cut. What the HTTP
+    /// endpoint and the accounts page show.
+    pub fn accounts(&self, query: &AccountsQuery) -> (Vec<KeyView>, usize) {
+        let now = self.shared.clock.now();
+        let keep = |op: &str, account: &str| {
+            query.op.as_deref().is_none_or(|o| o == op)
+                && query
+                    .prefix
+                    .as_deref()
+                    .is_none_or(|p| account.starts_with(p))
+                && query.account.as_deref().is_none_or(|a| a == account)
+        };
+        let mut views: Vec<KeyView> = match &query.account {
+            // One account lives in one shard.
+            Some(account) => self.lock(self.shard(account)).views(now, keep),
+            None => (0..self.shared.shards.len())
+                .flat_map(|s| self.lock(s).views(now, keep))
+                .collect(),
+        };
+        views.retain(|v| v.factor >= query.min_factor);
+        let matched = views.len();
+        let key = |v: &KeyView| match query.sort {
+            AccountsSort::Factor => v.factor,
+            AccountsSort::Demand => v.demand,
+            AccountsSort::Ratio => ratio(v),
+            AccountsSort::Account => 0.0,
+        };
+        views.sort_by(|a, b| {
+            key(b)
+                .total_cmp(&key(a))
+                .then_with(|| (&a.account, &a.op).cmp(&(&b.account, &b.op)))
+        });
+        views.truncate(query.limit);
+        (views, matched)
+    }
+
+    /// Sets the gauges that describe the whole state (pairs tracked, pairs
+    /// suppressed per op) on the `metrics` recorder. Called before each
+    /// scrape: a walk over every pair, so not per rollup.
+    pub fn record_gauges(&self) {
+        let mut tracked = 0usize;
+        let mut suppressed: std::collections::BTreeMap<String, usize> = Default::default();
+        for s in 0..self.shared.shards.len() {
+            let state = self.lock(s);
+            tracked += state.len();
+            for (op, n) in state.suppressed_by_op() {
+                *suppressed.entry(op.to_owned()).or_default() += n;
+            }
+        }
+        metrics::gauge!("damper_master_accounts_tracked").set(tracked as f64);
+        let mut seen = self
+            .shared
+            .suppressed_ops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // An op that had suppressed accounts and has none now reads 0, not
+        // its last value.
+        for op in seen.iter() {
+            if !suppressed.contains_key(op) {
+                metrics::gauge!("damper_master_accounts_suppressed", "op" => op.clone()).set(0.0);
+            }
+        }
+        for (op, n) in suppressed {
+            metrics::gauge!("damper_master_accounts_suppressed", "op" => op.clone()).set(n as f64);
+            seen.insert(op);
+        }
     }
 
     /// Number of (account, op) pairs tracked, over all shards.
@@ -381,6 +473,11 @@ impl Master {
         }
     }
 
+    /// The master's clock now.
+    pub fn now(&self) -> Nanos {
+        self.shared.clock.now()
+    }
+
     /// Whether nothing is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -394,6 +491,74 @@ impl Master {
             .verdict(now, account, op)
             .map(|v| v.factor)
     }
+}
+
+/// Demand over limit: how far over its limit a pair is (0 when unlimited).
+pub fn ratio(v: &KeyView) -> f64 {
+    match v.limit {
+        Some(limit) if limit > 0.0 => v.demand / limit,
+        _ => 0.0,
+    }
+}
+
+/// One log line per (account, op) that starts or stops being suppressed.
+fn log_transitions(transitions: Vec<Transition>) {
+    for t in transitions {
+        match t.kind {
+            TransitionKind::Started => tracing::info!(
+                account = %t.account, op = %t.op, factor = t.factor, demand = t.demand, limit = t.limit,
+                "suppression started"
+            ),
+            TransitionKind::Stopped => tracing::info!(
+                account = %t.account, op = %t.op, demand = t.demand, "suppression stopped"
+            ),
+        }
+    }
+}
+
+/// Which (account, op) pairs [`Master::accounts`] returns, and in what
+/// order. The HTTP endpoint parses it from the query string.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccountsQuery {
+    /// Only this op.
+    pub op: Option<String>,
+    /// Only accounts that start with this.
+    pub prefix: Option<String>,
+    /// Only this account.
+    pub account: Option<String>,
+    /// Only pairs whose factor is at least this (0: all).
+    pub min_factor: f64,
+    /// The order, largest first.
+    pub sort: AccountsSort,
+    /// Most rows returned.
+    pub limit: usize,
+}
+
+impl Default for AccountsQuery {
+    fn default() -> Self {
+        AccountsQuery {
+            op: None,
+            prefix: None,
+            account: None,
+            min_factor: 0.0,
+            sort: AccountsSort::Factor,
+            limit: 100,
+        }
+    }
+}
+
+/// The order of [`Master::accounts`]: largest first, ties by account then
+/// op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccountsSort {
+    /// By suppression factor.
+    Factor,
+    /// By demand rate.
+    Demand,
+    /// By demand over limit.
+    Ratio,
+    /// By account name only (ascending).
+    Account,
 }
 
 fn account_factor(account: &str, v: &Verdict) -> AccountFactor {
@@ -469,7 +634,11 @@ impl damper_proto::v1::master_server::Master for MasterService {
         request: Request<RollupRequest>,
     ) -> Result<Response<RollupReply>, Status> {
         let request = request.into_inner();
-        match self.master.rollup(&request) {
+        let began = tokio::time::Instant::now();
+        let result = self.master.rollup(&request);
+        metrics::histogram!("damper_master_ingest_duration_seconds")
+            .record(began.elapsed().as_secs_f64());
+        match result {
             Ok(reply) => Ok(Response::new(reply)),
             Err(status) => {
                 metrics::counter!("damper_master_rollups_rejected_total").increment(1);
@@ -496,6 +665,9 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptors.
+    #[error("gRPC reflection: {0}")]
+    Reflection(String),
 }
 
 /// TLS for the master's gRPC server: its certificate and key, and, for
@@ -668,8 +840,20 @@ pub async fn run_with_tls(
             .set_not_serving::<MasterServer<MasterService>>()
             .await;
     };
+    let reflection = match tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(damper_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+    {
+        Ok(reflection) => reflection,
+        Err(e) => {
+            evictor.abort();
+            return Err(ServeError::Reflection(e.to_string()));
+        }
+    };
     let result = server
         .add_service(health_service)
+        .add_service(reflection)
         .add_service(service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
@@ -677,6 +861,8 @@ pub async fn run_with_tls(
     result.map_err(ServeError::from)
 }
 
+pub mod http;
+pub mod reload;
 mod snapshot;
 pub use snapshot::SnapshotError;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_core::config::MasterConfig;
+use damper_master::reload::ConfigWatcher;
 use damper_master::{
     DEFAULT_CONFIG, Master, MasterOptions, ServerTls, SnapshotError, run_with_tls,
 };
@@ -32,6 +33,31 @@ struct Args {
     /// per account) applies.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+
+    /// Address of the operator's HTTP endpoint: the accounts page at `/`,
+    /// `/v1/accounts`, Prometheus `/metrics`, `/healthz`. Read-only and
+    /// unauthenticated, so loopback by default; expose it only on a private
+    /// network.
+    #[arg(long, default_value = "127.0.0.1:7080", value_name = "ADDR")]
+    http: SocketAddr,
+
+    /// Serve no HTTP endpoint (and record no metrics).
+    #[arg(long, conflicts_with = "http")]
+    no_http: bool,
+
+    /// How often, in seconds, to look at --config for changes (0: only on
+    /// SIGHUP). A changed valid file takes effect on the next rollup,
+    /// windows kept; an invalid one is refused with a logged error and the
+    /// config in force stays.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0,
+          value_parser = parse_poll)]
+    config_poll: f64,
+
+    /// Log format: `text` for people, `json` (one object per line) for log
+    /// pipelines. The level comes from RUST_LOG (default `info`).
+    #[arg(long, value_name = "FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
 
     /// Number of state shards; more than cores keeps concurrent rollups
     /// from waiting on each other. Default: 4 per core.
@@ -93,15 +119,29 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn parse_poll(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(secs) if secs == 0.0 || (0.1..=3600.0).contains(&secs) => Ok(secs),
+        _ => Err(format!(
+            "{s:?} is not 0 or a number of seconds from 0.1 to 3600"
+        )),
+    }
+}
+
 #[tokio::main]
 async fn serve() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
     if let Some(path) = &args.check_config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--check-config: cannot read {}", path.display()))?;
@@ -123,6 +163,7 @@ async fn serve() -> anyhow::Result<()> {
         ),
     };
     let config = MasterConfig::from_toml(&text).with_context(|| format!("--config: {source}"))?;
+    let config_text = args.config.as_ref().map(|_| text);
 
     let mut options = MasterOptions {
         max_entries: args.max_entries as usize,
@@ -143,6 +184,13 @@ async fn serve() -> anyhow::Result<()> {
         _ => None,
     };
     let limits = config.limits.len();
+    // The recorder goes in before anything records, so no early count is
+    // lost. The agent library never installs one: this binary does.
+    let metrics = if args.no_http {
+        None
+    } else {
+        Some(install_metrics()?)
+    };
     let master = Master::new(config, options);
     if let Some(path) = &args.snapshot {
         let max_age = Duration::from_secs(args.snapshot_max_age);
@@ -174,8 +222,71 @@ async fn serve() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen: cannot bind {}", args.listen))?;
+    let http = match args.no_http {
+        true => None,
+        false => Some(
+            tokio::net::TcpListener::bind(args.http)
+                .await
+                .with_context(|| format!("--http: cannot bind {}", args.http))?,
+        ),
+    };
+
+    // Shutdown fans out to every task through one watch channel: SIGINT or
+    // SIGTERM flips it, and each server drains and returns.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut stopping = stopping.clone();
+        async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let http_addr = match http {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let (master, metrics, stopped) = (master.clone(), metrics.clone(), stopped());
+            tasks.spawn(async move {
+                if let Err(e) = damper_master::http::serve(listener, master, metrics, stopped).await
+                {
+                    tracing::error!(error = %e, "HTTP endpoint failed");
+                }
+            });
+            Some(addr)
+        }
+        None => None,
+    };
+    if let Some(handle) = metrics {
+        let stopped = stopped();
+        tasks.spawn(async move {
+            // Histograms keep a bounded window of samples: drain it.
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            tokio::select! {
+                () = stopped => {}
+                () = async { loop { tick.tick().await; handle.run_upkeep(); } } => {}
+            }
+        });
+    }
+    let mut hup = sighup()?;
+    if let (Some(path), Some(text)) = (&args.config, &config_text) {
+        let watcher = ConfigWatcher::new(master.clone(), path, text);
+        let every = (args.config_poll > 0.0).then(|| Duration::from_secs_f64(args.config_poll));
+        tasks.spawn(watcher.run(every, hup, stopped()));
+    } else {
+        let stopped = stopped();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = stopped => {}
+                () = async {
+                    while hup.recv().await.is_some() {
+                        tracing::warn!("SIGHUP: no --config file to reload; the embedded default stays in force");
+                    }
+                } => {}
+            }
+        });
+    }
     tracing::info!(
         listen = %listener.local_addr()?,
+        http = %http_addr.map_or("off".to_string(), |a| a.to_string()),
         config = %source,
         shards = options.shards,
         limits,
@@ -186,7 +297,17 @@ async fn serve() -> anyhow::Result<()> {
         },
         "damper-master serving"
     );
-    run_with_tls(listener, master.clone(), tls, shutdown_signal()).await?;
+    let grpc = run_with_tls(listener, master.clone(), tls, {
+        let stopped = stopped();
+        async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+            stopped.await
+        }
+    })
+    .await;
+    while tasks.join_next().await.is_some() {}
+    grpc?;
     if let Some(path) = &args.snapshot {
         match master.write_snapshot(path) {
             Ok(windows) => {
@@ -217,6 +338,41 @@ fn check_snapshot_path(path: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("--snapshot: cannot write in {}", dir.display()))?;
     let _ = std::fs::remove_file(probe);
     Ok(())
+}
+
+/// The Prometheus recorder, installed globally; its handle renders
+/// `/metrics`. Durations are histograms with buckets from 100 µs to 10 s.
+fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_string()),
+            &[
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
+            ],
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .context("cannot install the metrics recorder")
+}
+
+/// Yields once per SIGHUP: the operator's "reload the config now".
+fn sighup() -> anyhow::Result<tokio::sync::mpsc::Receiver<()>> {
+    let (send, receive) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot listen for SIGHUP")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                // A reload already waiting covers this one too.
+                let _ = send.try_send(());
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(send);
+    Ok(receive)
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -8,6 +8,8 @@
 //! - [`v1`]: the messages ([`v1::RollupRequest`], [`v1::RollupReply`], …),
 //!   the client ([`v1::master_client::MasterClient`]) and the server trait
 //!   ([`v1::master_server::Master`]).
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors of `damper.v1`, for
+//!   gRPC server reflection.
 //!
 //! # Example
 //! ```
@@ -39,3 +41,7 @@
 pub mod v1 {
     tonic::include_proto!("damper.v1");
 }
+
+/// The encoded `FileDescriptorSet` of `damper.v1`, so a server can answer
+/// gRPC reflection (`grpcurl`, `grpc_cli`) without the `.proto` file.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("damper_descriptor");

@@ -487,3 +487,102 @@ fn exported_windows_imported_elsewhere_give_the_same_verdicts() {
     bad[0].account.clear();
     assert_eq!(master("latest-round").import(bad), 0);
 }
+
+#[test]
+fn suppression_starts_and_stops_once_each_and_only_when_tracked() {
+    let mut m = master("latest-round");
+    m.track_transitions(true);
+    let mut kinds = Vec::new();
+    // Calm, flood for 20 s, calm again: one start, one stop, whatever the
+    // number of rollups in between.
+    for (end, rate) in (2_000..=60_000).step_by(2_000).map(|end| {
+        (
+            end,
+            if (20_000..40_000).contains(&end) {
+                4.0 * L
+            } else {
+                L / 2.0
+            },
+        )
+    }) {
+        round(&mut m, end, rate);
+        kinds.extend(m.take_transitions());
+    }
+    assert_eq!(
+        kinds.iter().map(|t| t.kind).collect::<Vec<_>>(),
+        [TransitionKind::Started, TransitionKind::Stopped]
+    );
+    let started = &kinds[0];
+    assert_eq!(
+        (started.account.as_str(), started.op.as_str()),
+        ("acme", "messages")
+    );
+    assert_eq!(started.limit, L);
+    assert!((started.factor - 0.75).abs() < 1e-9 && started.demand == 4.0 * L);
+    assert_eq!(kinds[1].factor, 0.0);
+
+    // Untracked (the simulator's way): nothing is kept.
+    let mut quiet = master("latest-round");
+    round(&mut quiet, 2_000, 4.0 * L);
+    assert!(quiet.take_transitions().is_empty());
+}
+
+#[test]
+fn a_suppressed_pair_that_goes_idle_stops_when_forgotten() {
+    let mut m = master("latest-round");
+    m.track_transitions(true);
+    round(&mut m, 2_000, 4.0 * L);
+    assert_eq!(m.take_transitions()[0].kind, TransitionKind::Started);
+    assert_eq!(m.evict_idle(at(600_000), Duration::from_secs(60)), 1);
+    let stopped = m.take_transitions();
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0].kind, TransitionKind::Stopped);
+}
+
+#[test]
+fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
+    let config =
+        MasterConfig::from_toml("[limits]\nmessages = 1000\n\"messages/vip\" = 8000\n").unwrap();
+    let mut m = MasterState::new(config);
+    for (account, op, rate) in [
+        ("acme", "messages", 4_000u64),
+        ("vip", "messages", 4_000),
+        ("acme", "presence", 50),
+    ] {
+        let report = Report {
+            account,
+            op,
+            start: at(0),
+            end: at(2_000),
+            attempted: rate * 2,
+            admitted: rate * 2,
+        };
+        m.ingest(at(2_005), &report).unwrap();
+    }
+    let mut views = m.views(at(2_005), |_, _| true);
+    views.sort_by(|a, b| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
+    let acme = &views[0];
+    assert_eq!(
+        (acme.account.as_str(), acme.op.as_str()),
+        ("acme", "messages")
+    );
+    assert_eq!(acme.limit, Some(1000.0));
+    assert_eq!(acme.limit_key.as_deref(), Some("messages"));
+    assert_eq!((acme.demand, acme.factor), (4000.0, 0.75));
+    assert_eq!(acme.last_report_unix_ms, T0_MS + 2_005);
+    let vip = &views[1];
+    assert_eq!(vip.limit_key.as_deref(), Some("messages/vip"));
+    assert_eq!((vip.limit, vip.factor), (Some(8000.0), 0.0));
+    let presence = &views[2];
+    assert_eq!(
+        (presence.limit, presence.limit_key.as_deref()),
+        (None, None)
+    );
+    assert_eq!((presence.demand, presence.factor), (50.0, 0.0));
+
+    let only = m.views(at(2_005), |op, account| {
+        op == "messages" && account.starts_with('v')
+    });
+    assert_eq!(only.len(), 1);
+    assert_eq!(only[0].account, "vip");
+}

@@ -1,0 +1,213 @@
+//! The master's HTTP endpoint for operators: which accounts are suppressed
+//! and why, and Prometheus metrics. It serves:
+//!
+//! - `GET /v1/accounts`: tracked (account, op) pairs as JSON, with filters
+//!   `op`, `prefix`, `min_factor`, the order `sort=factor|demand|ratio|account`
+//!   (largest first) and `limit` (rows, default 100, at most 10 000).
+//! - `GET /v1/accounts/{account}`: one account's pairs (404 if untracked).
+//! - `GET /`: a page showing the same table, sortable and filterable,
+//!   refreshing every 2 s. Served from the binary: no build step.
+//! - `GET /metrics`: Prometheus text format, when a recorder handle is given.
+//! - `GET /healthz`: `ok` while the process serves (liveness).
+//!
+//! Read-only, unauthenticated: bind it to loopback or a private network
+//! (the binary's default is 127.0.0.1).
+
+use std::future::Future;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use damper_core::master::{KeyView, validate_name};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use crate::{AccountsQuery, AccountsSort, Master};
+
+/// Most rows one `/v1/accounts` call returns.
+pub const MAX_ROWS: usize = 10_000;
+
+/// The accounts page (`src/page.html`).
+const PAGE: &str = include_str!("page.html");
+
+#[derive(Clone)]
+struct AppState {
+    master: Master,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// The HTTP routes over `master`; `/metrics` renders `metrics` when given
+/// (404 otherwise).
+pub fn router(master: Master, metrics: Option<PrometheusHandle>) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/v1/accounts", get(accounts))
+        .route("/v1/accounts/{account}", get(account))
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(AppState { master, metrics })
+}
+
+/// Serves [`router`] on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    master: Master,
+    metrics: Option<PrometheusHandle>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(master, metrics))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// What `/v1/accounts` answers.
+#[derive(Serialize)]
+struct AccountsReply {
+    /// The master's clock when the rows were computed.
+    now_unix_ms: u64,
+    /// Rows that matched the filters, before `limit` cut them.
+    matched: usize,
+    /// The rows, in the requested order.
+    accounts: Vec<Row>,
+}
+
+/// One (account, op): the core's view plus its demand/limit ratio.
+#[derive(Serialize)]
+struct Row {
+    #[serde(flatten)]
+    view: KeyView,
+    /// Demand over limit (0 when unlimited).
+    ratio: f64,
+}
+
+impl From<KeyView> for Row {
+    fn from(view: KeyView) -> Row {
+        Row {
+            ratio: crate::ratio(&view),
+            view,
+        }
+    }
+}
+
+/// A 400 or 404 with a JSON body naming what is wrong.
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// Parses the query string strictly: an unknown parameter or a bad value
+/// is a 400 naming it, never silently ignored.
+fn parse_query(params: &[(String, String)]) -> Result<AccountsQuery, String> {
+    let mut query = AccountsQuery::default();
+    for (name, value) in params {
+        match name.as_str() {
+            "op" => query.op = Some(value.clone()).filter(|v| !v.is_empty()),
+            "prefix" => query.prefix = Some(value.clone()).filter(|v| !v.is_empty()),
+            "min_factor" => {
+                query.min_factor = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (0.0..=1.0).contains(f))
+                    .ok_or_else(|| {
+                        format!("`min_factor` must be a number from 0 to 1, not {value:?}")
+                    })?
+            }
+            "sort" => {
+                query.sort = match value.as_str() {
+                    "factor" => AccountsSort::Factor,
+                    "demand" => AccountsSort::Demand,
+                    "ratio" => AccountsSort::Ratio,
+                    "account" => AccountsSort::Account,
+                    _ => {
+                        return Err(format!(
+                            "`sort` must be factor, demand, ratio or account, not {value:?}"
+                        ));
+                    }
+                }
+            }
+            "limit" => {
+                query.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_ROWS).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "`limit` must be a whole number from 1 to {MAX_ROWS}, not {value:?}"
+                        )
+                    })?
+            }
+            other => {
+                return Err(format!(
+                    "unknown parameter `{other}`; known: op, prefix, min_factor, sort, limit"
+                ));
+            }
+        }
+    }
+    Ok(query)
+}
+
+async fn accounts(
+    State(state): State<AppState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
+    let query = match parse_query(&params) {
+        Ok(query) => query,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let (views, matched) = state.master.accounts(&query);
+    Json(AccountsReply {
+        now_unix_ms: state.master.now().as_millis(),
+        matched,
+        accounts: views.into_iter().map(Row::from).collect(),
+    })
+    .into_response()
+}
+
+async fn account(State(state): State<AppState>, Path(account): Path<String>) -> Response {
+    if let Err(e) = validate_name("account", &account) {
+        return error(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    let query = AccountsQuery {
+        account: Some(account.clone()),
+        sort: AccountsSort::Account,
+        limit: MAX_ROWS,
+        ..AccountsQuery::default()
+    };
+    let (views, _) = state.master.accounts(&query);
+    if views.is_empty() {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("account {account:?} has no recent reports on this master"),
+        );
+    }
+    Json(serde_json::json!({
+        "now_unix_ms": state.master.now().as_millis(),
+        "account": account,
+        "ops": views.into_iter().map(Row::from).collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+async fn page() -> Html<&'static str> {
+    Html(PAGE)
+}
+
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(handle) => {
+            state.master.record_gauges();
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                handle.render(),
+            )
+                .into_response()
+        }
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no metrics recorder is installed in this process".to_string(),
+        ),
+    }
+}

@@ -66,7 +66,8 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
             boundary
         };
         members.membership.tick(SystemClock.now());
-        let batches = drain(&shared, members.membership.live(), start, end, &settings);
+        let (batches, unroutable_bytes) =
+            drain(&shared, members.membership.live(), start, end, &settings);
         let mut probing = JoinSet::new();
         for master in members.membership.probes_due(SystemClock.now()) {
             if let Ok(client) = clients.get(&master) {
@@ -79,8 +80,11 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                 _ = stop.changed() => {}
             }
         }
-        let (asked, outcomes, foreign) =
+        let (asked, outcomes, foreign, failed_bytes) =
             send(&shared, &mut clients, batches, start, end, &settings).await;
+        // What this agent holds undelivered, as the requests that would
+        // carry it: those that failed and those with no master to go to.
+        metrics::gauge!("damper_agent_pending_bytes").set((failed_bytes + unroutable_bytes) as f64);
         if foreign {
             // Probe the masters this agent has down within the interval: the
             // others see one of them up.
@@ -168,17 +172,26 @@ fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
 }
 
 /// Takes every (account, op)'s counts, routed by the ring, and groups them
-/// into requests of at most `max_entries`, one or more per master.
+/// into requests of at most `max_entries`, one or more per master. Also
+/// returns the encoded size of the counts no master could take (carried
+/// over).
 fn drain(
     shared: &Shared,
     ring: &Ring,
     start: Nanos,
     end: Nanos,
     settings: &Settings,
-) -> Vec<Batch> {
+) -> (Vec<Batch>, usize) {
     let max_entries = settings.max_entries_per_request;
     let routed = shared.state.drain_by_owner(ring);
+    let mut unroutable_bytes = 0;
     if !routed.unroutable.is_empty() {
+        unroutable_bytes = prost::Message::encoded_len(&rollup_request(
+            &shared.agent_id,
+            start,
+            end,
+            &routed.unroutable,
+        ));
         tracing::warn!(
             entries = routed.unroutable.len(),
             "no master to send counts to; carrying them over"
@@ -202,7 +215,7 @@ fn drain(
             });
         }
     }
-    batches
+    (batches, unroutable_bytes)
 }
 
 /// The request that reports `pending` (a drain's counts for one master,
@@ -263,7 +276,9 @@ fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: 
 type Asked = (String, Duration, Vec<(String, String)>);
 
 /// Sends every batch concurrently, applies the replies, carries over the
-/// counts of the failures. Returns the rechecks the masters asked for.
+/// counts of the failures. Returns the rechecks the masters asked for, each
+/// master's outcome, whether any said the ring differs, and the encoded size
+/// of the requests that failed.
 async fn send(
     shared: &Arc<Shared>,
     clients: &mut Clients,
@@ -271,18 +286,22 @@ async fn send(
     start: Nanos,
     end: Nanos,
     settings: &Settings,
-) -> (Vec<Asked>, BTreeMap<String, bool>, bool) {
+) -> (Vec<Asked>, BTreeMap<String, bool>, bool, usize) {
     let mut asked = Vec::new();
     // Did a master say this agent's ring differs from its own?
     let mut foreign = false;
     // Per master: did every request to it succeed?
     let mut outcomes: BTreeMap<String, bool> = BTreeMap::new();
+    // Encoded size of the requests that failed: counts waiting to be resent.
+    let mut pending_bytes = 0usize;
     let mut in_flight = JoinSet::new();
     for batch in batches {
+        let bytes = prost::Message::encoded_len(&batch.request);
         let client = match clients.get(&batch.master) {
             Ok(client) => client,
             Err(e) => {
                 tracing::warn!(master = %batch.master, error = %e, "bad master address");
+                pending_bytes += bytes;
                 for p in batch.pending {
                     carry_over(shared, p, start, end, settings.max_carry);
                 }
@@ -293,11 +312,11 @@ async fn send(
             let mut client = client;
             let began = tokio::time::Instant::now();
             let result = client.rollup(batch.request).await;
-            (batch.master, batch.pending, result, began.elapsed())
+            (batch.master, batch.pending, result, began.elapsed(), bytes)
         });
     }
     while let Some(joined) = in_flight.join_next().await {
-        let Ok((master, pending, result, took)) = joined else {
+        let Ok((master, pending, result, took, bytes)) = joined else {
             continue; // A send task panicked: its counts are lost, nothing else.
         };
         metrics::histogram!("damper_agent_rollup_duration_seconds").record(took.as_secs_f64());
@@ -306,6 +325,7 @@ async fn send(
                 metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
                 shared.stats.rollups_sent.fetch_add(1, Relaxed);
                 outcomes.entry(master.clone()).or_insert(true);
+                count_delivered(&pending);
                 let reply = reply.into_inner();
                 if reply.foreign_entries > 0 {
                     foreign = true;
@@ -331,6 +351,7 @@ async fn send(
                 metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
                 shared.stats.rollups_failed.fetch_add(1, Relaxed);
                 outcomes.insert(master.clone(), false);
+                pending_bytes += bytes;
                 tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
                 for p in pending {
                     carry_over(shared, p, start, end, settings.max_carry);
@@ -338,7 +359,28 @@ async fn send(
             }
         }
     }
-    (asked, outcomes, foreign)
+    (asked, outcomes, foreign, pending_bytes)
+}
+
+/// Counts the cost admitted and rejected per op once a master has it:
+/// `damper_agent_admitted_cost_total{op}` and
+/// `damper_agent_rejected_cost_total{op}`. Counted here, off `check`'s path,
+/// where each count is delivered exactly once (carried-over counts when
+/// they finally go). `pending` comes sorted by op.
+fn count_delivered(pending: &[Pending]) {
+    for group in pending.chunk_by(|a, b| a.op == b.op) {
+        let (admitted, attempted) = group.iter().fold((0u64, 0u64), |(ad, at), p| {
+            (
+                ad.saturating_add(p.delta.admitted),
+                at.saturating_add(p.delta.attempted),
+            )
+        });
+        let op = group[0].op.clone();
+        metrics::counter!("damper_agent_admitted_cost_total", "op" => op.clone())
+            .increment(admitted);
+        metrics::counter!("damper_agent_rejected_cost_total", "op" => op)
+            .increment(attempted.saturating_sub(admitted));
+    }
 }
 
 /// Waits `after`, then asks `master` for the factors of `keys` and applies

@@ -265,3 +265,5 @@ fn accounts_owned_elsewhere_are_counted_and_reported_as_foreign() {
         "foreign accounts are tracked"
     );
 }
+
+mod ops;

@@ -1,0 +1,323 @@
+//! Operating the master: live reloads, the accounts query and the HTTP
+//! endpoint (through the router, no socket).
+
+use super::*;
+use crate::reload::{Cause, ConfigWatcher, ReloadError};
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use tower::ServiceExt;
+
+/// A master under `messages = 1000` that has seen `flood` at 4000/s,
+/// `calm` at 50/s and `acme-1`, `acme-2` at 2000/s and 1500/s on messages,
+/// plus `flood` on the unlimited `presence`.
+fn busy(clock: Arc<ManualClock>) -> Master {
+    let m = master(clock);
+    // Two rollups: this test master takes at most 4 entries per call.
+    m.rollup(&request(vec![(
+        "messages",
+        vec![
+            counts("flood", 8_000, 8_000),
+            counts("calm", 100, 100),
+            counts("acme-1", 4_000, 4_000),
+            counts("acme-2", 3_000, 3_000),
+        ],
+    )]))
+    .unwrap();
+    m.rollup(&request(vec![(
+        "presence",
+        vec![counts("flood", 500, 500)],
+    )]))
+    .unwrap();
+    m
+}
+
+fn config(text: &str) -> MasterConfig {
+    MasterConfig::from_toml(text).unwrap()
+}
+
+#[test]
+fn a_reload_changes_factors_at_once_and_keeps_every_window() {
+    let m = busy(clock());
+    assert_eq!(m.factor("flood", "messages"), Some(0.75));
+    let summary = m
+        .reload(config(
+            "[limits]\nmessages = 1000\n\"messages/flood\" = 2000\n",
+        ))
+        .unwrap();
+    assert_eq!(summary.changed, ["messages/flood: - -> 2000"]);
+    assert_eq!(summary.limits, 2);
+    // Same window (4000/s), new limit: no report needed to see it.
+    assert_eq!(m.factor("flood", "messages"), Some(0.5));
+    assert_eq!(m.factor("acme-1", "messages"), Some(0.5));
+    assert_eq!(m.len(), 5);
+    // And the next rollup's reply carries it.
+    let reply = m
+        .rollup(&request(vec![("messages", vec![counts("flood", 0, 0)])]))
+        .unwrap();
+    assert_eq!(reply.ops[0].accounts[0].limit, 2000.0);
+}
+
+#[test]
+fn a_reload_that_cuts_windows_differently_is_refused_and_changes_nothing() {
+    let m = busy(clock());
+    for (text, field) in [
+        (
+            "[window]\nsub_intervals = 3\n[limits]\nmessages = 9",
+            "sub_intervals",
+        ),
+        (
+            "[window]\nrollup_interval_ms = 1000\n[limits]\nmessages = 9",
+            "rollup_interval_ms",
+        ),
+        (
+            "[window]\nsub_interval_ms = 5000\n[limits]\nmessages = 9",
+            "sub_interval_ms",
+        ),
+    ] {
+        match m.reload(config(text)) {
+            Err(ReloadError::ShapeChanged { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+    assert_eq!(m.factor("flood", "messages"), Some(0.75));
+    // The estimator may change: it reads the same counts.
+    let summary = m
+        .reload(config(
+            "[window]\nestimator = \"ably-mma\"\n[limits]\nmessages = 1000",
+        ))
+        .unwrap();
+    assert!(summary.policy_changed && summary.changed.is_empty());
+}
+
+#[test]
+fn the_watcher_reloads_changed_files_refuses_bad_ones_and_reports_each_once() {
+    let dir = std::env::temp_dir().join(format!("damper-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("master.toml");
+    let first = "[limits]\nmessages = 1000\n";
+    std::fs::write(&path, first).unwrap();
+    let m = busy(clock());
+    let mut watcher = ConfigWatcher::new(m.clone(), &path, first);
+    assert!(watcher.check(Cause::Changed).is_none(), "unchanged");
+
+    std::fs::write(
+        &path,
+        "[limits]\nmessages = 1000\n\"messages/flood\" = 2000\n",
+    )
+    .unwrap();
+    let summary = watcher.check(Cause::Changed).unwrap().unwrap();
+    assert_eq!(summary.changed, ["messages/flood: - -> 2000"]);
+    assert_eq!(m.factor("flood", "messages"), Some(0.5));
+    assert!(watcher.check(Cause::Changed).is_none());
+
+    // A bad file: refused, naming field and line; the limits in force stay.
+    std::fs::write(
+        &path,
+        "[limits]\nmessages = 1000\n\"messages/flood\" = -1\n",
+    )
+    .unwrap();
+    let e = watcher
+        .check(Cause::Changed)
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("limits.\"messages/flood\"") && e.contains("line 3"),
+        "{e}"
+    );
+    assert_eq!(m.factor("flood", "messages"), Some(0.5));
+    assert!(watcher.check(Cause::Changed).is_none(), "reported once");
+    // SIGHUP tries again, and says so again.
+    assert!(watcher.check(Cause::Signal).unwrap().is_err());
+    // Not TOML at all.
+    std::fs::write(&path, "[limits\nmessages = 1000\n").unwrap();
+    let e = watcher
+        .check(Cause::Changed)
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 1"), "{e}");
+
+    // A missing file (a deploy swapping it): reported once, nothing changes.
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(
+        watcher.check(Cause::Changed),
+        Some(Err(ReloadError::Read { .. }))
+    ));
+    assert!(watcher.check(Cause::Changed).is_none());
+    assert_eq!(m.factor("flood", "messages"), Some(0.5));
+
+    // Fixed: in force again.
+    std::fs::write(&path, "[limits]\nmessages = 4000\n").unwrap();
+    watcher.check(Cause::Changed).unwrap().unwrap();
+    assert_eq!(m.factor("flood", "messages"), Some(0.0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn names(views: &[KeyView]) -> Vec<String> {
+    views
+        .iter()
+        .map(|v| format!("{}/{}", v.op, v.account))
+        .collect()
+}
+
+#[test]
+fn the_accounts_query_filters_sorts_and_cuts() {
+    let m = busy(clock());
+    let all = |q: AccountsQuery| m.accounts(&q);
+
+    let (views, matched) = all(AccountsQuery::default());
+    assert_eq!(matched, 5);
+    // By factor, largest first; ties (all zero) by account then op.
+    assert_eq!(
+        names(&views),
+        [
+            "messages/flood",
+            "messages/acme-1",
+            "messages/acme-2",
+            "messages/calm",
+            "presence/flood"
+        ]
+    );
+    let (views, _) = all(AccountsQuery {
+        min_factor: 0.1,
+        ..AccountsQuery::default()
+    });
+    assert_eq!(
+        names(&views),
+        ["messages/flood", "messages/acme-1", "messages/acme-2"]
+    );
+    let (views, _) = all(AccountsQuery {
+        prefix: Some("acme".into()),
+        sort: AccountsSort::Account,
+        ..AccountsQuery::default()
+    });
+    assert_eq!(names(&views), ["messages/acme-1", "messages/acme-2"]);
+    let (views, matched) = all(AccountsQuery {
+        op: Some("presence".into()),
+        ..AccountsQuery::default()
+    });
+    assert_eq!(
+        (names(&views), matched),
+        (vec!["presence/flood".to_string()], 1)
+    );
+    // Unlimited: ratio 0, so last by ratio; demand still sorts it.
+    let (views, matched) = all(AccountsQuery {
+        sort: AccountsSort::Ratio,
+        limit: 2,
+        ..AccountsQuery::default()
+    });
+    assert_eq!(
+        (names(&views), matched),
+        (vec!["messages/flood".into(), "messages/acme-1".into()], 5)
+    );
+    let (views, _) = all(AccountsQuery {
+        sort: AccountsSort::Demand,
+        ..AccountsQuery::default()
+    });
+    assert_eq!(
+        views.iter().map(|v| v.demand).collect::<Vec<_>>(),
+        [4000.0, 2000.0, 1500.0, 250.0, 50.0]
+    );
+    let (views, _) = all(AccountsQuery {
+        account: Some("flood".into()),
+        ..AccountsQuery::default()
+    });
+    assert_eq!(names(&views), ["messages/flood", "presence/flood"]);
+}
+
+async fn get(m: &Master, uri: &str) -> (StatusCode, String) {
+    let response = crate::http::router(m.clone(), None)
+        .oneshot(HttpRequest::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test]
+async fn the_http_accounts_endpoint_filters_sorts_and_refuses_bad_parameters() {
+    let m = busy(clock());
+    let (status, body) = get(
+        &m,
+        "/v1/accounts?op=messages&min_factor=0.3&sort=demand&limit=2",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply = json(&body);
+    assert_eq!(reply["matched"], 3);
+    assert_eq!(reply["now_unix_ms"], T0_MS + 5);
+    let rows = reply["accounts"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["account"], "flood");
+    assert_eq!(rows[0]["op"], "messages");
+    assert_eq!(rows[0]["limit"], 1000.0);
+    assert_eq!(rows[0]["limit_key"], "messages");
+    assert_eq!(rows[0]["demand"], 4000.0);
+    assert_eq!(rows[0]["factor"], 0.75);
+    assert_eq!(rows[0]["ratio"], 4.0);
+    assert_eq!(rows[0]["last_report_unix_ms"], T0_MS + 5);
+    assert_eq!(rows[1]["account"], "acme-1");
+
+    let (_, body) = get(&m, "/v1/accounts?prefix=acme&sort=account").await;
+    let accounts: Vec<_> = json(&body)["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["account"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(accounts, ["acme-1", "acme-2"]);
+
+    for (query, names) in [
+        ("min_factor=2", "`min_factor`"),
+        ("min_factor=lots", "`min_factor`"),
+        ("sort=size", "`sort`"),
+        ("limit=0", "`limit`"),
+        ("limit=10001", "`limit`"),
+        ("opp=messages", "`opp`"),
+    ] {
+        let (status, body) = get(&m, &format!("/v1/accounts?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        let error = json(&body)["error"].as_str().unwrap().to_string();
+        assert!(error.contains(names), "{query}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn the_http_endpoint_shows_one_account_the_page_and_health() {
+    let m = busy(clock());
+    let (status, body) = get(&m, "/v1/accounts/flood").await;
+    assert_eq!(status, StatusCode::OK);
+    let reply = json(&body);
+    assert_eq!(reply["account"], "flood");
+    let ops: Vec<_> = reply["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op"].clone())
+        .collect();
+    assert_eq!(ops, ["messages", "presence"]);
+    let (status, body) = get(&m, "/v1/accounts/nobody").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(json(&body)["error"].as_str().unwrap().contains("nobody"));
+    let long = "a".repeat(300);
+    let (status, _) = get(&m, &format!("/v1/accounts/{long}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, page) = get(&m, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<table id=\"accounts\">") && page.contains("v1/accounts?"));
+    assert_eq!(
+        get(&m, "/healthz").await,
+        (StatusCode::OK, "ok\n".to_string())
+    );
+    // No recorder handle given: no metrics, said plainly.
+    assert_eq!(get(&m, "/metrics").await.0, StatusCode::NOT_FOUND);
+}

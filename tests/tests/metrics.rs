@@ -1,0 +1,116 @@
+//! The metrics an agent and a master record through the `metrics` facade,
+//! read back in Prometheus' text format as a host application that installs
+//! `metrics-exporter-prometheus` would expose them. One test in this binary:
+//! a recorder is process-wide.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+
+use damper_agent::Agent;
+use damper_core::config::MasterConfig;
+use damper_master::{Master, MasterOptions};
+use damper_tests::proxy::{Fault, FaultProxy};
+use damper_tests::served::ServedMaster;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// The value of the series named exactly `series` (name and labels).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+async fn wait_for(
+    handle: &PrometheusHandle,
+    what: &str,
+    mut holds: impl FnMut(&str) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = handle.render();
+        if holds(&text) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {what}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_and_master_record_the_documented_series() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
+
+    let config = MasterConfig::from_toml(
+        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
+         [limits]\nmessages = 1000\n",
+    )
+    .unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let proxy = FaultProxy::start(served.address).await.unwrap();
+    let agent = Arc::new(
+        Agent::builder()
+            .masters([proxy.address().to_string()])
+            .rollup_interval(Duration::from_millis(500))
+            .start()
+            .unwrap(),
+    );
+    // 5000 cost/s against 1000/s, from a plain thread.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let (agent, stop) = (agent.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                for _ in 0..10 {
+                    agent.check("acme", "messages", 5);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let text = wait_for(&handle, "suppressed", |t| {
+        value(t, "damper_agent_rejected_cost_total{op=\"messages\"}").unwrap_or(0.0) > 0.0
+    })
+    .await;
+    assert!(value(&text, "damper_agent_admitted_cost_total{op=\"messages\"}").unwrap() > 0.0);
+    assert!(value(&text, "damper_agent_rollups_total{result=\"ok\"}").unwrap() >= 1.0);
+    assert!(value(&text, "damper_agent_rollup_duration_seconds_count").unwrap() >= 1.0);
+    assert_eq!(value(&text, "damper_agent_pending_bytes"), Some(0.0));
+    // The master's side, recorded in the same process.
+    assert!(value(&text, "damper_master_rollups_total").unwrap() >= 1.0);
+    assert!(value(&text, "damper_master_entries_total").unwrap() >= 1.0);
+    assert!(value(&text, "damper_master_factors_sent_total").unwrap() >= 1.0);
+    served.master.record_gauges();
+    let text = handle.render();
+    assert_eq!(value(&text, "damper_master_accounts_tracked"), Some(1.0));
+    assert_eq!(
+        value(&text, "damper_master_accounts_suppressed{op=\"messages\"}"),
+        Some(1.0)
+    );
+
+    // The link drops everything: rollups fail, counts wait, the factor
+    // lapses and the agent fails open, each of which shows.
+    proxy.set(Fault::Drop);
+    let text = wait_for(&handle, "failed open", |t| {
+        value(t, "damper_agent_factors_expired_total").unwrap_or(0.0) >= 1.0
+            && value(t, "damper_agent_pending_bytes").unwrap_or(0.0) > 0.0
+    })
+    .await;
+    assert!(value(&text, "damper_agent_rollups_total{result=\"error\"}").unwrap() >= 1.0);
+
+    stop.store(true, Relaxed);
+    flood.join().unwrap();
+    drop(agent);
+    drop(proxy);
+    served.stop().await;
+}

@@ -548,13 +548,13 @@ impl MasterState {
         self.keys == 0
     }
 
-    /// For each op with any, how many of its pairs are suppressed: their
-    /// last report got a positive factor. Counts flags, computes nothing.
+    /// For each op tracked, how many of its pairs are suppressed (their
+    /// last report got a positive factor), 0 included. Counts flags,
+    /// computes nothing.
     pub fn suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.ops.iter().filter_map(|(op, accounts)| {
-            let n = accounts.values().filter(|k| k.suppressed).count();
-            (n > 0).then_some((&**op, n))
-        })
+        self.ops
+            .iter()
+            .map(|(op, accounts)| (&**op, accounts.values().filter(|k| k.suppressed).count()))
     }
 
     /// Cost that arrived too late to fit in its window, since start.

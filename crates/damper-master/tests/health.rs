@@ -81,3 +81,72 @@ fn check_config_validates_a_file_and_names_the_bad_field() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--check-config"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_master_answers_grpc_reflection() {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(damper_master::run(
+        listener,
+        Master::new(config, MasterOptions::default()),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reflection = ServerReflectionClient::new(channel);
+    let ask = |request| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(request),
+    };
+    let mut replies = reflection
+        .server_reflection_info(tokio_stream::iter([
+            ask(MessageRequest::ListServices(String::new())),
+            ask(MessageRequest::FileContainingSymbol(
+                "damper.v1.Master".into(),
+            )),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        replies.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("not a service list");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for want in [
+        "damper.v1.Master",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+    let Some(MessageResponse::FileDescriptorResponse(files)) =
+        replies.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("no file descriptor for damper.v1.Master");
+    };
+    let file = <prost_types::FileDescriptorProto as prost::Message>::decode(
+        files.file_descriptor_proto[0].as_slice(),
+    )
+    .unwrap();
+    assert_eq!(file.package(), "damper.v1");
+    let methods: Vec<_> = file.service[0].method.iter().map(|m| m.name()).collect();
+    assert_eq!(methods, ["Rollup", "Factors"]);
+    drop(reflection);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

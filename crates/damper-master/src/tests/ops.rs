@@ -321,3 +321,52 @@ async fn the_http_endpoint_shows_one_account_the_page_and_health() {
     // No recorder handle given: no metrics, said plainly.
     assert_eq!(get(&m, "/metrics").await.0, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_watcher_task_polls_answers_signals_and_stops_on_shutdown() {
+    let dir = std::env::temp_dir().join(format!("damper-watch-task-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (polled, signalled) = (dir.join("polled.toml"), dir.join("signalled.toml"));
+    let first = "[limits]\nmessages = 1000\n";
+    let granted = "[limits]\nmessages = 1000\n\"messages/flood\" = 2000\n";
+    let (a, b) = (busy(clock()), busy(clock()));
+    let mut tasks = Vec::new();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut hups = Vec::new();
+    for (m, path, every) in [
+        (&a, &polled, Some(Duration::from_secs(1))),
+        (&b, &signalled, None),
+    ] {
+        std::fs::write(path, first).unwrap();
+        let (hup, signals) = tokio::sync::mpsc::channel(1);
+        hups.push(hup);
+        let mut stopping = stopping.clone();
+        tasks.push(tokio::spawn(
+            ConfigWatcher::new(m.clone(), path, first).run(every, signals, async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            }),
+        ));
+    }
+    std::fs::write(&polled, granted).unwrap();
+    std::fs::write(&signalled, granted).unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        a.factor("flood", "messages"),
+        Some(0.5),
+        "polled within a second"
+    );
+    assert_eq!(
+        b.factor("flood", "messages"),
+        Some(0.75),
+        "no polling: waits for a signal"
+    );
+    hups[1].send(()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(b.factor("flood", "messages"), Some(0.5));
+
+    stop.send(true).unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

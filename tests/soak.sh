@@ -17,7 +17,7 @@ trap cleanup EXIT
 
 masters=()
 for i in 0 1 2; do
-  NO_COLOR=1 "$bin/damper-master" --listen 127.0.0.1:0 >"$dir/master$i.log" 2>&1 &
+  NO_COLOR=1 "$bin/damper-master" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$dir/master$i.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
     addr=$(grep -o 'listen=[0-9.:]*' "$dir/master$i.log" | head -1 | cut -d= -f2 || true)

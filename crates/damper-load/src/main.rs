@@ -63,6 +63,12 @@ struct Args {
     #[arg(long, default_value_t = 2000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     rollup_interval: u64,
+
+    /// Log format for the agents' logs on stderr: `text` or `json` (one
+    /// object per line). The level comes from RUST_LOG (default `warn`).
+    #[arg(long, value_name = "FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,14 +82,17 @@ fn main() -> std::process::ExitCode {
 }
 
 fn load() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
     let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    if args.log_format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.init();
+    }
     let masters: Vec<String> = args
         .masters
         .iter()

@@ -7,26 +7,13 @@
 #
 #   tests/sizing.sh [ACCOUNTS] [AGENTS] [DURATION]
 set -euo pipefail
-cd "$(dirname "$0")/.."
 accounts=${1:-50000}
 agents=${2:-200}
 duration=${3:-60}
-cargo build --release --locked -p damper-master -p damper-load >&2
-bin=target/release
-dir=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
+source "$(dirname "$0")/masters.sh"
 
-NO_COLOR=1 "$bin/damper-master" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$dir/master.log" 2>&1 &
-master=$!
-pids+=($master)
-for _ in $(seq 100); do
-  addr=$(grep -o ' listen=[0-9.:]*' "$dir/master.log" | head -1 | cut -d= -f2 || true)
-  http=$(grep -o ' http=[0-9.:]*' "$dir/master.log" | head -1 | cut -d= -f2 || true)
-  [ -n "$addr" ] && break
-  sleep 0.1
-done
+start_master master
+master=$pid
 cpu() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$master/stat"; }
 rss() { awk '/VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$master/status"; }
 

@@ -6,24 +6,12 @@
 #
 #   tests/soak.sh [DURATION]
 set -euo pipefail
-cd "$(dirname "$0")/.."
 duration=${1:-600}
-cargo build --release --locked -p damper-master -p damper-load >&2
-bin=target/release
-dir=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
+source "$(dirname "$0")/masters.sh"
 
 masters=()
 for i in 0 1 2; do
-  NO_COLOR=1 "$bin/damper-master" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$dir/master$i.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do
-    addr=$(grep -o 'listen=[0-9.:]*' "$dir/master$i.log" | head -1 | cut -d= -f2 || true)
-    [ -n "$addr" ] && break
-    sleep 0.1
-  done
+  start_master "master$i"
   masters+=("$addr")
 done
 list=$(IFS=,; echo "${masters[*]}")

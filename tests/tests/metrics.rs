@@ -4,11 +4,11 @@
 //! a recorder is process-wide.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 use damper_agent::Agent;
 use damper_core::config::MasterConfig;
+use damper_load::Paced;
 use damper_master::{Master, MasterOptions};
 use damper_tests::proxy::{Fault, FaultProxy};
 use damper_tests::served::ServedMaster;
@@ -65,18 +65,14 @@ async fn agent_and_master_record_the_documented_series() {
             .unwrap(),
     );
     // 5000 cost/s against 1000/s, from a plain thread.
-    let stop = Arc::new(AtomicBool::new(false));
-    let flood = {
-        let (agent, stop) = (agent.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Relaxed) {
-                for _ in 0..10 {
-                    agent.check("acme", "messages", 5);
-                }
-                std::thread::sleep(Duration::from_millis(10));
+    let flood = Paced::start(Duration::from_millis(10), {
+        let agent = agent.clone();
+        move || {
+            for _ in 0..10 {
+                agent.check("acme", "messages", 5);
             }
-        })
-    };
+        }
+    });
 
     let text = wait_for(&handle, "suppressed", |t| {
         value(t, "damper_agent_rejected_cost_total{op=\"messages\"}").unwrap_or(0.0) > 0.0
@@ -108,8 +104,7 @@ async fn agent_and_master_record_the_documented_series() {
     .await;
     assert!(value(&text, "damper_agent_rollups_total{result=\"error\"}").unwrap() >= 1.0);
 
-    stop.store(true, Relaxed);
-    flood.join().unwrap();
+    flood.stop();
     drop(agent);
     drop(proxy);
     served.stop().await;

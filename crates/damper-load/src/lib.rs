@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`Traffic`]: one `ACCOUNT:OP:RATE[:COST]` item.
 //! - [`drive`]: spreads every item's attempts evenly over time and agents.
+//! - [`Paced`]: a closure called at a fixed pace on a plain thread, as a
+//!   node's publish path calls `check` (the end-to-end tests' traffic).
 //! - `src/main.rs`: the `damper-load` binary.
 //!
 //! # Example
@@ -20,6 +22,51 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use damper_agent::Agent;
+
+/// A closure called every `every` on its own thread until stopped: traffic
+/// from a plain thread, as a node's publish path would call `check`.
+/// Dropping it stops the thread and waits for it.
+#[derive(Debug)]
+pub struct Paced {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Paced {
+    /// Starts calling `tick` every `every` (plus the time `tick` takes).
+    pub fn start(every: Duration, mut tick: impl FnMut() + Send + 'static) -> Paced {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                tick();
+                std::thread::sleep(every);
+            }
+        });
+        Paced {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the thread and waits for it; panics if `tick` panicked.
+    pub fn stop(mut self) {
+        self.halt().expect("the paced closure does not panic");
+    }
+
+    fn halt(&mut self) -> std::thread::Result<()> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .map_or(Ok(()), std::thread::JoinHandle::join)
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        let _ = self.halt();
+    }
+}
 
 /// One stream of operations: `rate` attempts per second of `cost` each, by
 /// `account` on `op`, across all agents together.

@@ -9,11 +9,11 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 use common::MasterProcess;
 use damper_agent::Agent;
+use damper_load::Paced;
 
 #[test]
 fn the_accounts_page_shows_the_suppressed_account() {
@@ -47,21 +47,17 @@ fn the_accounts_page_shows_the_suppressed_account() {
     );
     // Per second: flood-co 5000 on messages (5x its limit) and 500 on the
     // unlimited presence; calm-co 200 and acme-ltd 400 on messages.
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = {
-        let (agent, stop) = (agent.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Relaxed) {
-                for _ in 0..10 {
-                    agent.check("flood-co", "messages", 5);
-                }
-                agent.check("flood-co", "presence", 5);
-                agent.check("calm-co", "messages", 2);
-                agent.check("acme-ltd", "messages", 4);
-                std::thread::sleep(Duration::from_millis(10));
+    let traffic = Paced::start(Duration::from_millis(10), {
+        let agent = agent.clone();
+        move || {
+            for _ in 0..10 {
+                agent.check("flood-co", "messages", 5);
             }
-        })
-    };
+            agent.check("flood-co", "presence", 5);
+            agent.check("calm-co", "messages", 2);
+            agent.check("acme-ltd", "messages", 4);
+        }
+    });
     // Let the master see every pair once before the page loads.
     for _ in 0..600 {
         if master.get("/v1/accounts").1.matches("\"account\"").count() >= 4 {
@@ -81,8 +77,7 @@ fn the_accounts_page_shows_the_suppressed_account() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stdout}{stderr}");
 
-    stop.store(true, Relaxed);
-    traffic.join().unwrap();
+    traffic.stop();
     drop(agent);
     assert!(master.terminate());
     std::fs::remove_dir_all(&dir).unwrap();

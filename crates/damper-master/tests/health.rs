@@ -9,8 +9,13 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-#[tokio::test]
-async fn the_master_answers_grpc_health_checks() {
+/// A master served in-process on a loopback port, a channel to it, and
+/// what stops it.
+async fn serve() -> (
+    tonic::transport::Channel,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), damper_master::ServeError>>,
+) {
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -27,6 +32,12 @@ async fn the_master_answers_grpc_health_checks() {
         .connect()
         .await
         .unwrap();
+    (channel, stop, server)
+}
+
+#[tokio::test]
+async fn the_master_answers_grpc_health_checks() {
+    let (channel, stop, server) = serve().await;
     let mut health = HealthClient::new(channel);
     for service in ["", "damper.v1.Master"] {
         let status = health
@@ -90,22 +101,7 @@ async fn the_master_answers_grpc_reflection() {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(damper_master::run(
-        listener,
-        Master::new(config, MasterOptions::default()),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let (channel, stop, server) = serve().await;
     let mut reflection = ServerReflectionClient::new(channel);
     let ask = |request| ServerReflectionRequest {
         host: String::new(),

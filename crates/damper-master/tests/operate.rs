@@ -6,11 +6,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 use common::MasterProcess;
 use damper_agent::Agent;
+use damper_load::Paced;
 
 const WINDOW: &str = "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n";
 
@@ -65,18 +65,14 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
             .unwrap(),
     );
     // About 5000 cost/s on acme's messages, from a plain thread.
-    let stop = Arc::new(AtomicBool::new(false));
-    let flood = {
-        let (agent, stop) = (agent.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Relaxed) {
-                for _ in 0..10 {
-                    agent.check("acme", "messages", 5);
-                }
-                std::thread::sleep(Duration::from_millis(10));
+    let flood = Paced::start(Duration::from_millis(10), {
+        let agent = agent.clone();
+        move || {
+            for _ in 0..10 {
+                agent.check("acme", "messages", 5);
             }
-        })
-    };
+        }
+    });
     let factor = || agent.factor("acme", "messages").unwrap_or(-1.0);
 
     assert!(
@@ -167,8 +163,7 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
         .count();
     assert_eq!((started, stopped), (1, 1), "{all:?}");
 
-    stop.store(true, Relaxed);
-    flood.join().unwrap();
+    flood.stop();
     drop(agent);
     assert!(master.terminate());
     std::fs::remove_dir_all(&dir).unwrap();

@@ -14,6 +14,9 @@
 //! - `clock`: the coarse clock `check` reads.
 //! - The decision itself is [`damper_core::agent`]'s, re-exported here as
 //!   [`Decision`] and [`Rejection`].
+//! - [`local`]: keyed token buckets for the node's own per-connection and
+//!   per-channel limits (re-exported from [`damper_core::local`]), fed with
+//!   [`Agent::now`].
 //!
 //! # Example
 //! ```no_run
@@ -56,6 +59,14 @@ use tokio::task::JoinHandle;
 
 pub use damper_core::agent::{Decision, RejectSource, Rejection};
 pub use rollup::rollup_request;
+
+/// Keyed token buckets for the limits a node enforces on its own (per
+/// connection, per channel), next to the account-wide [`Agent::check`]:
+/// capacity, refill amount and time, strict mode, caller-supplied time,
+/// sweeping of full buckets. See [`damper_core::local`].
+pub mod local {
+    pub use damper_core::local::{BucketConfig, BucketConfigError, Reduced, TokenBuckets};
+}
 
 use crate::clock::CoarseClock;
 
@@ -478,6 +489,14 @@ impl Agent {
     pub fn check(&self, account: &str, op: &str, cost: u64) -> Decision {
         let now = self.shared.clock.now();
         RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng))
+    }
+
+    /// The agent's coarse clock (updated every millisecond by a shared
+    /// thread, so reading it is a load, not a syscall): the `now` to give
+    /// the node's [`local`] limiters, so they cost no clock read either.
+    #[inline]
+    pub fn now(&self) -> damper_core::time::Nanos {
+        self.shared.clock.now()
     }
 
     /// The master's factor in force for an (account, op), or `None` if this

@@ -23,6 +23,7 @@
 //! - [`policy`]: rates and limit to suppression factor.
 //! - [`master`]: the master's per-shard state machine.
 //! - [`agent`]: the agent's admission decision, counters and factors.
+//! - [`local`]: keyed token buckets for per-connection and per-channel limits.
 //! - [`ring`]: consistent hashing of accounts over masters.
 //! - [`membership`]: which masters are up, with failure counting and probes.
 //!
@@ -73,6 +74,7 @@
 pub mod agent;
 pub mod config;
 pub mod limits;
+pub mod local;
 pub mod master;
 pub mod membership;
 pub mod policy;

@@ -1,0 +1,116 @@
+//! The local token buckets (`damper_core::local`), next to the account-wide
+//! `check` and `governor`'s keyed limiter, over the same 100 000 `String`
+//! keys in the same shuffled order. A publish runs a connection bucket, a
+//! channel bucket and `check`, so the three costs add up.
+//!
+//! Groups:
+//! - `local_take`: tokens are there (`reduce` takes one; `check` admits;
+//!   governor allows).
+//! - `local_deny`: the bucket is empty (`reduce` denies; `check` rejects at
+//!   factor 1; governor denies).
+//!
+//! Run: `cargo bench -p damper-core --bench local`.
+
+#![allow(missing_docs)]
+// A benchmark measures wall time by definition.
+#![allow(clippy::disallowed_types)]
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::local::{BucketConfig, TokenBuckets};
+use damper_core::time::Nanos;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const KEYS: usize = 100_000;
+const OP: &str = "messages";
+const NOW: Nanos = Nanos::from_secs(1_800_000_000);
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("conn-{i:06}")).collect()
+}
+
+fn order(seed: u64) -> Vec<usize> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..KEYS).collect();
+    for i in (1..order.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+fn group(c: &mut Criterion, name: &str, take: bool) {
+    let keys = keys();
+    let order = order(1);
+    // Taking: a bucket that never runs dry within the run. Denying: one
+    // token an hour, spent below.
+    let config = if take {
+        BucketConfig::new(u64::MAX / 2, 1, Duration::from_secs(1)).unwrap()
+    } else {
+        BucketConfig::new(1, 1, Duration::from_secs(3600)).unwrap()
+    };
+    let buckets: TokenBuckets<String> = TokenBuckets::new(config);
+    let agent = AgentState::new(AgentConfig::default());
+    let quota = if take {
+        Quota::per_second(NonZeroU32::MAX)
+    } else {
+        Quota::per_hour(NonZeroU32::MIN)
+    };
+    let gov: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
+    for k in &keys {
+        let _ = buckets.reduce(k.as_str(), 1, NOW);
+        agent.apply(
+            NOW,
+            k,
+            OP,
+            if take { 0.0 } else { 1.0 },
+            1e15,
+            Duration::from_secs(3600),
+        );
+        let _ = gov.check_key(k);
+    }
+    let mut g = c.benchmark_group(name);
+    g.bench_function("token_buckets", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(buckets.reduce(keys[order[i]].as_str(), 1, NOW).is_taken())
+        })
+    });
+    g.bench_function("check", |b| {
+        let mut rng = SmallRng::seed_from_u64(2);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(agent.check(NOW, &keys[order[i]], OP, 1, &mut rng))
+        })
+    });
+    g.bench_function("governor", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(gov.check_key(&keys[order[i]]).is_ok())
+        })
+    });
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    group(c, "local_take", true);
+    group(c, "local_deny", false);
+}
+
+criterion_group! {
+    name = local;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = benches
+}
+criterion_main!(local);

@@ -23,31 +23,14 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{KEYS, NOW, OP, keys, order};
 use criterion::{Criterion, criterion_group, criterion_main};
 use damper_core::agent::{AgentConfig, AgentState};
-use damper_core::time::Nanos;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-const KEYS: usize = 100_000;
-const OP: &str = "messages";
-const NOW: Nanos = Nanos::from_secs(1_800_000_000);
-
-fn keys() -> Vec<String> {
-    (0..KEYS).map(|i| format!("account-{i:06}")).collect()
-}
-
-/// A shuffled visiting order, the same for both limiters.
-fn order(seed: u64) -> Vec<usize> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut order: Vec<usize> = (0..KEYS).collect();
-    for i in (1..order.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
 
 /// Damper's agent state with every key known and `factor` in force.
 fn damper(keys: &[String], factor: f64) -> AgentState {
@@ -75,7 +58,7 @@ fn governor(keys: &[String], allow: bool) -> DefaultKeyedRateLimiter<String> {
 }
 
 fn single_thread(c: &mut Criterion, group: &str, factor: f64, allow: bool) {
-    let keys = keys();
+    let keys = keys("account");
     let order = order(1);
     let agent = damper(&keys, factor);
     let gov = governor(&keys, allow);
@@ -122,7 +105,7 @@ fn two_threads(iters: u64, call: Arc<dyn Fn(usize, u64) + Send + Sync>) -> Durat
 }
 
 fn threaded(c: &mut Criterion, group: &str, factor: f64, allow: bool, hot_key: bool) {
-    let keys = Arc::new(keys());
+    let keys = Arc::new(keys("account"));
     let orders = Arc::new([order(1), order(3)]);
     let agent = Arc::new(damper(&keys, factor));
     let gov = Arc::new(governor(&keys, allow));

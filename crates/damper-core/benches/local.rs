@@ -19,34 +19,18 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+mod common;
+
+use common::{KEYS, NOW, OP, keys, order};
 use criterion::{Criterion, criterion_group, criterion_main};
 use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::local::{BucketConfig, TokenBuckets};
-use damper_core::time::Nanos;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-const KEYS: usize = 100_000;
-const OP: &str = "messages";
-const NOW: Nanos = Nanos::from_secs(1_800_000_000);
-
-fn keys() -> Vec<String> {
-    (0..KEYS).map(|i| format!("conn-{i:06}")).collect()
-}
-
-fn order(seed: u64) -> Vec<usize> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut order: Vec<usize> = (0..KEYS).collect();
-    for i in (1..order.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
 
 fn group(c: &mut Criterion, name: &str, take: bool) {
-    let keys = keys();
+    let keys = keys("conn");
     let order = order(1);
     // Taking: a bucket that never runs dry within the run. Denying: one
     // token an hour, spent below.

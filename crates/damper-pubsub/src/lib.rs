@@ -339,32 +339,36 @@ impl Node {
             return refuse(ErrorCode::BadRequest, reason, None);
         }
         let now = s.agent.now();
-        if let Reduced::Denied { retry_after, .. } = s.connections.reduce(&connection, 1, now) {
-            s.stats.rejected_connection.fetch_add(1, Relaxed);
-            let c = s.config.connection;
-            return refuse(
-                ErrorCode::ConnectionRateLimited,
+        // A local bucket's refusal: the limit, in words, and when to retry.
+        let local = |code, what: String, c: BucketConfig, counter: &AtomicU64, retry| {
+            counter.fetch_add(1, Relaxed);
+            refuse(
+                code,
                 format!(
-                    "this connection may publish {} messages, {} more every {:?}",
+                    "{what} may take {} messages, {} more every {:?}",
                     c.capacity(),
                     c.refill_amount(),
                     c.refill_time()
                 ),
+                retry,
+            )
+        };
+        if let Reduced::Denied { retry_after, .. } = s.connections.reduce(&connection, 1, now) {
+            return local(
+                ErrorCode::ConnectionRateLimited,
+                "this connection".into(),
+                s.config.connection,
+                &s.stats.rejected_connection,
                 retry_after,
             );
         }
         let key = channel_key(account, channel);
         if let Reduced::Denied { retry_after, .. } = s.channels.reduce(key.as_str(), 1, now) {
-            s.stats.rejected_channel.fetch_add(1, Relaxed);
-            let c = s.config.channel;
-            return refuse(
+            return local(
                 ErrorCode::ChannelRateLimited,
-                format!(
-                    "channel {channel:?} may take {} messages, {} more every {:?}",
-                    c.capacity(),
-                    c.refill_amount(),
-                    c.refill_time()
-                ),
+                format!("channel {channel:?}"),
+                s.config.channel,
+                &s.stats.rejected_channel,
                 retry_after,
             );
         }

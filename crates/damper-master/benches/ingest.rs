@@ -1,0 +1,108 @@
+//! The master's ingest path, in-process: rollups of 1 000 entries into a
+//! master already tracking 1 000 000 (account, op) keys, on one shard (so
+//! the figure is per core), and the cost of encoding the reply.
+//!
+//! Groups (criterion reports entries per second):
+//! - `ingest/rollup_1000_entries`: `Master::rollup` on a decoded request:
+//!   validation, grouping by shard, window updates, verdicts, the reply.
+//! - `ingest/rollup_bytes_1000_entries`: the same from wire bytes
+//!   (`Master::rollup_bytes`: protobuf decoding included).
+//! - `ingest/encode_reply`: encoding the reply of such a rollup.
+//!
+//! Run: `cargo bench -p damper-master --bench ingest`.
+
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use damper_core::config::MasterConfig;
+use damper_core::time::{ManualClock, Nanos};
+use damper_master::{Master, MasterOptions};
+use damper_proto::v1::{AccountCounts, OpCounts, RollupRequest};
+use prost::Message;
+
+const KEYS: usize = 1_000_000;
+const PER_ROLLUP: usize = 1_000;
+const T0_MS: u64 = 1_800_000_000_000;
+
+fn rollup(first: usize, end_ms: u64) -> RollupRequest {
+    RollupRequest {
+        agent_id: "bench".into(),
+        interval_start_unix_ms: end_ms - 2_000,
+        interval_end_unix_ms: end_ms,
+        ring_version: 0,
+        ops: vec![OpCounts {
+            op: "messages".into(),
+            accounts: (first..first + PER_ROLLUP)
+                .map(|i| AccountCounts {
+                    account: format!("account-{:07}", i % KEYS),
+                    // Every tenth account over its limit, so replies carry factors.
+                    attempted: if i % 10 == 0 { 8_000 } else { 200 },
+                    admitted: if i % 10 == 0 { 8_000 } else { 200 },
+                    start_unix_ms: 0,
+                })
+                .collect(),
+        }],
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)));
+    let options = MasterOptions {
+        shards: 1,
+        max_entries: PER_ROLLUP,
+        ..MasterOptions::default()
+    };
+    let master = Master::with_clock(config, options, clock.clone());
+    for first in (0..KEYS).step_by(PER_ROLLUP) {
+        master.rollup(&rollup(first, T0_MS)).unwrap();
+    }
+    assert_eq!(master.len(), KEYS);
+    // A pool of requests over all keys, visited in turn.
+    let requests: Vec<RollupRequest> = (0..KEYS)
+        .step_by(PER_ROLLUP)
+        .map(|first| rollup((first * 7919) % KEYS, T0_MS))
+        .collect();
+    let encoded: Vec<Vec<u8>> = requests.iter().map(Message::encode_to_vec).collect();
+    let reply = master.rollup(&requests[0]).unwrap();
+    eprintln!(
+        "a 1 000-entry rollup: {} bytes; its reply: {} bytes carrying {} factors",
+        encoded[0].len(),
+        reply.encoded_len(),
+        reply.ops.iter().map(|o| o.accounts.len()).sum::<usize>()
+    );
+
+    let mut g = c.benchmark_group("ingest");
+    g.throughput(Throughput::Elements(PER_ROLLUP as u64));
+    g.bench_function("rollup_1000_entries", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % requests.len();
+            black_box(master.rollup(&requests[i]).unwrap())
+        })
+    });
+    g.bench_function("rollup_bytes_1000_entries", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % encoded.len();
+            black_box(master.rollup_bytes(&encoded[i]).unwrap())
+        })
+    });
+    g.bench_function("encode_reply", |b| {
+        b.iter(|| black_box(reply.encode_to_vec()))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = ingest;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    targets = benches
+}
+criterion_main!(ingest);

@@ -1,0 +1,101 @@
+//! How much memory a master's state takes per (account, op): fills one
+//! master with `--accounts N` accounts on one op, each reported over a whole
+//! window (12 rounds of 2 s: every sub-interval holds counts), and measures
+//! the process's resident memory before and after.
+//!
+//! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.
+//! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
+
+// It reports wall time for the fill, by definition.
+#![allow(clippy::disallowed_types)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use damper_core::config::MasterConfig;
+use damper_core::time::{ManualClock, Nanos};
+use damper_master::{Master, MasterOptions};
+use damper_proto::v1::{AccountCounts, OpCounts, RollupRequest};
+
+const PER_ROLLUP: usize = 10_000;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut accounts = 1_000_000usize;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--accounts" => {
+                accounts = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| {
+                        eprintln!("state_memory: --accounts takes a positive whole number");
+                        std::process::exit(2)
+                    })
+            }
+            other => {
+                eprintln!("state_memory: unknown argument {other:?}; usage: --accounts N");
+                std::process::exit(2)
+            }
+        }
+    }
+    let names: Vec<String> = (0..accounts).map(|i| format!("account-{i:07}")).collect();
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let t0 = 1_800_000_000_000u64;
+    let clock = Arc::new(ManualClock::new(Nanos::from_millis(t0)));
+    let options = MasterOptions {
+        shards: 4,
+        max_entries: PER_ROLLUP,
+        idle_after: Some(Duration::from_secs(3600)),
+        ..MasterOptions::default()
+    };
+    let before = resident_bytes();
+    let master = Master::with_clock(config, options, clock.clone());
+    let began = std::time::Instant::now();
+    for round in 1..=12u64 {
+        let end = t0 + round * 2_000;
+        clock.set(Nanos::from_millis(end + 5));
+        for chunk in names.chunks(PER_ROLLUP) {
+            let request = RollupRequest {
+                agent_id: "memory".into(),
+                interval_start_unix_ms: end - 2_000,
+                interval_end_unix_ms: end,
+                ring_version: 0,
+                ops: vec![OpCounts {
+                    op: "messages".into(),
+                    accounts: chunk
+                        .iter()
+                        .map(|a| AccountCounts {
+                            account: a.clone(),
+                            attempted: 100,
+                            admitted: 100,
+                            start_unix_ms: 0,
+                        })
+                        .collect(),
+                }],
+            };
+            master.rollup(&request).expect("a valid rollup");
+        }
+    }
+    let after = resident_bytes();
+    assert_eq!(master.len(), accounts);
+    let entries = 12 * accounts as u64;
+    eprintln!(
+        "{accounts} (account, op) pairs, {entries} entries ingested in {:.1} s ({:.2} M entries/s, 4 shards, one thread); resident {:.1} MiB before, {:.1} MiB after",
+        began.elapsed().as_secs_f64(),
+        entries as f64 / began.elapsed().as_secs_f64() / 1e6,
+        before as f64 / (1 << 20) as f64,
+        after as f64 / (1 << 20) as f64,
+    );
+    println!(
+        "bytes_per_entry={}",
+        after.saturating_sub(before) / accounts as u64
+    );
+}

@@ -80,6 +80,15 @@ async fn two_hundred_agents_three_masters_thirty_seconds() {
         .map(Master::ingested)
         .fold((0, 0), |(a, b), i| (a + i.attempted, b + i.admitted));
     assert_eq!(ingested, (attempted, admitted));
+    // And the agents' own tally of what they sent is the masters' of what
+    // they took.
+    let (rollups, entries) = masters
+        .iter()
+        .map(Master::ingested)
+        .fold((0, 0), |(r, e), i| (r + i.rollups, e + i.entries));
+    assert_eq!((stats.rollups_sent, stats.entries_sent), (rollups, entries));
+    assert_eq!(stats.rollup_latency.count(), stats.rollups_sent);
+    assert!(stats.bytes_sent > 0 && stats.bytes_received > 0);
 
     // State is per active (account, op), not growing with time.
     assert!(

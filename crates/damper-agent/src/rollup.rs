@@ -323,10 +323,15 @@ async fn send(
         match result {
             Ok(reply) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
-                shared.stats.rollups_sent.fetch_add(1, Relaxed);
                 outcomes.entry(master.clone()).or_insert(true);
                 count_delivered(&pending);
                 let reply = reply.into_inner();
+                shared.stats.answered(
+                    pending.len(),
+                    bytes,
+                    prost::Message::encoded_len(&reply),
+                    took,
+                );
                 if reply.foreign_entries > 0 {
                     foreign = true;
                     tracing::debug!(%master, entries = reply.foreign_entries, "the master does not own some accounts sent to it: this agent's ring differs");

@@ -111,3 +111,18 @@ async fn a_dead_master_never_slows_or_fails_checks() {
     assert_eq!(agent.factor("acme", "messages"), Some(0.0));
     agent.shutdown().await;
 }
+
+#[test]
+fn latency_quantiles_come_from_buckets_a_fifth_of_a_doubling_wide() {
+    let stats = crate::Stats::default();
+    for ms in 1..=100u64 {
+        stats.answered(1, 10, 10, Duration::from_millis(ms));
+    }
+    let h = crate::Agent::stats_of(&stats).rollup_latency;
+    assert_eq!(h.count(), 100);
+    let p50 = h.quantile(0.5).unwrap().as_secs_f64() * 1e3;
+    let p99 = h.quantile(0.99).unwrap().as_secs_f64() * 1e3;
+    assert!((50.0..=50.0 * 1.19).contains(&p50), "{p50}");
+    assert!((99.0..=99.0 * 1.19).contains(&p99), "{p99}");
+    assert_eq!(crate::LatencyHistogram::default().quantile(0.5), None);
+}

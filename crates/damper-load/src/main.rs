@@ -14,8 +14,10 @@ use serde_json::json;
 /// agents in this process (as N edge nodes would be), spreads each traffic
 /// item's attempts evenly over them, and prints one JSON line per item per
 /// second: {"t":SECONDS,"account":..,"op":..,"attempted":COST,"admitted":COST},
-/// then one line per item with "summary":true and the totals. Counts are in
-/// cost units.
+/// then one line per item with "summary":true and the totals, and one
+/// "agents_summary" line: rollups, entries and bytes sent and received
+/// (bytes per entry, replies as a share of requests) and the rollup latency
+/// p50/p99. Counts are in cost units.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
@@ -167,7 +169,13 @@ fn load() -> anyhow::Result<()> {
         json!({"agents_summary": true, "agents": agents.len(), "items": traffic.len(),
                "attempted": attempted, "admitted": admitted,
                "rollups_sent": stats.rollups_sent, "rollups_failed": stats.rollups_failed,
-               "factors_expired": stats.factors_expired, "dropped_cost": stats.dropped_cost})
+               "factors_expired": stats.factors_expired, "dropped_cost": stats.dropped_cost,
+               "entries_sent": stats.entries_sent, "bytes_sent": stats.bytes_sent,
+               "bytes_received": stats.bytes_received,
+               "bytes_per_entry": stats.bytes_sent as f64 / stats.entries_sent.max(1) as f64,
+               "control_share": stats.bytes_received as f64 / stats.bytes_sent.max(1) as f64,
+               "rollup_p50_ms": ms(stats.rollup_latency.quantile(0.5)),
+               "rollup_p99_ms": ms(stats.rollup_latency.quantile(0.99))})
     );
     for ((item, total), templated) in traffic.iter().zip(totals).zip(templated) {
         if quiet && templated {
@@ -182,4 +190,9 @@ fn load() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A latency in milliseconds for the JSON summary (`null` when none).
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| (d.as_secs_f64() * 1e6).round() / 1e3)
 }

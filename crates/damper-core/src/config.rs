@@ -212,6 +212,42 @@ impl WindowConfig {
     pub fn settle(&self) -> Duration {
         self.rollup_interval + self.grace
     }
+
+    /// The first setting under which `other` cuts windows differently from
+    /// this config, so counts kept under one do not fit the other; `None`
+    /// when they fit (only the estimator differs, or nothing).
+    pub fn shape_change(&self, other: &WindowConfig) -> Option<ShapeChange> {
+        let ms = |d: Duration| format!("{} ms", d.as_millis());
+        [
+            ("sub_interval_ms", ms(self.sub_interval), ms(other.sub_interval)),
+            (
+                "sub_intervals",
+                self.sub_intervals.to_string(),
+                other.sub_intervals.to_string(),
+            ),
+            (
+                "rollup_interval_ms",
+                ms(self.rollup_interval),
+                ms(other.rollup_interval),
+            ),
+            ("grace_ms", ms(self.grace), ms(other.grace)),
+        ]
+        .into_iter()
+        .find(|(_, from, to)| from != to)
+        .map(|(field, from, to)| ShapeChange { field, from, to })
+    }
+}
+
+/// A `[window]` setting that differs between two configs and changes how
+/// windows are cut ([`WindowConfig::shape_change`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeChange {
+    /// The field in `[window]`, such as `sub_intervals`.
+    pub field: &'static str,
+    /// Its value in the first config.
+    pub from: String,
+    /// Its value in the second.
+    pub to: String,
 }
 
 impl Default for WindowConfig {

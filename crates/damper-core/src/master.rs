@@ -32,7 +32,7 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 
 use crate::MAX_NAME_LEN;
-use crate::config::{MasterConfig, WindowConfig};
+use crate::config::MasterConfig;
 use crate::limits::{LimitId, Rate};
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
@@ -322,9 +322,7 @@ impl MasterState {
     /// cut up (sub-interval length or count, rollup interval, grace) starts
     /// every window afresh, since old counts no longer fit it.
     pub fn set_config(&mut self, config: MasterConfig) {
-        let shape =
-            |w: &WindowConfig| (w.sub_interval, w.sub_intervals, w.rollup_interval, w.grace);
-        if shape(&config.window) != shape(&self.config.window) {
+        if self.config.window.shape_change(&config.window).is_some() {
             for accounts in self.ops.values_mut() {
                 for key in accounts.values_mut() {
                     key.window = DemandWindow::new(&config.window);

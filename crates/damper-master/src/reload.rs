@@ -17,7 +17,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use damper_core::config::{ConfigError, MasterConfig, WindowConfig};
+use damper_core::config::{ConfigError, MasterConfig};
 
 use crate::Master;
 
@@ -77,7 +77,13 @@ impl Master {
     /// A config whose windows are cut differently is refused.
     pub fn reload(&self, config: MasterConfig) -> Result<ReloadSummary, ReloadError> {
         let old = self.config();
-        same_shape(&old.window, &config.window)?;
+        if let Some(c) = old.window.shape_change(&config.window) {
+            return Err(ReloadError::ShapeChanged {
+                field: c.field,
+                from: c.from,
+                to: c.to,
+            });
+        }
         let rate = |c: &MasterConfig| -> std::collections::BTreeMap<String, f64> {
             c.limits
                 .iter()
@@ -85,7 +91,8 @@ impl Master {
                 .collect()
         };
         let (before, after) = (rate(&old), rate(&config));
-        let mut changed: Vec<String> = before
+        // Over the union of keys, in order (a set), so sorted.
+        let changed: Vec<String> = before
             .keys()
             .chain(after.keys())
             .collect::<std::collections::BTreeSet<_>>()
@@ -96,7 +103,6 @@ impl Master {
                 format!("{k}: {} -> {}", show(before.get(k)), show(after.get(k)))
             })
             .collect();
-        changed.sort();
         let summary = ReloadSummary {
             limits: config.limits.len(),
             changed,
@@ -107,32 +113,6 @@ impl Master {
             self.lock(shard).set_config(config.clone());
         }
         Ok(summary)
-    }
-}
-
-fn same_shape(old: &WindowConfig, new: &WindowConfig) -> Result<(), ReloadError> {
-    let ms = |d: Duration| format!("{} ms", d.as_millis());
-    let fields = [
-        (
-            "sub_interval_ms",
-            ms(old.sub_interval),
-            ms(new.sub_interval),
-        ),
-        (
-            "sub_intervals",
-            old.sub_intervals.to_string(),
-            new.sub_intervals.to_string(),
-        ),
-        (
-            "rollup_interval_ms",
-            ms(old.rollup_interval),
-            ms(new.rollup_interval),
-        ),
-        ("grace_ms", ms(old.grace), ms(new.grace)),
-    ];
-    match fields.into_iter().find(|(_, from, to)| from != to) {
-        Some((field, from, to)) => Err(ReloadError::ShapeChanged { field, from, to }),
-        None => Ok(()),
     }
 }
 

@@ -219,7 +219,11 @@ impl WindowConfig {
     pub fn shape_change(&self, other: &WindowConfig) -> Option<ShapeChange> {
         let ms = |d: Duration| format!("{} ms", d.as_millis());
         [
-            ("sub_interval_ms", ms(self.sub_interval), ms(other.sub_interval)),
+            (
+                "sub_interval_ms",
+                ms(self.sub_interval),
+                ms(other.sub_interval),
+            ),
             (
                 "sub_intervals",
                 self.sub_intervals.to_string(),

@@ -67,15 +67,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use damper_agent::local::{BucketConfig, Reduced, TokenBuckets};
 use damper_agent::{Agent, Decision};
+use damper_core::master::validate_name;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, watch};
 
 /// The op every publish is checked under.
 pub const OP: &str = "messages";
-
-/// Longest account or channel name, in bytes (the agent's name limit).
-pub const MAX_NAME: usize = 256;
 
 /// A node's local limits.
 #[derive(Clone, Copy, Debug)]
@@ -248,11 +246,12 @@ fn channel_key(account: &str, channel: &str) -> String {
     format!("{account}\0{channel}")
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME || name.contains('\0') {
-        return Err(format!(
-            "`{what}` must be 1 to {MAX_NAME} bytes with no NUL"
-        ));
+/// The agent's rule for names (1 to 256 bytes, the same the masters
+/// enforce), and no NUL, which separates account from channel in keys.
+fn check_name(what: &'static str, name: &str) -> Result<(), String> {
+    validate_name(what, name).map_err(|e| e.to_string())?;
+    if name.contains('\0') {
+        return Err(format!("`{what}` must not contain NUL"));
     }
     Ok(())
 }

@@ -19,43 +19,15 @@
 #![allow(clippy::disallowed_types)]
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{KEYS, NOW, OP, keys, order};
+use common::{KEYS, NOW, OP, bench_check, bench_governor, damper, governor, keys, order};
 use criterion::{Criterion, criterion_group, criterion_main};
-use damper_core::agent::{AgentConfig, AgentState};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-
-/// Damper's agent state with every key known and `factor` in force.
-fn damper(keys: &[String], factor: f64) -> AgentState {
-    let agent = AgentState::new(AgentConfig::default());
-    for k in keys {
-        // No local guard: the limit is far above anything the bench sends.
-        agent.apply(NOW, k, OP, factor, 1e15, Duration::from_secs(3600));
-    }
-    agent
-}
-
-/// governor's keyed limiter with every key known: a quota that never runs
-/// out (allow) or one already spent (deny).
-fn governor(keys: &[String], allow: bool) -> DefaultKeyedRateLimiter<String> {
-    let quota = if allow {
-        Quota::per_second(NonZeroU32::MAX)
-    } else {
-        Quota::per_hour(NonZeroU32::MIN)
-    };
-    let limiter = RateLimiter::keyed(quota);
-    for k in keys {
-        let _ = limiter.check_key(k);
-    }
-    limiter
-}
 
 fn single_thread(c: &mut Criterion, group: &str, factor: f64, allow: bool) {
     let keys = keys("account");
@@ -63,21 +35,8 @@ fn single_thread(c: &mut Criterion, group: &str, factor: f64, allow: bool) {
     let agent = damper(&keys, factor);
     let gov = governor(&keys, allow);
     let mut g = c.benchmark_group(group);
-    g.bench_function("damper", |b| {
-        let mut rng = SmallRng::seed_from_u64(2);
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(agent.check(NOW, &keys[order[i]], OP, 1, &mut rng))
-        })
-    });
-    g.bench_function("governor", |b| {
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(gov.check_key(&keys[order[i]]).is_ok())
-        })
-    });
+    bench_check(&mut g, "damper", &agent, &keys, &order);
+    bench_governor(&mut g, &gov, &keys, &order);
     g.finish();
 }
 

@@ -16,18 +16,13 @@
 #![allow(clippy::disallowed_types)]
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 mod common;
 
-use common::{KEYS, NOW, OP, keys, order};
+use common::{KEYS, NOW, bench_check, bench_governor, damper, governor, keys, order};
 use criterion::{Criterion, criterion_group, criterion_main};
-use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::local::{BucketConfig, TokenBuckets};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 
 fn group(c: &mut Criterion, name: &str, take: bool) {
     let keys = keys("conn");
@@ -40,25 +35,11 @@ fn group(c: &mut Criterion, name: &str, take: bool) {
         BucketConfig::new(1, 1, Duration::from_secs(3600)).unwrap()
     };
     let buckets: TokenBuckets<String> = TokenBuckets::new(config);
-    let agent = AgentState::new(AgentConfig::default());
-    let quota = if take {
-        Quota::per_second(NonZeroU32::MAX)
-    } else {
-        Quota::per_hour(NonZeroU32::MIN)
-    };
-    let gov: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
     for k in &keys {
         let _ = buckets.reduce(k.as_str(), 1, NOW);
-        agent.apply(
-            NOW,
-            k,
-            OP,
-            if take { 0.0 } else { 1.0 },
-            1e15,
-            Duration::from_secs(3600),
-        );
-        let _ = gov.check_key(k);
     }
+    let agent = damper(&keys, if take { 0.0 } else { 1.0 });
+    let gov = governor(&keys, take);
     let mut g = c.benchmark_group(name);
     g.bench_function("token_buckets", |b| {
         let mut i = 0;
@@ -67,21 +48,8 @@ fn group(c: &mut Criterion, name: &str, take: bool) {
             black_box(buckets.reduce(keys[order[i]].as_str(), 1, NOW).is_taken())
         })
     });
-    g.bench_function("check", |b| {
-        let mut rng = SmallRng::seed_from_u64(2);
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(agent.check(NOW, &keys[order[i]], OP, 1, &mut rng))
-        })
-    });
-    g.bench_function("governor", |b| {
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) % KEYS;
-            black_box(gov.check_key(&keys[order[i]]).is_ok())
-        })
-    });
+    bench_check(&mut g, "check", &agent, &keys, &order);
+    bench_governor(&mut g, &gov, &keys, &order);
     g.finish();
 }
 

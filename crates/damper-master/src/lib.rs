@@ -261,7 +261,10 @@ impl Master {
                     factors[i].push(account_factor(&counts.account, &v));
                 }
             }
-            log_transitions(state.take_transitions());
+            // Logged once the shard is free for other rollups.
+            let transitions = state.take_transitions();
+            drop(state);
+            log_transitions(transitions);
         }
         let counted = &self.shared.ingested;
         counted.rollups.fetch_add(1, Relaxed);
@@ -377,9 +380,12 @@ impl Master {
         let now = self.shared.clock.now();
         (0..self.shared.shards.len())
             .map(|s| {
-                let mut state = self.lock(s);
-                let evicted = state.evict_idle(now, self.shared.idle_after);
-                log_transitions(state.take_transitions());
+                let (evicted, transitions) = {
+                    let mut state = self.lock(s);
+                    let evicted = state.evict_idle(now, self.shared.idle_after);
+                    (evicted, state.take_transitions())
+                };
+                log_transitions(transitions);
                 evicted
             })
             .sum()

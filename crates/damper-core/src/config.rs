@@ -126,6 +126,16 @@ pub enum EstimatorKind {
     AblyMma,
 }
 
+impl EstimatorKind {
+    /// Its name in a config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            EstimatorKind::LatestRound => "latest-round",
+            EstimatorKind::AblyMma => "ably-mma",
+        }
+    }
+}
+
 /// The `[window]` table as written in a file: how time is cut up.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -215,7 +225,8 @@ impl WindowConfig {
 
     /// The first setting under which `other` cuts windows differently from
     /// this config, so counts kept under one do not fit the other; `None`
-    /// when they fit (only the estimator differs, or nothing).
+    /// when they fit. The estimator counts: windows keep only what theirs
+    /// reads (the sub-intervals only for `ably-mma`), to stay small.
     pub fn shape_change(&self, other: &WindowConfig) -> Option<ShapeChange> {
         let ms = |d: Duration| format!("{} ms", d.as_millis());
         [
@@ -235,6 +246,11 @@ impl WindowConfig {
                 ms(other.rollup_interval),
             ),
             ("grace_ms", ms(self.grace), ms(other.grace)),
+            (
+                "estimator",
+                self.estimator.name().to_owned(),
+                other.estimator.name().to_owned(),
+            ),
         ]
         .into_iter()
         .find(|(_, from, to)| from != to)

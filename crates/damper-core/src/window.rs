@@ -57,24 +57,6 @@ struct Counts {
     admitted: u64,
 }
 
-/// The reports of one rollup round: the sum of their rates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-struct Round {
-    /// Grid index: the round whose reports end at `id × rollup_interval`.
-    id: u64,
-    rates: Rates,
-    /// How many reports arrived for this round (one per agent with activity).
-    reports: u32,
-}
-
-impl Round {
-    fn add(&mut self, rates: Rates) {
-        self.rates.demand += rates.demand;
-        self.rates.admitted += rates.admitted;
-        self.reports = self.reports.saturating_add(1);
-    }
-}
-
 /// An estimate, and how final it is.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Estimate {
@@ -100,17 +82,36 @@ pub struct Dropped {
 
 /// The demand window of one (account, op). Sans-IO: time is an argument.
 ///
+/// Holds the rounds always, and the sub-intervals only when the configured
+/// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
+/// window per (account, op) it tracks, millions of them, so the default
+/// window is 56 bytes with no allocation of its own.
+///
 /// Serializable, so a master can snapshot its windows across a restart; a
 /// window only fits the [`WindowConfig`] shape it was made for
 /// ([`fits`](Self::fits)).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DemandWindow {
+    /// Grid index of the current round: the one whose reports end at
+    /// `round × rollup_interval`. The previous round is `round − 1`.
+    round: u64,
+    /// The summed rates of the reports of the current round (`[0]`) and of
+    /// the round before (`[1]`).
+    rates: [Rates; 2],
+    /// How many reports arrived for those two rounds (one per agent with
+    /// activity): a round is whole once it has as many as the one before.
+    reports: [u32; 2],
+    /// The sub-interval counts, for the `ably-mma` estimator only.
+    sub_intervals: Option<Box<SubIntervals>>,
+}
+
+/// The ring of sub-interval counts `ably-mma` averages over.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SubIntervals {
     /// Sub-interval index (since the epoch) of the newest bucket.
     head: u64,
     /// Ring of sub-interval counts; index `i` lives at `i % len`.
     buckets: Box<[Counts]>,
-    cur: Round,
-    prev: Round,
 }
 
 /// Number of buckets the ring needs: the completed sub-intervals the
@@ -124,24 +125,34 @@ impl DemandWindow {
     /// An empty window for `cfg`.
     pub fn new(cfg: &WindowConfig) -> DemandWindow {
         DemandWindow {
-            head: 0,
-            buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
-            cur: Round::default(),
-            prev: Round::default(),
+            round: 0,
+            rates: [Rates::default(); 2],
+            reports: [0; 2],
+            sub_intervals: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
+                Box::new(SubIntervals {
+                    head: 0,
+                    buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
+                })
+            }),
         }
     }
 
-    /// Whether this window was made for a config of `cfg`'s shape (a
-    /// deserialized one may not be).
+    /// Whether this window was made for a config of `cfg`'s shape and
+    /// estimator (a deserialized one may not be).
     pub fn fits(&self, cfg: &WindowConfig) -> bool {
-        self.buckets.len() == ring_len(cfg)
+        match (&self.sub_intervals, cfg.estimator) {
+            (Some(s), EstimatorKind::AblyMma) => s.buckets.len() == ring_len(cfg),
+            (None, EstimatorKind::LatestRound) => true,
+            _ => false,
+        }
     }
 
     /// Adds a report of `attempted` and `admitted` cost over `[start, end)`.
     ///
     /// The caller has validated the report (`admitted <= attempted`,
     /// `start <= end`) and moved it so it does not end in the future. Cost
-    /// for sub-intervals older than the window is dropped and returned.
+    /// too old for what the estimator reads (a sub-interval older than the
+    /// window, or a round before the previous one) is dropped and returned.
     pub fn record(
         &mut self,
         cfg: &WindowConfig,
@@ -150,10 +161,19 @@ impl DemandWindow {
         attempted: u64,
         admitted: u64,
     ) -> Dropped {
-        self.record_round(cfg, start, end, attempted, admitted);
-        self.record_buckets(cfg, start, end, attempted, admitted)
+        let counted = self.record_round(cfg, start, end, attempted, admitted);
+        match &mut self.sub_intervals {
+            Some(s) => s.record(cfg, start, end, attempted, admitted),
+            None if counted => Dropped::default(),
+            None => Dropped {
+                attempted,
+                admitted,
+            },
+        }
     }
 
+    /// Adds the report's rates to its round; `false` when that round is
+    /// older than the two kept.
     fn record_round(
         &mut self,
         cfg: &WindowConfig,
@@ -161,7 +181,7 @@ impl DemandWindow {
         end: Nanos,
         attempted: u64,
         admitted: u64,
-    ) {
+    ) -> bool {
         let r = duration_nanos(cfg.rollup_interval);
         let id = end.as_nanos().saturating_add(r / 2) / r;
         // A report shorter than a rollup interval (an agent's first, say)
@@ -173,30 +193,32 @@ impl DemandWindow {
             demand: attempted as f64 / secs,
             admitted: admitted as f64 / secs,
         };
-        if id == self.cur.id {
-            self.cur.add(rates);
-        } else if id > self.cur.id {
-            self.prev = if id == self.cur.id + 1 {
-                self.cur
+        let slot = if id == self.round {
+            0
+        } else if id > self.round {
+            (self.rates[1], self.reports[1]) = if id == self.round + 1 {
+                (self.rates[0], self.reports[0])
             } else {
-                Round {
-                    id: id - 1,
-                    ..Round::default()
-                }
+                (Rates::default(), 0)
             };
-            self.cur = Round {
-                id,
-                ..Round::default()
-            };
-            self.cur.add(rates);
-        } else if id == self.prev.id {
-            self.prev.add(rates);
-        }
-        // Older rounds no longer matter to the estimate; the sub-intervals
-        // still take the counts.
+            (self.rates[0], self.reports[0]) = (Rates::default(), 0);
+            self.round = id;
+            0
+        } else if id + 1 == self.round {
+            1
+        } else {
+            // Older rounds no longer matter to the estimate.
+            return false;
+        };
+        self.rates[slot].demand += rates.demand;
+        self.rates[slot].admitted += rates.admitted;
+        self.reports[slot] = self.reports[slot].saturating_add(1);
+        true
     }
+}
 
-    fn record_buckets(
+impl SubIntervals {
+    fn record(
         &mut self,
         cfg: &WindowConfig,
         start: Nanos,
@@ -273,7 +295,9 @@ impl DemandWindow {
             self.buckets[(index % len) as usize]
         }
     }
+}
 
+impl DemandWindow {
     /// The estimated rates at `now`, by the configured estimator.
     pub fn rates(&self, cfg: &WindowConfig, now: Nanos) -> Rates {
         self.estimate(cfg, now).rates
@@ -285,7 +309,12 @@ impl DemandWindow {
         match cfg.estimator {
             EstimatorKind::LatestRound => self.latest_round(cfg, now),
             EstimatorKind::AblyMma => Estimate {
-                rates: self.ably_mma(cfg, now),
+                // A window without sub-intervals does not fit this config
+                // and is never handed one ([`fits`](Self::fits)).
+                rates: self
+                    .sub_intervals
+                    .as_deref()
+                    .map_or_else(Rates::default, |s| s.ably_mma(cfg, now)),
                 whole_by: None,
                 first_round: false,
             },
@@ -305,37 +334,46 @@ impl DemandWindow {
         let r = duration_nanos(cfg.rollup_interval);
         // The newest round every agent must have reported by now.
         let due = (now - cfg.settle()).as_nanos() / r;
-        if self.cur.reports == 0 || self.cur.id < due {
+        if self.reports[0] == 0 || self.round < due {
             // Nothing reported for a round that is due: no agent had demand.
             return Estimate::default();
         }
         // Reports of this round still arrive until its end plus the grace.
-        let whole_by = Nanos::from_nanos(self.cur.id.saturating_mul(r)) + cfg.grace;
-        let follows = self.prev.id + 1 == self.cur.id;
-        if !follows || self.prev.reports == 0 {
+        let whole_by = Nanos::from_nanos(self.round.saturating_mul(r)) + cfg.grace;
+        if self.reports[1] == 0 {
             // No round before this one: how many reports make it whole is
             // unknown, so it counts as whole with each report, and is marked
             // as a first round.
             Estimate {
-                rates: self.cur.rates,
+                rates: self.rates[0],
                 whole_by: (now < whole_by).then_some(whole_by),
                 first_round: true,
             }
-        } else if self.cur.reports >= self.prev.reports {
+        } else if self.reports[0] >= self.reports[1] {
             Estimate {
-                rates: self.cur.rates,
+                rates: self.rates[0],
                 whole_by: None,
                 first_round: false,
             }
         } else {
             Estimate {
-                rates: self.cur.rates.max(self.prev.rates),
+                rates: self.rates[0].max(self.rates[1]),
                 whole_by: Some(whole_by),
                 first_round: false,
             }
         }
     }
 
+    /// Total attempted and admitted cost held in the sub-intervals (zero
+    /// when the window keeps none).
+    pub fn total(&self) -> (u64, u64) {
+        self.sub_intervals
+            .as_deref()
+            .map_or((0, 0), SubIntervals::total)
+    }
+}
+
+impl SubIntervals {
     /// Ably's modified moving average over the sub-intervals.
     ///
     /// The data points are the `n − 1` most recent *settled* sub-intervals
@@ -403,11 +441,20 @@ impl DemandWindow {
         }
     }
 
-    /// Total attempted and admitted cost held in the sub-intervals.
-    pub fn total(&self) -> (u64, u64) {
+    fn total(&self) -> (u64, u64) {
         self.buckets.iter().fold((0, 0), |(a, b), c| {
             (a.saturating_add(c.attempted), b.saturating_add(c.admitted))
         })
+    }
+}
+
+#[cfg(test)]
+impl DemandWindow {
+    fn bucket(&self, index: u64) -> Counts {
+        self.sub_intervals
+            .as_ref()
+            .expect("an ably-mma window")
+            .bucket(index)
     }
 }
 

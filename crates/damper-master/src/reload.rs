@@ -62,7 +62,7 @@ pub struct ReloadSummary {
     /// Limit keys added, removed or given another rate, as `key: old -> new`
     /// (`-` for none), sorted by key.
     pub changed: Vec<String>,
-    /// Whether the `[policy]` table or the estimator changed.
+    /// Whether the `[policy]` table changed.
     pub policy_changed: bool,
 }
 
@@ -106,8 +106,7 @@ impl Master {
         let summary = ReloadSummary {
             limits: config.limits.len(),
             changed,
-            policy_changed: old.policy != config.policy
-                || old.window.estimator != config.window.estimator,
+            policy_changed: old.policy != config.policy,
         };
         for shard in 0..self.shared.shards.len() {
             self.lock(shard).set_config(config.clone());

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::Master;
 
 /// The snapshot format this build writes and reads.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {

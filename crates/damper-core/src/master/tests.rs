@@ -339,15 +339,30 @@ fn reload_applies_new_limits_and_keeps_the_window() {
 }
 
 #[test]
-fn changing_the_estimator_keeps_counts() {
+fn changing_the_estimator_starts_windows_afresh_as_it_reads_other_counts() {
     let mut m = master("latest-round");
     for end in (2_000..=40_000).step_by(2_000) {
         round(&mut m, end, 4_000.0);
     }
     let mut config = m.config().clone();
     config.window.estimator = EstimatorKind::AblyMma;
+    assert_eq!(
+        m.config()
+            .window
+            .shape_change(&config.window)
+            .map(|c| c.field),
+        Some("estimator")
+    );
     m.set_config(config);
-    let v = m.verdict(at(40_010), "acme", "messages").unwrap();
+    assert_eq!(
+        m.verdict(at(40_010), "acme", "messages").unwrap().factor,
+        0.0
+    );
+    // The new windows count from the next report on.
+    for end in (42_000..=80_000).step_by(2_000) {
+        round(&mut m, end, 4_000.0);
+    }
+    let v = m.verdict(at(80_010), "acme", "messages").unwrap();
     assert!((v.factor - 0.75).abs() < 0.01, "{v:?}");
 }
 
@@ -479,10 +494,19 @@ fn exported_windows_imported_elsewhere_give_the_same_verdicts() {
     assert_eq!(restored.import(m.export()), 0);
     assert_eq!(restored.len(), 1);
 
-    // A window cut for another shape, or with a bad name, is skipped.
-    let toml = format!("[window]\nsub_intervals = 5\n[limits]\nmessages = {L}\n");
+    // A window cut for another estimator or shape, or with a bad name, is
+    // skipped.
+    let toml = format!("[window]\nestimator = \"ably-mma\"\n[limits]\nmessages = {L}\n");
     let mut other = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
     assert_eq!(other.import(m.export()), 0);
+    let mut ably = master("ably-mma");
+    round(&mut ably, 2_000, 4_000.0);
+    let toml = format!(
+        "[window]\nestimator = \"ably-mma\"\nsub_intervals = 5\n[limits]\nmessages = {L}\n"
+    );
+    let mut other = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
+    assert_eq!(other.import(ably.export()), 0);
+    assert_eq!(master("ably-mma").import(ably.export()), 1);
     let mut bad = m.export();
     bad[0].account.clear();
     assert_eq!(master("latest-round").import(bad), 0);

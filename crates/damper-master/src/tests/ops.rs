@@ -73,6 +73,11 @@ fn a_reload_that_cuts_windows_differently_is_refused_and_changes_nothing() {
             "[window]\nsub_interval_ms = 5000\n[limits]\nmessages = 9",
             "sub_interval_ms",
         ),
+        (
+            // Latest-round windows keep no sub-intervals for ably-mma to read.
+            "[window]\nestimator = \"ably-mma\"\n[limits]\nmessages = 1000",
+            "estimator",
+        ),
     ] {
         match m.reload(config(text)) {
             Err(ReloadError::ShapeChanged { field: f, .. }) => assert_eq!(f, field),
@@ -80,10 +85,10 @@ fn a_reload_that_cuts_windows_differently_is_refused_and_changes_nothing() {
         }
     }
     assert_eq!(m.factor("flood", "messages"), Some(0.75));
-    // The estimator may change: it reads the same counts.
+    // The policy may change: it reads the same estimate.
     let summary = m
         .reload(config(
-            "[window]\nestimator = \"ably-mma\"\n[limits]\nmessages = 1000",
+            "[policy]\nkind = \"linear-ramp\"\n[limits]\nmessages = 1000",
         ))
         .unwrap();
     assert!(summary.policy_changed && summary.changed.is_empty());

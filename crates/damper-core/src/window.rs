@@ -85,7 +85,7 @@ pub struct Dropped {
 /// Holds the rounds always, and the sub-intervals only when the configured
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
-/// window is 56 bytes with no allocation of its own.
+/// window is 40 bytes with no allocation of its own.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a
 /// window only fits the [`WindowConfig`] shape it was made for
@@ -96,13 +96,30 @@ pub struct DemandWindow {
     /// `round × rollup_interval`. The previous round is `round − 1`.
     round: u64,
     /// The summed rates of the reports of the current round (`[0]`) and of
-    /// the round before (`[1]`).
-    rates: [Rates; 2],
+    /// the round before (`[1]`), as `f32`: 7 significant digits are plenty
+    /// for a probability, and halve what millions of windows hold.
+    rates: [RoundRates; 2],
     /// How many reports arrived for those two rounds (one per agent with
     /// activity): a round is whole once it has as many as the one before.
     reports: [u32; 2],
     /// The sub-interval counts, for the `ably-mma` estimator only.
     sub_intervals: Option<Box<SubIntervals>>,
+}
+
+/// A round's summed rates as a window stores them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct RoundRates {
+    demand: f32,
+    admitted: f32,
+}
+
+impl From<RoundRates> for Rates {
+    fn from(r: RoundRates) -> Rates {
+        Rates {
+            demand: r.demand.into(),
+            admitted: r.admitted.into(),
+        }
+    }
 }
 
 /// The ring of sub-interval counts `ably-mma` averages over.
@@ -126,7 +143,7 @@ impl DemandWindow {
     pub fn new(cfg: &WindowConfig) -> DemandWindow {
         DemandWindow {
             round: 0,
-            rates: [Rates::default(); 2],
+            rates: [RoundRates::default(); 2],
             reports: [0; 2],
             sub_intervals: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
                 Box::new(SubIntervals {
@@ -199,9 +216,9 @@ impl DemandWindow {
             (self.rates[1], self.reports[1]) = if id == self.round + 1 {
                 (self.rates[0], self.reports[0])
             } else {
-                (Rates::default(), 0)
+                (RoundRates::default(), 0)
             };
-            (self.rates[0], self.reports[0]) = (Rates::default(), 0);
+            (self.rates[0], self.reports[0]) = (RoundRates::default(), 0);
             self.round = id;
             0
         } else if id + 1 == self.round {
@@ -210,8 +227,8 @@ impl DemandWindow {
             // Older rounds no longer matter to the estimate.
             return false;
         };
-        self.rates[slot].demand += rates.demand;
-        self.rates[slot].admitted += rates.admitted;
+        self.rates[slot].demand += rates.demand as f32;
+        self.rates[slot].admitted += rates.admitted as f32;
         self.reports[slot] = self.reports[slot].saturating_add(1);
         true
     }
@@ -345,19 +362,19 @@ impl DemandWindow {
             // unknown, so it counts as whole with each report, and is marked
             // as a first round.
             Estimate {
-                rates: self.rates[0],
+                rates: self.rates[0].into(),
                 whole_by: (now < whole_by).then_some(whole_by),
                 first_round: true,
             }
         } else if self.reports[0] >= self.reports[1] {
             Estimate {
-                rates: self.rates[0],
+                rates: self.rates[0].into(),
                 whole_by: None,
                 first_round: false,
             }
         } else {
             Estimate {
-                rates: self.rates[0].max(self.rates[1]),
+                rates: Rates::from(self.rates[0]).max(self.rates[1].into()),
                 whole_by: Some(whole_by),
                 first_round: false,
             }

@@ -231,7 +231,17 @@ impl Master {
     /// Ingests one rollup and builds the reply. The whole request is
     /// validated first: a bad one is refused with a status naming the field
     /// and nothing of it is counted.
+    ///
+    /// Copies the request; the service calls
+    /// [`rollup_taking_names`](Self::rollup_taking_names) on the one it owns.
     pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
+        self.rollup_taking_names(&mut request.clone())
+    }
+
+    /// [`rollup`](Self::rollup), moving the account names of the limited
+    /// pairs from the request into the reply rather than copying them: the
+    /// request is left with those names empty.
+    pub fn rollup_taking_names(&self, request: &mut RollupRequest) -> Result<RollupReply, Status> {
         let now = self.shared.clock.now();
         validate(request, self.shared.options.max_entries, now)?;
 
@@ -247,18 +257,28 @@ impl Master {
                 admitted = admitted.saturating_add(counts.admitted);
             }
         }
+        // Before the names move into the reply.
+        let foreign = self.foreign_entries(request);
         let mut factors: Vec<Vec<AccountFactor>> = vec![Vec::new(); request.ops.len()];
         let mut recheck_at: Option<Nanos> = None;
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
+            // Bring every pair's state into cache at once (the misses
+            // overlap), rather than one miss after another below.
+            state.warm(entries.iter().map(|&(i, j)| {
+                (
+                    request.ops[i].op.as_str(),
+                    request.ops[i].accounts[j].account.as_str(),
+                )
+            }));
             for &(i, j) in entries {
-                let counts = &request.ops[i].accounts[j];
                 let verdict = state.ingest(now, &report(request, i, j)).map_err(|e| {
                     Status::invalid_argument(format!("ops[{i}].accounts[{j}]: {e}"))
                 })?;
                 if let Some(v) = verdict {
                     recheck_at = recheck_at.max(v.recheck_at);
-                    factors[i].push(account_factor(&counts.account, &v));
+                    let account = std::mem::take(&mut request.ops[i].accounts[j].account);
+                    factors[i].push(account_factor(account, &v));
                 }
             }
             // Logged once the shard is free for other rollups.
@@ -280,23 +300,13 @@ impl Master {
             .increment(factors.iter().map(Vec::len).sum::<usize>() as u64);
         let ops = request.ops.iter().map(|op| &op.op);
         let mut reply = self.reply(ops, factors);
-        if let Some(view) = self.shared.ring.get() {
-            reply.ring_version = view.ring.version();
-            if request.ring_version != reply.ring_version {
-                let foreign = request
-                    .ops
-                    .iter()
-                    .flat_map(|op| &op.accounts)
-                    .filter(|c| view.ring.owner(&c.account) != Some(view.me.as_str()))
-                    .count();
-                if foreign > 0 {
-                    counted.foreign.fetch_add(foreign as u64, Relaxed);
-                    metrics::counter!("damper_master_foreign_entries_total")
-                        .increment(foreign as u64);
-                    tracing::debug!(agent = %request.agent_id, foreign, "rollup carries accounts this master does not own: the agent's ring differs");
-                }
-                reply.foreign_entries = u32::try_from(foreign).unwrap_or(u32::MAX);
+        if let Some(foreign) = foreign {
+            if foreign > 0 {
+                counted.foreign.fetch_add(foreign as u64, Relaxed);
+                metrics::counter!("damper_master_foreign_entries_total").increment(foreign as u64);
+                tracing::debug!(agent = %request.agent_id, foreign, "rollup carries accounts this master does not own: the agent's ring differs");
             }
+            reply.foreign_entries = u32::try_from(foreign).unwrap_or(u32::MAX);
         }
         if let Some(at) = recheck_at {
             reply.recheck_after_ms = u32::try_from(at.since(now).as_millis())
@@ -306,13 +316,28 @@ impl Master {
         Ok(reply)
     }
 
+    /// How many of the request's entries are for accounts this master does
+    /// not own, when the agent's ring differs from this master's (`None`
+    /// when it is the same, or no ring is set).
+    fn foreign_entries(&self, request: &RollupRequest) -> Option<usize> {
+        let view = self.shared.ring.get()?;
+        (request.ring_version != view.ring.version()).then(|| {
+            request
+                .ops
+                .iter()
+                .flat_map(|op| &op.accounts)
+                .filter(|c| view.ring.owner(&c.account) != Some(view.me.as_str()))
+                .count()
+        })
+    }
+
     /// [`rollup`](Self::rollup) on an encoded `RollupRequest`, as it comes
     /// off the wire: bytes that do not decode are INVALID_ARGUMENT. The
     /// entry point of the fuzz target and of the malformed-input corpus.
     pub fn rollup_bytes(&self, bytes: &[u8]) -> Result<RollupReply, Status> {
-        let request = <RollupRequest as prost::Message>::decode(bytes)
+        let mut request = <RollupRequest as prost::Message>::decode(bytes)
             .map_err(|e| Status::invalid_argument(format!("not a RollupRequest: {e}")))?;
-        self.rollup(&request)
+        self.rollup_taking_names(&mut request)
     }
 
     /// The factors in force for the requested pairs, counting nothing.
@@ -344,7 +369,7 @@ impl Master {
                         let v = self
                             .lock(self.shard(account))
                             .verdict(now, account, &op.op)?;
-                        Some(account_factor(account, &v))
+                        Some(account_factor(account.clone(), &v))
                     })
                     .collect()
             })
@@ -567,9 +592,9 @@ pub enum AccountsSort {
     Account,
 }
 
-fn account_factor(account: &str, v: &Verdict) -> AccountFactor {
+fn account_factor(account: String, v: &Verdict) -> AccountFactor {
     AccountFactor {
-        account: account.to_owned(),
+        account,
         factor: v.factor,
         limit: v.limit.get(),
         valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
@@ -639,9 +664,9 @@ impl damper_proto::v1::master_server::Master for MasterService {
         &self,
         request: Request<RollupRequest>,
     ) -> Result<Response<RollupReply>, Status> {
-        let request = request.into_inner();
+        let mut request = request.into_inner();
         let began = tokio::time::Instant::now();
-        let result = self.master.rollup(&request);
+        let result = self.master.rollup_taking_names(&mut request);
         metrics::histogram!("damper_master_ingest_duration_seconds")
             .record(began.elapsed().as_secs_f64());
         match result {

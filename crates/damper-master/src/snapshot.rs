@@ -273,7 +273,10 @@ mod tests {
             ("empty", String::new()),
             ("truncated", text[..text.len() / 2].to_string()),
             ("garbage", "\u{0}\u{1}not json".to_string()),
-            ("format", text.replacen("\"format\":1", "\"format\":99", 1)),
+            (
+                "format",
+                text.replacen(&format!("\"format\":{FORMAT}"), "\"format\":99", 1),
+            ),
             (
                 "shape",
                 text.replacen("\"sub_intervals\":4", "\"sub_intervals\":\"x\"", 1),

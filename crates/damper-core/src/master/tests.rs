@@ -610,3 +610,72 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
     assert_eq!(only.len(), 1);
     assert_eq!(only[0].account, "vip");
 }
+
+#[test]
+fn an_entry_stays_within_its_memory_budget() {
+    // 88 bytes plus about 10 of index per pair keeps a million pairs near
+    // 100 MB (docs/performance.md, "Memory").
+    assert!(size_of::<Entry>() <= 88, "{}", size_of::<Entry>());
+    assert_eq!(size_of::<DemandWindow>(), 40);
+}
+
+#[test]
+fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
+    let mut m = master("latest-round");
+    fn report<'a>(account: &'a str, op: &'a str, end_ms: u64, cost: u64) -> Report<'a> {
+        Report {
+            account,
+            op,
+            start: at(end_ms - 2_000),
+            end: at(end_ms),
+            attempted: cost,
+            admitted: cost,
+        }
+    }
+    // 10 000 pairs over two ops, more than two chunks; the odd ones go quiet.
+    let names: Vec<String> = (0..5_000).map(|i| format!("acct-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        for op in ["messages", "connections"] {
+            let end = if i % 2 == 0 { 60_000 } else { 2_000 };
+            m.ingest(at(end), &report(name, op, end, 8_000 + i as u64))
+                .unwrap();
+        }
+    }
+    assert_eq!(m.len(), 10_000);
+    assert_eq!(m.evict_idle(at(70_000), Duration::from_secs(30)), 5_000);
+    assert_eq!(m.len(), 5_000);
+    let now = at(60_500);
+    for (i, name) in names.iter().enumerate() {
+        for op in ["messages", "connections"] {
+            match m.find(op, name) {
+                Some(e) if i % 2 == 0 => {
+                    let key = m.entries.get(e);
+                    assert_eq!(
+                        (key.account.as_str(), &*m.ops[key.op as usize].name),
+                        (name.as_str(), op)
+                    );
+                    let rates = key.window.estimate(&m.config.window, now).rates;
+                    assert_eq!(rates.demand, (8_000 + i) as f64 / 2.0);
+                }
+                None if i % 2 == 1 => {}
+                found => panic!("{name}/{op}: {found:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        m.suppressed_by_op()
+            .map(|(op, n)| (op.to_owned(), n))
+            .collect::<Vec<_>>(),
+        [
+            ("messages".to_owned(), 2_500),
+            ("connections".to_owned(), 0)
+        ],
+        "only messages has a limit; every kept account is over it"
+    );
+    // Evicted pairs come back as new ones.
+    m.ingest(at(62_000), &report(&names[1], "messages", 62_000, 1))
+        .unwrap();
+    assert_eq!(m.len(), 5_001);
+    assert_eq!(m.evict_idle(at(1_000_000), Duration::from_secs(30)), 5_001);
+    assert!(m.is_empty() && m.suppressed_by_op().next().is_none());
+}

@@ -1,18 +1,19 @@
 //! The admission decision, side by side with `governor`'s keyed limiter.
 //!
 //! Both hold the same 100 000 `String` keys and are called in the same
-//! shuffled key order. Damper's `check` takes `now` as an argument (the agent
-//! reads a coarse clock); governor reads its own clock (quanta) on each call,
-//! which is part of what it costs to use.
+//! shuffled key order. Damper is `Agent::check`, with its factors from a
+//! master on loopback and its rollup task running (see `common`); it reads
+//! the agent's coarse clock, a load. governor reads its own clock (quanta)
+//! on each call, which is part of what it costs to use.
 //!
 //! Groups:
-//! - `check_admit`: the allow path (no factor in force / quota left).
-//! - `check_reject`: the deny path (factor 1.0 / quota exhausted).
+//! - `check_admit`: the allow path (factor 0 in force / quota left).
+//! - `check_reject`: the deny path (factor ≈ 1 / quota exhausted).
 //! - `check_admit_2_threads`, `check_reject_2_threads`: two threads on the
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
 //!
-//! Run: `cargo bench -p damper-core --bench check`.
+//! Run: `cargo bench -p damper-agent --bench check`.
 
 #![allow(missing_docs)]
 // A benchmark measures wall time by definition.
@@ -24,19 +25,18 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{KEYS, NOW, OP, bench_check, bench_governor, damper, governor, keys, order};
+use common::{CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order};
 use criterion::{Criterion, criterion_group, criterion_main};
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 
-fn single_thread(c: &mut Criterion, group: &str, factor: f64, allow: bool) {
-    let keys = keys("account");
+fn single_thread(c: &mut Criterion, damper: &Damper, keys: &[String], group: &str, allow: bool) {
     let order = order(1);
-    let agent = damper(&keys, factor);
-    let gov = governor(&keys, allow);
+    if !allow {
+        damper.flood(keys);
+    }
+    let gov = governor(keys, allow);
     let mut g = c.benchmark_group(group);
-    bench_check(&mut g, "damper", &agent, &keys, &order);
-    bench_governor(&mut g, &gov, &keys, &order);
+    bench_check(&mut g, "damper", &damper.agent, allow, keys, &order);
+    bench_governor(&mut g, &gov, keys, &order);
     g.finish();
 }
 
@@ -63,11 +63,24 @@ fn two_threads(iters: u64, call: Arc<dyn Fn(usize, u64) + Send + Sync>) -> Durat
     began.elapsed()
 }
 
-fn threaded(c: &mut Criterion, group: &str, factor: f64, allow: bool, hot_key: bool) {
-    let keys = Arc::new(keys("account"));
+fn threaded(
+    c: &mut Criterion,
+    damper: &Arc<Damper>,
+    keys: &Arc<Vec<String>>,
+    group: &str,
+    allow: bool,
+    hot_key: bool,
+) {
     let orders = Arc::new([order(1), order(3)]);
-    let agent = Arc::new(damper(&keys, factor));
-    let gov = Arc::new(governor(&keys, allow));
+    if !allow {
+        damper.flood(keys);
+    }
+    let gov = Arc::new(governor(keys, allow));
+    let (op, cost) = if allow {
+        (CALM, 1)
+    } else {
+        (FLOOD, FLOOD_COST)
+    };
     let pick = move |orders: &[Vec<usize>; 2], t: usize, i: u64| {
         if hot_key {
             0
@@ -78,16 +91,11 @@ fn threaded(c: &mut Criterion, group: &str, factor: f64, allow: bool, hot_key: b
     let mut g = c.benchmark_group(group);
     g.bench_function("damper", |b| {
         b.iter_custom(|iters| {
-            let (keys, orders, agent) = (keys.clone(), orders.clone(), agent.clone());
+            let (keys, orders, damper) = (keys.clone(), orders.clone(), damper.clone());
             two_threads(
                 iters,
                 Arc::new(move |t, i| {
-                    thread_local! {
-                        static RNG: std::cell::RefCell<SmallRng> =
-                            std::cell::RefCell::new(SmallRng::seed_from_u64(7));
-                    }
-                    let key = &keys[pick(&orders, t, i)];
-                    RNG.with_borrow_mut(|rng| black_box(agent.check(NOW, key, OP, 1, rng)));
+                    black_box(damper.agent.check(&keys[pick(&orders, t, i)], op, cost));
                 }),
             )
         })
@@ -107,11 +115,13 @@ fn threaded(c: &mut Criterion, group: &str, factor: f64, allow: bool, hot_key: b
 }
 
 fn benches(c: &mut Criterion) {
-    single_thread(c, "check_admit", 0.0, true);
-    single_thread(c, "check_reject", 1.0, false);
-    threaded(c, "check_admit_2_threads", 0.0, true, false);
-    threaded(c, "check_reject_2_threads", 1.0, false, false);
-    threaded(c, "check_hot_key_2_threads", 0.0, true, true);
+    let keys = Arc::new(common::keys("account"));
+    let damper = Arc::new(common::damper(&keys));
+    single_thread(c, &damper, &keys, "check_admit", true);
+    single_thread(c, &damper, &keys, "check_reject", false);
+    threaded(c, &damper, &keys, "check_admit_2_threads", true, false);
+    threaded(c, &damper, &keys, "check_reject_2_threads", false, false);
+    threaded(c, &damper, &keys, "check_hot_key_2_threads", true, true);
 }
 
 criterion_group! {

@@ -1,0 +1,184 @@
+//! What the `check` and `local` benchmarks share: the keys, the order they
+//! are visited in, the two limiters compared and the single-thread loops
+//! over them.
+//!
+//! Damper is measured through the product: an [`Agent`] whose factors come
+//! from a real master on loopback, with its rollup task running while the
+//! benchmark does (as on a node). governor's keyed limiter is given the same
+//! `String` keys.
+
+#![allow(dead_code)]
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use criterion::BenchmarkGroup;
+use criterion::measurement::WallTime;
+use damper_agent::Agent;
+use damper_core::config::MasterConfig;
+use damper_master::{Master, MasterOptions};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use rand::Rng;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+/// Keys each limiter holds: enough that every call misses cache, as on a
+/// node with many accounts.
+pub const KEYS: usize = 100_000;
+/// The op the admit path is measured on: limited far above any demand, so
+/// its factor is 0.
+pub const CALM: &str = "messages";
+/// The op the reject path is measured on: limited to 1 cost/s against the
+/// warm-up's 10⁶ per key, so its factor is within 10⁻⁶ of 1.
+pub const FLOOD: &str = "flood";
+/// The cost of each `check` on [`FLOOD`] (a publish to 999 subscribers):
+/// enough demand to hold the factor near 1 while the benchmark runs.
+pub const FLOOD_COST: u64 = 1_000;
+
+/// `KEYS` distinct `String` keys, `{prefix}-NNNNNN`.
+pub fn keys(prefix: &str) -> Vec<String> {
+    (0..KEYS).map(|i| format!("{prefix}-{i:06}")).collect()
+}
+
+/// A shuffled visiting order, the same for every limiter compared.
+pub fn order(seed: u64) -> Vec<usize> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..KEYS).collect();
+    for i in (1..order.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// A master on loopback and an agent reporting to it, on one runtime
+/// thread of their own.
+pub struct Damper {
+    pub agent: Agent,
+    // Dropping it stops the master and the rollup task.
+    _runtime: tokio::runtime::Runtime,
+}
+
+/// An agent that knows every key on both ops, with the master's factors in
+/// force: 0 on [`CALM`], about 1 on [`FLOOD`]. Panics if the factors have
+/// not arrived within a minute.
+pub fn damper(keys: &[String]) -> Damper {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let config =
+        MasterConfig::from_toml(&format!("[limits]\n{CALM} = 1e15\n{FLOOD} = 1\n")).unwrap();
+    let master = Master::new(config, MasterOptions::default());
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("a loopback port");
+    let address = listener.local_addr().unwrap().to_string();
+    runtime.spawn(damper_master::run(
+        listener,
+        master,
+        std::future::pending::<()>(),
+    ));
+    let agent = {
+        let _inside = runtime.enter();
+        // The default rollup interval (2 s): the rollup task's work while
+        // the benchmark runs is what a node with this many active keys
+        // pays.
+        Agent::builder()
+            .masters([address])
+            .agent_id("bench")
+            .start()
+            .expect("an agent")
+    };
+    let damper = Damper {
+        agent,
+        _runtime: runtime,
+    };
+    damper.flood(keys);
+    damper
+}
+
+impl Damper {
+    /// Floods every key on [`FLOOD`] (and touches it on [`CALM`]) and waits
+    /// for the master's factors: about 1 and 0. Called before each group
+    /// that needs them, as a flood's factor is released a round after the
+    /// flood stops.
+    pub fn flood(&self, keys: &[String]) {
+        let agent = &self.agent;
+        for k in keys {
+            agent.check(k, CALM, 1);
+            agent.check(k, FLOOD, 1_000_000);
+        }
+        let ready = |k: &String| {
+            agent.factor(k, CALM) == Some(0.0) && agent.factor(k, FLOOD).is_some_and(|f| f > 0.999)
+        };
+        for _ in 0..600 {
+            if keys.iter().all(ready) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "the master's factors did not arrive within a minute: {} of {} keys ready",
+            keys.iter().filter(|k| ready(k)).count(),
+            keys.len()
+        );
+    }
+}
+
+/// governor's keyed limiter with every key known: a quota that never runs
+/// out (allow) or one already spent (deny).
+pub fn governor(keys: &[String], allow: bool) -> DefaultKeyedRateLimiter<String> {
+    let quota = if allow {
+        Quota::per_second(NonZeroU32::MAX)
+    } else {
+        Quota::per_hour(NonZeroU32::MIN)
+    };
+    let limiter = RateLimiter::keyed(quota);
+    for k in keys {
+        let _ = limiter.check_key(k);
+    }
+    limiter
+}
+
+/// Adds `name`: `Agent::check` on one key after another, in `order`, on
+/// [`CALM`] (`admit`) or [`FLOOD`].
+pub fn bench_check(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    agent: &Agent,
+    admit: bool,
+    keys: &[String],
+    order: &[usize],
+) {
+    let (op, cost) = if admit {
+        (CALM, 1)
+    } else {
+        (FLOOD, FLOOD_COST)
+    };
+    g.bench_function(name, |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(agent.check(&keys[order[i]], op, cost))
+        })
+    });
+}
+
+/// Adds `governor`: its keyed check on one key after another, in `order`.
+pub fn bench_governor(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    gov: &DefaultKeyedRateLimiter<String>,
+    keys: &[String],
+    order: &[usize],
+) {
+    g.bench_function("governor", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(gov.check_key(&keys[order[i]]).is_ok())
+        })
+    });
+}

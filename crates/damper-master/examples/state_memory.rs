@@ -1,6 +1,6 @@
 //! How much memory a master's state takes per (account, op): fills one
 //! master with `--accounts N` accounts on one op, each reported over a whole
-//! window (12 rounds of 2 s: every sub-interval holds counts), and measures
+//! window (12 rounds of 2 s, so every window is full), and measures
 //! the process's resident memory before and after.
 //!
 //! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.

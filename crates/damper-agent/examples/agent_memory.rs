@@ -1,0 +1,66 @@
+//! How much memory an agent takes per active (account, op): makes
+//! `--accounts N` accounts active on one op in an agent's state (a `check`
+//! each, a factor from the master applied to each, one rollup drained), and
+//! measures the process's resident memory before and after.
+//!
+//! Run: `cargo run --release -p damper-agent --example agent_memory -- --accounts 1000000`.
+//! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
+
+use std::time::Duration;
+
+use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::time::Nanos;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut accounts = 1_000_000usize;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--accounts" => {
+                accounts = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| {
+                        eprintln!("agent_memory: --accounts takes a positive whole number");
+                        std::process::exit(2)
+                    });
+            }
+            other => {
+                eprintln!("agent_memory: unknown argument {other:?}; usage: --accounts N");
+                std::process::exit(2)
+            }
+        }
+    }
+    // The names exist before the measurement: a node holds them anyway.
+    let names: Vec<String> = (0..accounts).map(|i| format!("account-{i:07}")).collect();
+    let now = Nanos::from_secs(1_800_000_000);
+    let mut rng = SmallRng::seed_from_u64(1);
+    let before = resident_bytes();
+    let agent = AgentState::new(AgentConfig::default());
+    for name in &names {
+        let _ = agent.check(now, name, "messages", 1, &mut rng);
+        agent.apply(now, name, "messages", 0.0, 1000.0, Duration::from_secs(6));
+    }
+    let mut drained = 0usize;
+    agent.drain(|_, _, _| drained += 1);
+    let after = resident_bytes();
+    assert_eq!(drained, accounts);
+    eprintln!(
+        "{accounts} active (account, op) pairs in an agent; resident {:.1} MiB before, {:.1} MiB after",
+        before as f64 / (1 << 20) as f64,
+        after as f64 / (1 << 20) as f64,
+    );
+    println!(
+        "bytes_per_entry={}",
+        after.saturating_sub(before) / accounts as u64
+    );
+}

@@ -1,8 +1,10 @@
 //! The demand window of one (account, op) at the master, and the estimators
 //! that turn it into rates.
 //!
-//! Two views of the same reports are kept, because the two estimators need
-//! different resolutions:
+//! Two views of the same reports, because the two estimators need different
+//! resolutions. The rounds are always kept, inline; the sub-intervals only
+//! when the estimator reads them (`ably-mma`), as a master holds millions of
+//! windows:
 //!
 //! - **Sub-intervals** (default 4 × 6 s): a ring of attempted and admitted
 //!   cost per sub-interval, aligned to the epoch. Each report's counts are

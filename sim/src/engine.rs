@@ -568,6 +568,7 @@ impl Sim {
                 // Every master down: keep the counts for when one is back.
                 self.dropped += self.agents[a].state.carry_over(p, start, end, MAX_CARRY);
             }
+            self.agents[a].state.forget_idle(end);
             let spread = self.agents[a].spread;
             for (name, pending) in routed.by_master {
                 let master = self

@@ -200,6 +200,7 @@ impl WireLoop {
                 }
             }
         }
+        agent.forget_idle(self.now);
     }
 }
 

@@ -1,7 +1,10 @@
 //! How much memory an agent takes per active (account, op): makes
 //! `--accounts N` accounts active on one op in an agent's state (a `check`
 //! each, a factor from the master applied to each, one rollup drained), and
-//! measures the process's resident memory before and after.
+//! measures the process's resident memory before and after. Then lets them
+//! go idle, times `forget_idle` removing them all, and makes as many new
+//! accounts active: resident memory follows the pairs in use, not every
+//! pair ever seen.
 //!
 //! Run: `cargo run --release -p damper-agent --example agent_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
@@ -9,7 +12,7 @@
 use std::time::Duration;
 
 use damper_core::agent::{AgentConfig, AgentState};
-use damper_core::time::Nanos;
+use damper_core::time::{Clock, Nanos, SystemClock};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
@@ -42,6 +45,7 @@ fn main() {
     }
     // The names exist before the measurement: a node holds them anyway.
     let names: Vec<String> = (0..accounts).map(|i| format!("account-{i:07}")).collect();
+    let newcomers: Vec<String> = (0..accounts).map(|i| format!("another-{i:07}")).collect();
     let now = Nanos::from_secs(1_800_000_000);
     let mut rng = SmallRng::seed_from_u64(1);
     let before = resident_bytes();
@@ -58,6 +62,37 @@ fn main() {
         "{accounts} active (account, op) pairs in an agent; resident {:.1} MiB before, {:.1} MiB after",
         before as f64 / (1 << 20) as f64,
         after as f64 / (1 << 20) as f64,
+    );
+    // Then every pair goes idle: its zero report, then `forget_after` of
+    // quiet drains, and its factor lapses. The agent forgets them all.
+    let config = AgentConfig::default();
+    let quiet = config.forget_after.as_nanos() / config.rollup_interval.as_nanos();
+    for _ in 0..=quiet {
+        agent.drain(|_, _, _| {});
+    }
+    let started = SystemClock.now();
+    let forgotten = agent.forget_idle(now + config.forget_after);
+    let took = SystemClock.now().since(started);
+    eprintln!(
+        "idle for {:?}: {forgotten} pairs forgotten in {:.0} ms, {} left; resident {:.1} MiB",
+        config.forget_after,
+        took.as_secs_f64() * 1e3,
+        agent.len(),
+        resident_bytes() as f64 / (1 << 20) as f64,
+    );
+    assert_eq!(forgotten, accounts);
+    // As many new accounts arrive: they reuse the forgotten pairs' memory.
+    let later = now + config.forget_after;
+    for name in &newcomers {
+        let _ = agent.check(later, name, "messages", 1, &mut rng);
+        agent.apply(later, name, "messages", 0.0, 1000.0, Duration::from_secs(6));
+    }
+    agent.drain(|_, _, _| {});
+    eprintln!(
+        "then {} new accounts active: {} pairs, resident {:.1} MiB",
+        newcomers.len(),
+        agent.len(),
+        resident_bytes() as f64 / (1 << 20) as f64,
     );
     println!(
         "bytes_per_entry={}",

@@ -124,6 +124,7 @@ pub struct AgentBuilder {
     agent_id: Option<String>,
     rollup_interval: Duration,
     local_window: Duration,
+    forget_after: Duration,
     request_timeout: Option<Duration>,
     max_entries_per_request: usize,
     max_carry: Duration,
@@ -182,6 +183,7 @@ impl Default for AgentBuilder {
             agent_id: None,
             rollup_interval: Duration::from_secs(2),
             local_window: Duration::from_millis(250),
+            forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
             max_entries_per_request: 10_000,
             max_carry: Duration::from_secs(30),
@@ -223,6 +225,15 @@ impl AgentBuilder {
     /// masters' `rollup_interval_ms`.
     pub fn rollup_interval(mut self, interval: Duration) -> Self {
         self.rollup_interval = interval;
+        self
+    }
+
+    /// How long an (account, op) with nothing counted and no factor in force
+    /// stays in memory (default 60 s, at least the rollup interval). A
+    /// forgotten pair behaves exactly as one never seen, so this only trades
+    /// memory for the cost of an insert when the account comes back.
+    pub fn forget_after(mut self, idle: Duration) -> Self {
+        self.forget_after = idle;
         self
     }
 
@@ -309,6 +320,12 @@ impl AgentBuilder {
                 reason: "must be at least 10 ms",
             });
         }
+        if self.forget_after < self.rollup_interval {
+            return Err(AgentError::Invalid {
+                field: "forget_after",
+                reason: "must be at least the rollup interval",
+            });
+        }
         if self.fail_after == 0 {
             return Err(AgentError::Invalid {
                 field: "fail_after",
@@ -342,6 +359,7 @@ impl AgentBuilder {
             AgentState::new(AgentConfig {
                 rollup_interval: self.rollup_interval,
                 local_window: self.local_window,
+                forget_after: self.forget_after,
             }),
             |state, (op, hold)| state.with_fail_static(op, *hold),
         );
@@ -414,6 +432,7 @@ pub(crate) struct Stats {
     pub(crate) rollups_failed: AtomicU64,
     pub(crate) factors_expired: AtomicU64,
     pub(crate) dropped_cost: AtomicU64,
+    pub(crate) forgotten: AtomicU64,
     pub(crate) entries_sent: AtomicU64,
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) bytes_received: AtomicU64,
@@ -427,6 +446,7 @@ impl Default for Stats {
             rollups_failed: AtomicU64::new(0),
             factors_expired: AtomicU64::new(0),
             dropped_cost: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
             entries_sent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
@@ -522,6 +542,9 @@ pub struct AgentStats {
     /// Attempted cost dropped because it could not be delivered within
     /// `max_carry`.
     pub dropped_cost: u64,
+    /// Idle (account, op) pairs forgotten to bound memory
+    /// ([`AgentBuilder::forget_after`]).
+    pub forgotten: u64,
     /// (account, op) entries in the rollups masters answered.
     pub entries_sent: u64,
     /// Encoded size of those rollup requests (protobuf, before HTTP/2 and
@@ -542,6 +565,7 @@ impl std::iter::Sum for AgentStats {
             rollups_failed: s.rollups_failed + a.rollups_failed,
             factors_expired: s.factors_expired + a.factors_expired,
             dropped_cost: s.dropped_cost + a.dropped_cost,
+            forgotten: s.forgotten + a.forgotten,
             entries_sent: s.entries_sent + a.entries_sent,
             bytes_sent: s.bytes_sent + a.bytes_sent,
             bytes_received: s.bytes_received + a.bytes_received,
@@ -625,6 +649,7 @@ impl Agent {
             rollups_failed: s.rollups_failed.load(Relaxed),
             factors_expired: s.factors_expired.load(Relaxed),
             dropped_cost: s.dropped_cost.load(Relaxed),
+            forgotten: s.forgotten.load(Relaxed),
             entries_sent: s.entries_sent.load(Relaxed),
             bytes_sent: s.bytes_sent.load(Relaxed),
             bytes_received: s.bytes_received.load(Relaxed),

@@ -138,6 +138,10 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                 "factors lapsed with no fresh one from their master: those (account, op) pairs fail open"
             );
         }
+        let forgotten = shared.state.forget_idle(shared.clock.now());
+        shared.stats.forgotten.fetch_add(forgotten as u64, Relaxed);
+        metrics::counter!("damper_agent_forgotten_total").increment(forgotten as u64);
+        metrics::gauge!("damper_agent_pairs").set(shared.state.len() as f64);
         while rechecks.try_join_next().is_some() {}
         for (master, after, keys) in asked {
             if let Ok(client) = clients.get(&master) {

@@ -57,6 +57,15 @@ fn bad_settings_are_refused_with_the_reason() {
         .start()
         .unwrap_err();
     assert!(err.to_string().contains("rollup_interval"), "{err}");
+    let err = Agent::builder()
+        .masters(["m:1"])
+        .forget_after(Duration::from_secs(1))
+        .start()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("forget_after") && err.to_string().contains("rollup interval"),
+        "{err}"
+    );
     // Valid settings, but no runtime to run the rollup task on.
     assert_eq!(
         Agent::builder().masters(["m:1"]).start().unwrap_err(),

@@ -6,6 +6,11 @@
 //! and makes no system call: one lock-free hash lookup, a few atomic loads,
 //! a random draw only when a factor is in force, and one atomic add.
 //!
+//! Memory is bounded by the pairs in use: [`AgentState::forget_idle`]
+//! removes those idle for [`AgentConfig::forget_after`] that hold nothing
+//! (no counts to report, no factor in force), without losing a check that
+//! races the removal.
+//!
 //! ```
 //! use std::time::Duration;
 //! use damper_core::agent::{AgentConfig, AgentState, Decision};
@@ -37,8 +42,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{
-    AtomicBool, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
+    AtomicBool, AtomicU32, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    fence,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,6 +67,14 @@ pub struct AgentConfig {
     /// a fraction of a second; long enough to hold many operations. Default
     /// 250 ms.
     pub local_window: Duration,
+    /// How long an (account, op) stays in the agent's state with nothing
+    /// counted, nothing left to report and no factor in force before
+    /// [`AgentState::forget_idle`] removes it. Such an entry behaves exactly
+    /// like one never created, so forgetting it changes no decision; it only
+    /// bounds memory on a node that sees many accounts come and go. Long
+    /// enough that an account active now and then keeps its entry rather
+    /// than paying an insert each time. Default 60 s.
+    pub forget_after: Duration,
 }
 
 impl Default for AgentConfig {
@@ -68,6 +82,7 @@ impl Default for AgentConfig {
         AgentConfig {
             rollup_interval: Duration::from_secs(2),
             local_window: Duration::from_millis(250),
+            forget_after: Duration::from_secs(60),
         }
     }
 }
@@ -168,6 +183,16 @@ pub fn agent_seed(agent_id: &str) -> u64 {
 /// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
 const ONE: u64 = 1 << 32;
 
+/// What [`AgentState::forget_idle`] swaps into a forgotten entry's counters,
+/// after taking it out of the map. A check that found the entry just before
+/// holds a reference to it still; its counter add returns the old value,
+/// and the top bit set there says the add came too late to be taken by the
+/// forget (a single atomic's operations are totally ordered), so the check
+/// counts the cost again in the pair's current entry. A live counter never
+/// gets that bit in practice (2^63 cost); if one did, the check finds its
+/// entry still in the map and keeps the count where it is.
+const RETIRED: u64 = 1 << 63;
+
 fn threshold(factor: f64) -> u64 {
     if factor.is_nan() {
         return 0;
@@ -238,6 +263,9 @@ struct Entry {
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
     /// already counted, so each lapse is counted once.
     expiry_counted: AtomicU64,
+    /// Drains in a row that took nothing from this entry (drainer only):
+    /// how long it has been idle, for [`AgentState::forget_idle`].
+    idle_drains: AtomicU32,
 }
 
 impl Entry {
@@ -256,6 +284,7 @@ impl Entry {
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
             expiry_counted: AtomicU64::new(0),
+            idle_drains: AtomicU32::new(0),
         }
     }
 
@@ -291,18 +320,12 @@ impl Entry {
         (master, local, limit)
     }
 
+    /// The decision for one operation; the caller counts it.
     #[inline]
-    fn decide<R: Rng + ?Sized>(
-        &self,
-        now: Nanos,
-        cost: u64,
-        rng: &mut R,
-        config: &AgentConfig,
-    ) -> Decision {
+    fn decide<R: Rng + ?Sized>(&self, now: Nanos, rng: &mut R, config: &AgentConfig) -> Decision {
         let (master, local, limit) = self.thresholds(now.as_nanos(), config);
         let threshold = master.max(local);
         if threshold != 0 && u64::from(rng.next_u32()) < threshold {
-            self.rejected.fetch_add(cost, Relaxed);
             let (source, retry_after) = if local > master {
                 (RejectSource::LocalGuard, config.local_window)
             } else {
@@ -315,36 +338,54 @@ impl Entry {
                 retry_after,
             })
         } else {
-            self.admitted.fetch_add(cost, Relaxed);
             Decision::Admit
         }
     }
 
-    /// `n` operations of `cost` each at the same instant: the same decision
-    /// as `n` calls of `decide`, each with its own random draw, with the
-    /// counters updated once. Returns how many were admitted.
+    /// How many of `n` operations at the same instant are admitted: the
+    /// same as `n` calls of `decide`, each with its own random draw.
     fn decide_batch<R: Rng + ?Sized>(
         &self,
         now: Nanos,
-        cost: u64,
         n: u64,
         rng: &mut R,
         config: &AgentConfig,
     ) -> u64 {
         let (master, local, _) = self.thresholds(now.as_nanos(), config);
         let threshold = master.max(local);
-        let admitted = if threshold == 0 {
+        if threshold == 0 {
             n
         } else {
             (0..n)
                 .filter(|_| u64::from(rng.next_u32()) >= threshold)
                 .count() as u64
-        };
-        self.admitted
-            .fetch_add(cost.wrapping_mul(admitted), Relaxed);
-        self.rejected
-            .fetch_add(cost.wrapping_mul(n - admitted), Relaxed);
-        admitted
+        }
+    }
+
+    /// The counter a decision adds to.
+    #[inline]
+    fn counter(&self, admitted: bool) -> &AtomicU64 {
+        if admitted {
+            &self.admitted
+        } else {
+            &self.rejected
+        }
+    }
+
+    /// Whether [`AgentState::forget_idle`] may remove this entry at `now`:
+    /// idle for `idle_drains` drains, its zero report sent, nothing carried
+    /// or counted since the last drain, and no factor in force (fail-static
+    /// hold included). Then it is the same as no entry at all.
+    fn forgettable(&self, now: Nanos, idle_drains: u32) -> bool {
+        let admitted = self.admitted.load(Relaxed);
+        let rejected = self.rejected.load(Relaxed);
+        self.idle_drains.load(Relaxed) >= idle_drains
+            && !self.active_last_drain.load(Relaxed)
+            && self.carried_since.load(Relaxed) == 0
+            && now.as_nanos() >= self.master_expires.load(Acquire)
+            && admitted == self.drained_admitted.load(Relaxed)
+            && rejected == self.drained_rejected.load(Relaxed)
+            && (admitted | rejected) & RETIRED == 0
     }
 
     /// The local guard's threshold. Once per `local_window` one caller wins
@@ -507,7 +548,62 @@ impl AgentState {
                 self.entry(now, account, op, &guard)
             }
         };
-        entry.decide(now, cost, rng, &self.config)
+        let decision = entry.decide(now, rng, &self.config);
+        self.count(now, account, op, entry, decision.is_admit(), cost, &guard);
+        decision
+    }
+
+    /// Adds `cost` to an entry's admitted or rejected counter: one atomic
+    /// add, unless the entry was forgotten under the caller's feet.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn count(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        entry: &Entry,
+        admitted: bool,
+        cost: u64,
+        guard: &impl papaya::Guard,
+    ) {
+        if entry.counter(admitted).fetch_add(cost, Relaxed) & RETIRED != 0 {
+            self.recount(now, account, op, entry, admitted, cost, guard);
+        }
+    }
+
+    /// The rare path of [`count`](Self::count): the add landed in an entry
+    /// that [`forget_idle`](Self::forget_idle) had already taken out of the
+    /// map and emptied, so nobody will drain it. Counts the cost in the
+    /// pair's current entry instead (created if need be).
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn recount<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        mut stale: &'g Entry,
+        admitted: bool,
+        cost: u64,
+        guard: &'g impl papaya::Guard,
+    ) {
+        loop {
+            // Pairs with the forget's swap: having read the retired counter,
+            // this thread sees the entry's removal from the map as well.
+            fence(Acquire);
+            let current = self.entry(now, account, op, guard);
+            if std::ptr::eq(current, stale) {
+                // Still in the map, so never retired: a live counter past
+                // 2^63, and the add stands where it is.
+                return;
+            }
+            if current.counter(admitted).fetch_add(cost, Relaxed) & RETIRED == 0 {
+                return;
+            }
+            stale = current;
+        }
     }
 
     /// Decides `n` operations of `cost` each by `account` on `op`, all at
@@ -529,7 +625,21 @@ impl AgentState {
         }
         let guard = self.entries.guard();
         let entry = self.entry(now, account, op, &guard);
-        entry.decide_batch(now, cost, n, rng, &self.config)
+        let admitted = entry.decide_batch(now, n, rng, &self.config);
+        for (yes, count) in [(true, admitted), (false, n - admitted)] {
+            if count != 0 {
+                self.count(
+                    now,
+                    account,
+                    op,
+                    entry,
+                    yes,
+                    cost.wrapping_mul(count),
+                    &guard,
+                );
+            }
+        }
+        admitted
     }
 
     /// Applies a factor from the master's reply: reject with probability
@@ -619,6 +729,10 @@ impl AgentState {
             let d_admitted = admitted.wrapping_sub(entry.drained_admitted.swap(admitted, Relaxed));
             let d_rejected = rejected.wrapping_sub(entry.drained_rejected.swap(rejected, Relaxed));
             let active = d_admitted != 0 || d_rejected != 0;
+            let idle = entry.idle_drains.load(Relaxed);
+            entry
+                .idle_drains
+                .store(if active { 0 } else { idle.saturating_add(1) }, Relaxed);
             let was_active = entry.active_last_drain.swap(active, Relaxed);
             if active || was_active {
                 let since = entry.carried_since.swap(0, Relaxed);
@@ -641,10 +755,12 @@ impl AgentState {
     /// drain includes it. `since` is the start of the interval it covered.
     pub fn undrain(&self, account: &str, op: &str, delta: Delta, since: Nanos) {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let guard = self.entries.guard();
-        let Some(entry) = self.entries.get(&KeyRef { op, account }, &guard) else {
+        if !reportable(account) || !reportable(op) {
             return;
-        };
+        }
+        let guard = self.entries.guard();
+        // Created again if forgotten meanwhile: the counts must not be lost.
+        let entry = self.entry(since, account, op, &guard);
         if delta.attempted == 0 {
             // A zero report ("this agent went quiet") that did not arrive:
             // send it again next time. It carries no counts, so no start.
@@ -705,6 +821,53 @@ impl AgentState {
         }
         self.undrain(&pending.account, &pending.op, pending.delta, start);
         0
+    }
+
+    /// Removes every (account, op) idle for [`AgentConfig::forget_after`]
+    /// (counted in drains of `rollup_interval`) that holds nothing: no counts
+    /// to report, no factor in force. Returns how many were removed. Off the
+    /// hot path: the rollup task calls it once per interval, after sending.
+    ///
+    /// A check racing the removal loses nothing: its cost lands either in
+    /// the removed entry before it is emptied (and moves to the pair's new
+    /// entry) or after (and the check counts it there itself, see
+    /// [`RETIRED`]). Checks for a forgotten pair simply create a new entry.
+    pub fn forget_idle(&self, now: Nanos) -> usize {
+        let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let idle_drains = self
+            .config
+            .forget_after
+            .as_nanos()
+            .div_ceil(self.config.rollup_interval.as_nanos().max(1))
+            .clamp(1, u128::from(u32::MAX)) as u32;
+        let guard = self.entries.guard();
+        let mut forgotten = 0;
+        for (key, entry) in self.entries.iter(&guard) {
+            if !entry.forgettable(now, idle_drains) {
+                continue;
+            }
+            // Out of the map first, so checks from now on make a new entry;
+            // then empty it, so late adds to this one are seen as such.
+            let removed = self
+                .entries
+                .remove_if(key, |_, e| std::ptr::eq(e, entry), &guard);
+            if !matches!(removed, Ok(Some(_))) {
+                continue;
+            }
+            let admitted = entry.admitted.swap(RETIRED, AcqRel);
+            let rejected = entry.rejected.swap(RETIRED, AcqRel);
+            let late_admitted = admitted.wrapping_sub(entry.drained_admitted.load(Relaxed));
+            let late_rejected = rejected.wrapping_sub(entry.drained_rejected.load(Relaxed));
+            if late_admitted != 0 || late_rejected != 0 {
+                // Checks that found the entry just before it left the map:
+                // their cost goes to the pair's new entry, for the next drain.
+                let fresh = self.entry(now, key.account.as_str(), &key.op, &guard);
+                fresh.admitted.fetch_add(late_admitted, Relaxed);
+                fresh.rejected.fetch_add(late_rejected, Relaxed);
+            }
+            forgotten += 1;
+        }
+        forgotten
     }
 
     /// Number of (account, op) pairs tracked.

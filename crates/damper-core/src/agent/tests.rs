@@ -284,6 +284,121 @@ fn undrained_counts_come_back_with_their_start() {
     assert_eq!((third[0].2.attempted, third[0].2.since), (1, None));
 }
 
+/// An agent that forgets a pair after three idle drains of 2 s.
+fn forgetful() -> AgentState {
+    AgentState::new(AgentConfig {
+        forget_after: Duration::from_secs(6),
+        ..AgentConfig::default()
+    })
+}
+
+#[test]
+fn idle_pairs_are_forgotten_and_come_back_as_new() {
+    let agent = forgetful();
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    agent.check(t(0), "busy", "messages", 5, &mut rng);
+    assert_eq!(drained(&agent).len(), 2);
+    // acme goes quiet; busy does not.
+    for round in 1..=3 {
+        agent.check(t(round * 2_000), "busy", "messages", 1, &mut rng);
+        drained(&agent);
+        let forgotten = agent.forget_idle(t(round * 2_000));
+        assert_eq!(forgotten, usize::from(round == 3), "round {round}");
+    }
+    assert_eq!(agent.len(), 1);
+    assert_eq!(agent.factor(t(6_000), "acme", "messages"), None);
+    // Back: a new entry, counted from scratch and reported as usual.
+    agent.check(t(8_000), "acme", "messages", 9, &mut rng);
+    let d = drained(&agent);
+    assert_eq!(d[0].0, "acme");
+    assert_eq!(
+        (d[0].2.attempted, d[0].2.admitted, d[0].2.since),
+        (9, 9, None)
+    );
+}
+
+#[test]
+fn pairs_holding_a_factor_or_counts_are_kept() {
+    let agent = forgetful();
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.apply(
+        t(0),
+        "suppressed",
+        "messages",
+        0.5,
+        10.0,
+        Duration::from_secs(20),
+    );
+    for account in ["suppressed", "counted", "carried"] {
+        agent.check(t(0), account, "messages", 5, &mut rng);
+    }
+    let first = drained(&agent);
+    let carried = first.iter().find(|d| d.0 == "carried").unwrap().2;
+    for _ in 0..4 {
+        drained(&agent);
+    }
+    // A failed rollup put back, and a check after the last drain.
+    agent.undrain("carried", "messages", carried, t(0));
+    agent.check(t(8_000), "counted", "messages", 1, &mut rng);
+    assert_eq!(agent.forget_idle(t(8_000)), 0);
+    assert_eq!(agent.len(), 3);
+    // The factor lapses and the counts go: then all three are forgotten.
+    let d = drained(&agent);
+    assert_eq!(d.len(), 2, "{d:?}");
+    for _ in 0..4 {
+        drained(&agent);
+    }
+    assert_eq!(agent.forget_idle(t(20_000)), 3);
+    assert!(agent.is_empty());
+}
+
+#[test]
+fn a_check_that_lands_in_a_forgotten_entry_is_counted_in_the_new_one() {
+    let agent = forgetful();
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    for _ in 0..4 {
+        drained(&agent);
+    }
+    // A check found the entry, then the forget ran before it counted.
+    let guard = agent.entries.guard();
+    let stale = agent
+        .entries
+        .get(
+            &KeyRef {
+                op: "messages",
+                account: "acme",
+            },
+            &guard,
+        )
+        .unwrap();
+    assert_eq!(agent.forget_idle(t(8_000)), 1);
+    agent.count(t(8_000), "acme", "messages", stale, true, 7, &guard);
+    agent.count(t(8_000), "acme", "messages", stale, false, 3, &guard);
+    drop(guard);
+    let d = drained(&agent);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].2.attempted, d[0].2.admitted), (10, 7));
+}
+
+#[test]
+fn a_zero_report_put_back_after_its_pair_was_forgotten_is_sent_again() {
+    let agent = forgetful();
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    drained(&agent);
+    let zero = drained(&agent);
+    drained(&agent);
+    drained(&agent);
+    assert_eq!(agent.forget_idle(t(8_000)), 1);
+    // The zero report's rollup failed, and is put back.
+    agent.undrain("acme", "messages", zero[0].2, t(2_000));
+    let again = drained(&agent);
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].2.attempted, again[0].2.since), (0, None));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     /// Checks on two threads race drains on a third, with some drains
@@ -294,7 +409,12 @@ proptest! {
         factor in 0.0f64..=1.0,
         fail_every in 2usize..6,
     ) {
-        let agent = Arc::new(AgentState::new(AgentConfig::default()));
+        // Pairs are forgotten after one idle drain, while checks come back
+        // to them: a check may race the forget of its pair.
+        let agent = Arc::new(AgentState::new(AgentConfig {
+            forget_after: Duration::from_millis(1),
+            ..AgentConfig::default()
+        }));
         agent.apply(t(0), "acct-0", "messages", factor, 1e12, Duration::from_secs(3600));
         let costs = Arc::new(costs);
         let workers: Vec<_> = (0..2u64)
@@ -304,7 +424,8 @@ proptest! {
                     let mut rng = SmallRng::seed_from_u64(w);
                     let (mut attempted, mut admitted) = (0u64, 0u64);
                     for (i, &cost) in costs.iter().enumerate() {
-                        let account = format!("acct-{}", i % 7);
+                        // Runs of 8 on one account, so the others go idle.
+                        let account = format!("acct-{}", (i / 8) % 7);
                         attempted += cost;
                         if agent.check(t(1), &account, "messages", cost, &mut rng).is_admit() {
                             admitted += cost;
@@ -331,6 +452,7 @@ proptest! {
         };
         while workers.iter().any(|w| !w.is_finished()) {
             drain_once(&agent, true);
+            agent.forget_idle(t(1));
         }
         let (mut want_attempted, mut want_admitted) = (0, 0);
         for w in workers {
@@ -340,8 +462,12 @@ proptest! {
         }
         // The node stops: a last drain that delivers.
         drain_once(&agent, false);
+        // Once quiet, every pair but the one with a factor in force goes.
+        drain_once(&agent, false);
+        agent.forget_idle(t(1));
         prop_assert_eq!(got_attempted, want_attempted);
         prop_assert_eq!(got_admitted, want_admitted);
+        prop_assert_eq!(agent.len(), 1);
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use damper_agent::rollup_request;
+use damper_agent::{apply_reply, rollup_request};
 use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::config::MasterConfig;
 use damper_core::ring::Ring;
@@ -193,12 +193,8 @@ impl WireLoop {
             self.wire_bytes += reply.len();
             let reply = RollupReply::decode(reply.as_slice()).expect("valid reply");
             let received = arrival + self.latency;
-            for op in reply.ops {
-                for f in op.accounts {
-                    let valid_for = Duration::from_millis(u64::from(f.valid_for_ms));
-                    agent.apply(received, &f.account, &op.op, f.factor, f.limit, valid_for);
-                }
-            }
+            let asked = pending.iter().map(|p| (p.op.as_str(), p.account.as_str()));
+            apply_reply(agent, received, &reply, asked);
         }
         agent.forget_idle(self.now);
     }

@@ -58,7 +58,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use damper_core::agent::{Decision, RejectSource, Rejection};
-pub use rollup::rollup_request;
+pub use rollup::{apply_reply, rollup_request};
 
 /// Keyed token buckets for the limits a node enforces on its own (per
 /// connection, per channel), next to the account-wide [`Agent::check`]:

@@ -7,12 +7,12 @@
 //! which reports belong to one round. Sends are spread over the first fifth
 //! of the interval by agent id, so masters do not see every agent at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use damper_core::agent::{Pending, agent_seed, send_spread};
+use damper_core::agent::{AgentState, Pending, agent_seed, send_spread};
 use damper_core::membership::{HealthConfig, Membership};
 use damper_core::ring::Ring;
 use damper_core::time::{Clock, Nanos, SystemClock};
@@ -354,7 +354,8 @@ async fn send(
                     let after = Duration::from_millis(u64::from(reply.recheck_after_ms));
                     asked.push((master.clone(), after, keys));
                 }
-                apply(shared, &master, reply, settings.rollup_interval);
+                let asked = pending.iter().map(|p| (p.op.as_str(), p.account.as_str()));
+                apply(shared, &master, &reply, asked, settings.rollup_interval);
             }
             Err(status) => {
                 metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
@@ -405,7 +406,7 @@ async fn recheck(
     tokio::time::sleep(after).await;
     let request = FactorsRequest {
         agent_id: shared.agent_id.clone(),
-        ops: group_by_op(keys)
+        ops: group_by_op(keys.iter().cloned())
             .into_iter()
             .map(|(op, accounts)| OpAccounts { op, accounts })
             .collect(),
@@ -413,7 +414,10 @@ async fn recheck(
     match client.factors(request).await {
         Ok(reply) => {
             metrics::counter!("damper_agent_rechecks_total", "result" => "ok").increment(1);
-            apply(&shared, &master, reply.into_inner(), interval);
+            let asked = keys
+                .iter()
+                .map(|(op, account)| (op.as_str(), account.as_str()));
+            apply(&shared, &master, &reply.into_inner(), asked, interval);
         }
         Err(status) => {
             // The factor in force stays until the next rollup's reply.
@@ -423,19 +427,52 @@ async fn recheck(
     }
 }
 
-fn apply(shared: &Shared, master: &str, reply: RollupReply, interval: Duration) {
+fn apply<'a>(
+    shared: &Shared,
+    master: &str,
+    reply: &RollupReply,
+    asked: impl IntoIterator<Item = (&'a str, &'a str)>,
+    interval: Duration,
+) {
     if reply.rollup_interval_ms != 0 && u128::from(reply.rollup_interval_ms) != interval.as_millis()
     {
         tracing::warn!(%master, master_ms = reply.rollup_interval_ms, agent_ms = interval.as_millis() as u64,
             "rollup interval differs from the master's: rounds will not line up");
     }
-    let now = shared.clock.now();
-    for op in reply.ops {
-        for f in op.accounts {
+    apply_reply(&shared.state, shared.clock.now(), reply, asked);
+}
+
+/// Applies a master's reply at `now` to the pairs it answers: the factors it
+/// lists, and factor 0 under their op's `unlisted_limit` for the pairs in
+/// `asked` (`(op, account)`: those the request named) that it does not list.
+pub fn apply_reply<'a>(
+    state: &AgentState,
+    now: Nanos,
+    reply: &RollupReply,
+    asked: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    // Per op with a verdict for its unlisted accounts: that verdict, and
+    // the accounts listed (few: the suppressed and the specially limited).
+    let mut unlisted: HashMap<&str, (f64, Duration, HashSet<&str>)> = HashMap::new();
+    for op in &reply.ops {
+        for f in &op.accounts {
             let valid_for = Duration::from_millis(u64::from(f.valid_for_ms));
-            shared
-                .state
-                .apply(now, &f.account, &op.op, f.factor, f.limit, valid_for);
+            state.apply(now, &f.account, &op.op, f.factor, f.limit, valid_for);
+        }
+        if op.unlisted_limit > 0.0 {
+            let valid_for = Duration::from_millis(u64::from(op.unlisted_valid_for_ms));
+            let listed = op.accounts.iter().map(|f| f.account.as_str()).collect();
+            unlisted.insert(op.op.as_str(), (op.unlisted_limit, valid_for, listed));
+        }
+    }
+    if unlisted.is_empty() {
+        return;
+    }
+    for (op, account) in asked {
+        if let Some((limit, valid_for, listed)) = unlisted.get(op) {
+            if !listed.contains(account) {
+                state.apply(now, account, op, 0.0, *limit, *valid_for);
+            }
         }
     }
 }

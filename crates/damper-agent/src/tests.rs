@@ -135,3 +135,87 @@ fn latency_quantiles_come_from_buckets_a_fifth_of_a_doubling_wide() {
     assert!((99.0..=99.0 * 1.19).contains(&p99), "{p99}");
     assert_eq!(crate::LatencyHistogram::default().quantile(0.5), None);
 }
+
+#[test]
+fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_rest() {
+    use damper_core::agent::{AgentConfig, AgentState, RejectSource};
+    use damper_core::time::Nanos;
+    use damper_proto::v1::{AccountFactor, OpFactors, RollupReply};
+    use rand::SeedableRng;
+
+    let state = AgentState::new(AgentConfig::default());
+    let now = Nanos::from_secs(1_800_000_000);
+    let reply = |flood: Option<f64>| RollupReply {
+        ops: vec![
+            OpFactors {
+                op: "messages".into(),
+                accounts: flood
+                    .map(|factor| AccountFactor {
+                        account: "flood".into(),
+                        factor,
+                        limit: 1000.0,
+                        valid_for_ms: 6_000,
+                        recheck: false,
+                    })
+                    .into_iter()
+                    .collect(),
+                unlisted_limit: 1000.0,
+                unlisted_valid_for_ms: 6_000,
+            },
+            // An op with no limit of its own: its unlisted accounts are
+            // unlimited, so nothing is applied to them.
+            OpFactors {
+                op: "presence".into(),
+                accounts: vec![AccountFactor {
+                    account: "vip".into(),
+                    factor: 0.0,
+                    limit: 10.0,
+                    valid_for_ms: 6_000,
+                    recheck: false,
+                }],
+                unlisted_limit: 0.0,
+                unlisted_valid_for_ms: 0,
+            },
+        ],
+        ..RollupReply::default()
+    };
+    let asked = [
+        ("messages", "calm"),
+        ("messages", "flood"),
+        ("presence", "vip"),
+        ("presence", "other"),
+    ];
+    apply_reply(&state, now, &reply(Some(0.9)), asked);
+    let flood = state.factor(now, "flood", "messages").unwrap();
+    assert!((flood - 0.9).abs() < 1e-9, "{flood}");
+    assert_eq!(state.factor(now, "calm", "messages"), Some(0.0));
+    assert_eq!(state.factor(now, "vip", "presence"), Some(0.0));
+    assert_eq!(state.factor(now, "other", "presence"), None);
+    // The implied verdict carries the limit: this agent's local guard
+    // catches a flood of its own on `calm` before any master hears of it.
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let mut local = None;
+    for i in 0..5_000u64 {
+        let at = now + Duration::from_micros(100 * i);
+        if let Decision::Reject(r) = state.check(at, "calm", "messages", 1, &mut rng) {
+            local = Some(r);
+            break;
+        }
+    }
+    let local = local.expect("the local guard knows calm's limit");
+    assert_eq!(
+        (local.source, local.limit),
+        (RejectSource::LocalGuard, 1000.0)
+    );
+    // The flood stops: no longer listed, so released to factor 0.
+    apply_reply(&state, now, &reply(None), asked);
+    assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
+    // Valid for the implied validity, then failing open as ever.
+    let later = now + Duration::from_millis(6_001);
+    assert_eq!(state.factor(later, "calm", "messages"), Some(0.0));
+    assert!(
+        state
+            .check(later, "calm", "messages", 1_000_000, &mut rng)
+            .is_admit()
+    );
+}

@@ -102,6 +102,23 @@ impl Limits {
             })
     }
 
+    /// The limit of `op` itself (the key `op`, without an account path):
+    /// what applies to every account of it that no more specific key names.
+    /// `None` when only some accounts of `op` are limited, or none.
+    ///
+    /// ```
+    /// # use damper_core::limits::Limits;
+    /// let limits = Limits::new([("messages", 1000.0), ("presence/acme", 10.0)]).unwrap();
+    /// assert_eq!(limits.op_limit("messages").map(|r| r.get()), Some(1000.0));
+    /// assert!(limits.op_limit("presence").is_none());
+    /// ```
+    pub fn op_limit(&self, op: &str) -> Option<Rate> {
+        self.by_key
+            .get(op)
+            .and_then(|id| self.get(*id))
+            .map(|m| m.rate)
+    }
+
     /// The limit for `account` doing `op`: the most specific key that matches.
     ///
     /// ```

@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
+use damper_core::limits::Rate;
 use damper_core::master::{KeyView, Transition, TransitionKind, Verdict, validate_name};
 use damper_core::master::{MasterState, Report};
 use damper_core::ring::Ring;
@@ -260,9 +261,21 @@ impl Master {
         // Before the names move into the reply.
         let foreign = self.foreign_entries(request);
         let mut factors: Vec<Vec<AccountFactor>> = vec![Vec::new(); request.ops.len()];
+        // What the reply implies for the accounts it does not list, per op:
+        // from the first shard's config (during a reload shards may differ
+        // for a moment; a verdict is left unlisted only if it matches).
+        let mut unlisted: Option<Vec<Option<Unlisted>>> = None;
         let mut recheck_at: Option<Nanos> = None;
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
+            let unlisted = unlisted.get_or_insert_with(|| {
+                let config = state.config();
+                request
+                    .ops
+                    .iter()
+                    .map(|op| Unlisted::of(config, &op.op))
+                    .collect()
+            });
             // Bring every pair's state into cache at once (the misses
             // overlap), rather than one miss after another below.
             state.warm(entries.iter().map(|&(i, j)| {
@@ -277,8 +290,10 @@ impl Master {
                 })?;
                 if let Some(v) = verdict {
                     recheck_at = recheck_at.max(v.recheck_at);
-                    let account = std::mem::take(&mut request.ops[i].accounts[j].account);
-                    factors[i].push(account_factor(account, &v));
+                    if !Unlisted::implies(unlisted[i], &v) {
+                        let account = std::mem::take(&mut request.ops[i].accounts[j].account);
+                        factors[i].push(account_factor(account, &v));
+                    }
                 }
             }
             // Logged once the shard is free for other rollups.
@@ -299,7 +314,8 @@ impl Master {
         metrics::counter!("damper_master_factors_sent_total")
             .increment(factors.iter().map(Vec::len).sum::<usize>() as u64);
         let ops = request.ops.iter().map(|op| &op.op);
-        let mut reply = self.reply(ops, factors);
+        let unlisted = unlisted.unwrap_or_default();
+        let mut reply = self.reply(ops, factors, &unlisted);
         if let Some(foreign) = foreign {
             if foreign > 0 {
                 counted.foreign.fetch_add(foreign as u64, Relaxed);
@@ -359,36 +375,55 @@ impl Master {
             }
         }
         let now = self.shared.clock.now();
+        let unlisted: Vec<Option<Unlisted>> = {
+            let state = self.lock(0);
+            let config = state.config();
+            request
+                .ops
+                .iter()
+                .map(|op| Unlisted::of(config, &op.op))
+                .collect()
+        };
         let factors = request
             .ops
             .iter()
-            .map(|op| {
+            .zip(&unlisted)
+            .map(|(op, &unlisted)| {
                 op.accounts
                     .iter()
                     .filter_map(|account| {
                         let v = self
                             .lock(self.shard(account))
                             .verdict(now, account, &op.op)?;
-                        Some(account_factor(account.clone(), &v))
+                        (!Unlisted::implies(unlisted, &v))
+                            .then(|| account_factor(account.clone(), &v))
                     })
                     .collect()
             })
             .collect();
-        Ok(self.reply(request.ops.iter().map(|op| &op.op), factors))
+        Ok(self.reply(request.ops.iter().map(|op| &op.op), factors, &unlisted))
     }
 
+    /// The reply: per op, the listed factors and what the unlisted accounts
+    /// get. An op with neither (no limit applies to it) is left out.
     fn reply<'a>(
         &self,
         ops: impl Iterator<Item = &'a String>,
         factors: Vec<Vec<AccountFactor>>,
+        unlisted: &[Option<Unlisted>],
     ) -> RollupReply {
         RollupReply {
             ops: ops
                 .zip(factors)
-                .filter(|(_, f)| !f.is_empty())
-                .map(|(op, accounts)| OpFactors {
-                    op: op.clone(),
-                    accounts,
+                .enumerate()
+                .filter_map(|(i, (op, accounts))| {
+                    let unlisted = unlisted.get(i).copied().flatten();
+                    (!accounts.is_empty() || unlisted.is_some()).then(|| OpFactors {
+                        op: op.clone(),
+                        accounts,
+                        unlisted_limit: unlisted.map_or(0.0, |u| u.limit.get()),
+                        unlisted_valid_for_ms: unlisted.map_or(0, |u| millis_u32(u.valid_for)),
+                    })
                 })
                 .collect(),
             rollup_interval_ms: self.shared.rollup_interval_ms,
@@ -597,8 +632,42 @@ fn account_factor(account: String, v: &Verdict) -> AccountFactor {
         account,
         factor: v.factor,
         limit: v.limit.get(),
-        valid_for_ms: u32::try_from(v.valid_for.as_millis()).unwrap_or(u32::MAX),
+        valid_for_ms: millis_u32(v.valid_for),
         recheck: v.recheck_at.is_some(),
+    }
+}
+
+fn millis_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// The verdict a reply gives the accounts of an op that it does not list
+/// (`OpFactors.unlisted_limit`): factor 0 under the op's own limit. Most
+/// limited pairs are at factor 0 under it, so most need no bytes at all.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Unlisted {
+    limit: Rate,
+    valid_for: Duration,
+}
+
+impl Unlisted {
+    /// For `op` under `config`: `None` when the op has no limit of its own.
+    fn of(config: &MasterConfig, op: &str) -> Option<Unlisted> {
+        config.limits.op_limit(op).map(|limit| Unlisted {
+            limit,
+            valid_for: config.policy.factor_validity,
+        })
+    }
+
+    /// Whether `verdict` is exactly what leaving its account unlisted says,
+    /// as it reaches the agent (validity in whole milliseconds).
+    fn implies(unlisted: Option<Unlisted>, verdict: &Verdict) -> bool {
+        unlisted.is_some_and(|u| {
+            verdict.factor == 0.0
+                && verdict.recheck_at.is_none()
+                && verdict.limit == u.limit
+                && millis_u32(verdict.valid_for) == millis_u32(u.valid_for)
+        })
     }
 }
 

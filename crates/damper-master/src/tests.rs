@@ -80,6 +80,67 @@ fn replies_with_factors_for_limited_pairs_only() {
 }
 
 #[test]
+fn pairs_at_factor_0_under_their_ops_limit_are_implied_not_listed() {
+    let clock = clock();
+    let config = MasterConfig::from_toml(
+        "[limits]\nmessages = 1000\n\"messages/vip\" = 5000\n\"presence/acme\" = 10",
+    )
+    .unwrap();
+    let options = MasterOptions {
+        shards: 3,
+        ..MasterOptions::default()
+    };
+    let m = Master::with_clock(config, options, clock.clone());
+    let mut calm: Vec<AccountCounts> = (0..100)
+        .map(|i| counts(&format!("calm-{i:03}"), 10, 10))
+        .collect();
+    calm.push(counts("flood", 8_000, 8_000));
+    calm.push(counts("vip", 10, 10));
+    let round = |k: u64| RollupRequest {
+        interval_start_unix_ms: T0_MS + 2_000 * k - 2_000,
+        interval_end_unix_ms: T0_MS + 2_000 * k,
+        ..request(vec![
+            ("messages", calm.clone()),
+            (
+                "presence",
+                vec![counts("acme", 1, 1), counts("other", 1, 1)],
+            ),
+        ])
+    };
+    // The first round asks every pair to recheck (their first here): all
+    // listed. From the second on, only what differs from the op's default.
+    let first = m.rollup(&round(0)).unwrap();
+    assert_eq!(first.ops[0].accounts.len(), 102);
+    clock.set(Nanos::from_millis(T0_MS + 2_005));
+    let reply = m.rollup(&round(1)).unwrap();
+    assert_eq!(reply.recheck_after_ms, 0);
+    let listed = |op: &OpFactors| -> Vec<(String, f64, f64)> {
+        let mut listed: Vec<_> = op
+            .accounts
+            .iter()
+            .map(|a| (a.account.clone(), a.factor, a.limit))
+            .collect();
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        listed
+    };
+    let (messages, presence) = (&reply.ops[0], &reply.ops[1]);
+    assert_eq!(
+        listed(messages),
+        [("flood".into(), 0.75, 1000.0), ("vip".into(), 0.0, 5000.0)]
+    );
+    assert_eq!(
+        (messages.unlisted_limit, messages.unlisted_valid_for_ms),
+        (1000.0, 6_000)
+    );
+    // presence has no limit of its own: `other` is unlimited, not implied.
+    assert_eq!(listed(presence), [("acme".into(), 0.0, 10.0)]);
+    assert_eq!(presence.unlisted_limit, 0.0);
+    // 102 limited pairs answered in a few dozen bytes.
+    let bytes = prost::Message::encoded_len(&reply);
+    assert!(bytes < 120, "{bytes} bytes: {reply:?}");
+}
+
+#[test]
 fn bad_rollups_get_a_precise_status_and_count_nothing() {
     let m = master(clock());
     let cases = [
@@ -178,9 +239,11 @@ fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
     assert!(first.ops[0].accounts[0].factor > 0.8);
     assert_eq!(first.recheck_after_ms, 495);
     let last = m.rollup(&round(end, 100)).unwrap();
+    // Released: factor 0 under the op's limit, so implied, not listed.
+    assert!(last.ops[0].accounts.is_empty(), "{last:?}");
     assert_eq!(
-        (last.ops[0].accounts[0].factor, last.recheck_after_ms),
-        (0.0, 0)
+        (last.ops[0].unlisted_limit, last.recheck_after_ms),
+        (1000.0, 0)
     );
     // The recheck: the release, and nothing counted.
     let before = m.len();
@@ -193,12 +256,15 @@ fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
     };
     clock.set(Nanos::from_millis(end + 500));
     let reply = m.factors(&ask).unwrap();
-    let factors: Vec<(&str, f64)> = reply.ops[0]
-        .accounts
-        .iter()
-        .map(|a| (a.account.as_str(), a.factor))
-        .collect();
-    assert_eq!(factors, [("flood", 0.0), ("never-seen", 0.0)]);
+    assert!(reply.ops[0].accounts.is_empty(), "{reply:?}");
+    assert_eq!(
+        (
+            reply.ops[0].unlisted_limit,
+            reply.ops[0].unlisted_valid_for_ms
+        ),
+        (1000.0, 6_000),
+        "both at factor 0 under the op's limit"
+    );
     assert_eq!(m.len(), before);
     // Bad names get the same precise status as rollups.
     let bad = FactorsRequest {

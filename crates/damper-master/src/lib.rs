@@ -269,12 +269,7 @@ impl Master {
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
             let unlisted = unlisted.get_or_insert_with(|| {
-                let config = state.config();
-                request
-                    .ops
-                    .iter()
-                    .map(|op| Unlisted::of(config, &op.op))
-                    .collect()
+                Unlisted::per_op(state.config(), request.ops.iter().map(|op| &op.op))
             });
             // Bring every pair's state into cache at once (the misses
             // overlap), rather than one miss after another below.
@@ -375,15 +370,7 @@ impl Master {
             }
         }
         let now = self.shared.clock.now();
-        let unlisted: Vec<Option<Unlisted>> = {
-            let state = self.lock(0);
-            let config = state.config();
-            request
-                .ops
-                .iter()
-                .map(|op| Unlisted::of(config, &op.op))
-                .collect()
-        };
+        let unlisted = Unlisted::per_op(self.lock(0).config(), request.ops.iter().map(|op| &op.op));
         let factors = request
             .ops
             .iter()
@@ -657,6 +644,14 @@ impl Unlisted {
             limit,
             valid_for: config.policy.factor_validity,
         })
+    }
+
+    /// For each of a request's ops, in order.
+    fn per_op<'a>(
+        config: &MasterConfig,
+        ops: impl Iterator<Item = &'a String>,
+    ) -> Vec<Option<Unlisted>> {
+        ops.map(|op| Unlisted::of(config, op)).collect()
     }
 
     /// Whether `verdict` is exactly what leaving its account unlisted says,

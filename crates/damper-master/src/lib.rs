@@ -174,7 +174,7 @@ impl Master {
         let shards = options.shards.max(1);
         let w = &config.window;
         let window = w.sub_interval * w.sub_intervals.get() as u32 + w.settle();
-        let rollup_interval_ms = u32::try_from(w.rollup_interval.as_millis()).unwrap_or(u32::MAX);
+        let rollup_interval_ms = millis_u32(w.rollup_interval);
         Master {
             shared: Arc::new(Shared {
                 shards: (0..shards)
@@ -320,9 +320,7 @@ impl Master {
             reply.foreign_entries = u32::try_from(foreign).unwrap_or(u32::MAX);
         }
         if let Some(at) = recheck_at {
-            reply.recheck_after_ms = u32::try_from(at.since(now).as_millis())
-                .unwrap_or(u32::MAX)
-                .max(1);
+            reply.recheck_after_ms = millis_u32(at.since(now)).max(1);
         }
         Ok(reply)
     }
@@ -624,6 +622,8 @@ fn account_factor(account: String, v: &Verdict) -> AccountFactor {
     }
 }
 
+/// A duration in whole milliseconds as the wire carries it (`u32`,
+/// saturating).
 fn millis_u32(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }

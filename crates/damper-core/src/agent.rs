@@ -55,6 +55,7 @@ use rand::Rng;
 
 use crate::ring::Ring;
 use crate::time::{Nanos, duration_nanos};
+use crate::wire::Reply;
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +81,7 @@ pub struct AgentConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            rollup_interval: Duration::from_secs(2),
+            rollup_interval: crate::DEFAULT_ROLLUP_INTERVAL,
             local_window: Duration::from_millis(250),
             forget_after: Duration::from_secs(60),
         }
@@ -447,7 +448,7 @@ impl std::fmt::Debug for AgentState {
 /// names and names over [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, so the agent never sends
 /// them: such checks are admitted and not counted.
 fn reportable(name: &str) -> bool {
-    crate::master::validate_name("name", name).is_ok()
+    crate::wire::validate_name("name", name).is_ok()
 }
 
 impl AgentState {
@@ -677,6 +678,21 @@ impl AgentState {
         entry
             .master_expires
             .store((now + valid_for + hold).as_nanos(), Release);
+    }
+
+    /// Applies a master's reply at `now`: every verdict it lists, and
+    /// factor 0 under their op's limit for the pairs of `asked` (`(op,
+    /// account)`: those the request named) that its op's default covers
+    /// (see [`Reply::expand`]).
+    pub fn apply_reply<'a>(
+        &self,
+        now: Nanos,
+        reply: &Reply,
+        asked: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) {
+        reply.expand(asked, |op, account, f| {
+            self.apply(now, account, op, f.factor, f.limit, f.valid_for);
+        });
     }
 
     /// Counts the positive factors that lapsed (their validity, and any

@@ -163,7 +163,7 @@ impl Default for WindowSection {
         WindowSection {
             sub_interval_ms: 6_000,
             sub_intervals: 4,
-            rollup_interval_ms: 2_000,
+            rollup_interval_ms: crate::DEFAULT_ROLLUP_INTERVAL.as_millis() as u64,
             grace_ms: 500,
             estimator: EstimatorKind::LatestRound,
         }

@@ -26,6 +26,10 @@
 //! - [`local`]: keyed token buckets for per-connection and per-channel limits.
 //! - [`ring`]: consistent hashing of accounts over masters.
 //! - [`membership`]: which masters are up, with failure counting and probes.
+//! - [`wire`]: the messages of a round (rollup, query, reply), their
+//!   validation, and the reply's compaction and expansion.
+//! - [`round`]: the agent's rollup round as a sans-IO state machine, which
+//!   the agent library, the simulator and the test harnesses all drive.
 //!
 //! # Example
 //! One agent and one master, in virtual time, through a deluge:
@@ -79,8 +83,14 @@ pub mod master;
 pub mod membership;
 pub mod policy;
 pub mod ring;
+pub mod round;
 pub mod time;
 pub mod window;
+pub mod wire;
+
+/// How often agents send rollups unless configured otherwise, and the
+/// masters' default `rollup_interval_ms`: the one place it is written.
+pub const DEFAULT_ROLLUP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The longest account or op name, in bytes, that agents report and masters
 /// accept.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::MAX_NAME_LEN;
 use crate::config::{EstimatorKind, PolicyKind};
 
 const L: f64 = 1_000.0;

@@ -1,0 +1,247 @@
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+use crate::agent::AgentConfig;
+use crate::config::MasterConfig;
+use crate::master::MasterState;
+use crate::wire::ReplyHeader;
+
+const T0: Nanos = Nanos::from_secs(1_800_000_000);
+
+fn at(ms: u64) -> Nanos {
+    T0 + Duration::from_millis(ms)
+}
+
+fn master() -> MasterState {
+    MasterState::new(MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap())
+}
+
+fn round(id: &str, members: &[&str]) -> AgentRound {
+    AgentRound::new(RoundConfig::new(id), members.iter().copied(), at(10))
+}
+
+/// Answers every transmit at once from `master` (probes say it started at
+/// T0); returns what was sent.
+fn answer_all(
+    round: &mut AgentRound,
+    state: &AgentState,
+    master: &mut MasterState,
+    now: Nanos,
+) -> Vec<Transmit> {
+    let mut sent = Vec::new();
+    while let Some(t) = round.poll_transmit() {
+        let header = ReplyHeader {
+            rollup_interval: Duration::from_secs(2),
+            started: T0,
+            ..ReplyHeader::default()
+        };
+        let reply = match &t.message {
+            Message::Rollup(r) => master.answer_rollup(now, r, 100, header).unwrap(),
+            Message::Recheck(q) | Message::Probe(q) => {
+                master.answer_factors(now, q, 100, header).unwrap()
+            }
+        };
+        round.on_reply(now, t.id, &reply, state);
+        sent.push(t);
+    }
+    sent
+}
+
+fn flood(state: &AgentState, from_ms: u64, rate_per_s: u64) {
+    let mut rng = SmallRng::seed_from_u64(1);
+    for i in 0..rate_per_s * 2 {
+        state.check(at(from_ms + i * 1000 / rate_per_s), "flood", "messages", 1, &mut rng);
+    }
+}
+
+fn events(round: &mut AgentRound) -> Vec<RoundEvent> {
+    std::iter::from_fn(|| round.poll_event()).collect()
+}
+
+#[test]
+fn a_round_is_cut_on_the_grid_sent_after_the_spread_and_its_reply_applied() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-7", &["m1"]);
+    let spread = send_spread("edge-7", Duration::from_secs(2));
+    assert!(spread > Duration::ZERO);
+    // Counted from the grid interval containing `now`, cut at its end.
+    assert_eq!(r.poll_timeout(), Some(at(2_000)));
+    flood(&state, 10, 5_000);
+    r.handle_timeout(at(2_000), &state);
+    assert!(r.poll_transmit().is_none(), "not before the spread");
+    assert_eq!(r.poll_timeout(), Some(at(2_000) + spread));
+    let now = at(2_000) + spread;
+    r.handle_timeout(now, &state);
+    let sent = answer_all(&mut r, &state, &mut m, now);
+    let [Transmit {
+        master,
+        message: Message::Rollup(rollup),
+        ..
+    }] = &sent[..]
+    else {
+        panic!("one rollup: {sent:?}")
+    };
+    assert_eq!(master, "m1");
+    assert_eq!((rollup.start, rollup.end), (T0, at(2_000)));
+    assert_eq!(rollup.ops[0].accounts[0].attempted, 10_000);
+    // 5 000/s against 1 000/s: factor 0.8, in force at the agent.
+    let factor = state.factor(now, "flood", "messages").unwrap();
+    assert!((factor - 0.8).abs() < 1e-9, "{factor}");
+    assert!(matches!(
+        events(&mut r)[..],
+        [RoundEvent::Settled { end, lapsed: 0, forgotten: 0, pairs: 1 }] if end == at(2_000)
+    ));
+    // The first round at a master is rechecked once it is whole, before
+    // the next cut.
+    let recheck = r.poll_timeout().unwrap();
+    assert!(recheck > now && recheck < at(4_000), "{recheck:?}");
+}
+
+#[test]
+fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-1", &["m1", "m2"]);
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    let other = if owner == "m1" { "m2" } else { "m1" };
+    let mut now;
+    // Two rounds fail: counts carried, then the owner goes down.
+    for round_end in [2_000, 4_000] {
+        flood(&state, round_end - 2_000, 100);
+        r.handle_timeout(at(round_end), &state);
+        now = r.poll_timeout().unwrap();
+        r.handle_timeout(now, &state);
+        let t = r.poll_transmit().unwrap();
+        assert_eq!(t.master, owner);
+        let Message::Rollup(rollup) = &t.message else {
+            panic!("{t:?}")
+        };
+        let counts = &rollup.ops[0].accounts[0];
+        if round_end == 4_000 {
+            // Both rounds' counts, from the start of the first.
+            assert_eq!((counts.attempted, counts.since), (400, Some(T0)));
+        }
+        r.on_failure(now, t.id, &state);
+    }
+    let ev = events(&mut r);
+    assert!(
+        ev.contains(&RoundEvent::RingChanged {
+            master: owner.clone(),
+            up: false
+        }),
+        "{ev:?}"
+    );
+    assert_eq!(r.membership().live().owner("flood"), Some(other));
+    // The next round goes to the other master, with all the counts, and
+    // the down master's probe is due by then (1 s ± 25% after it went down).
+    r.handle_timeout(at(6_000), &state);
+    now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    let sent = answer_all(&mut r, &state, &mut m, now);
+    let masters: Vec<(&str, bool)> = sent
+        .iter()
+        .map(|t| (t.master.as_str(), matches!(t.message, Message::Probe(_))))
+        .collect();
+    assert_eq!(masters, [(owner.as_str(), true), (other, false)]);
+    let Message::Rollup(rollup) = &sent[1].message else {
+        panic!("{sent:?}")
+    };
+    let counts = &rollup.ops[0].accounts[0];
+    assert_eq!((counts.attempted, counts.since), (400, Some(T0)));
+    // It answered the probe, saying it started at T0: it rejoins after its
+    // warm-up, at T0 + 12 s, like every other agent that saw it.
+    assert!(
+        events(&mut r).contains(&RoundEvent::Rejoining {
+            master: owner.clone()
+        })
+    );
+    assert!(!r.membership().is_up(&owner));
+    r.handle_timeout(at(12_000), &state);
+    assert!(r.membership().is_up(&owner));
+    assert!(events(&mut r).contains(&RoundEvent::RingChanged {
+        master: owner.clone(),
+        up: true
+    }));
+}
+
+#[test]
+fn a_recheck_asked_for_is_sent_when_the_round_is_whole_and_applied() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-2", &["m1"]);
+    flood(&state, 0, 5_000);
+    r.handle_timeout(at(2_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    answer_all(&mut r, &state, &mut m, now);
+    // The first round at a master asks for a recheck once it is whole.
+    let due = r.poll_timeout().unwrap();
+    assert!(due > now && due < at(4_000), "{due:?}");
+    r.handle_timeout(due, &state);
+    let t = r.poll_transmit().unwrap();
+    let Message::Recheck(query) = &t.message else {
+        panic!("{t:?}")
+    };
+    assert_eq!(query.keys().collect::<Vec<_>>(), [("messages", "flood")]);
+    // The master's verdict changed meanwhile (another agent's report).
+    let other = Rollup::from_pending(
+        "edge-other",
+        T0,
+        at(2_000),
+        0,
+        &[Pending {
+            account: "flood".into(),
+            op: "messages".into(),
+            delta: crate::agent::Delta {
+                attempted: 10_000,
+                admitted: 10_000,
+                since: None,
+            },
+        }],
+    );
+    m.answer_rollup(due, &other, 100, ReplyHeader::default())
+        .unwrap();
+    let reply = m
+        .answer_factors(due, query, 100, ReplyHeader::default())
+        .unwrap();
+    r.on_reply(due, t.id, &reply, &state);
+    let factor = state.factor(due, "flood", "messages").unwrap();
+    assert!((factor - 0.9).abs() < 1e-9, "{factor}");
+}
+
+#[test]
+fn large_rollups_are_split_and_stop_sends_everything_at_once() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut config = RoundConfig::new("edge-3");
+    config.max_entries_per_request = 40;
+    let mut r = AgentRound::new(config, ["m1"], at(0));
+    let mut rng = SmallRng::seed_from_u64(3);
+    for i in 0..100 {
+        state.check(at(5), &format!("acct-{i}"), "messages", 1, &mut rng);
+    }
+    r.handle_timeout(at(2_000), &state);
+    // Stopped during the spread: this round and what came since go at once.
+    state.check(at(2_001), "late", "messages", 3, &mut rng);
+    r.stop(at(2_001), &state);
+    assert!(!r.is_finished());
+    let sent = answer_all(&mut r, &state, &mut m, at(2_001));
+    let sizes: Vec<usize> = sent
+        .iter()
+        .map(|t| match &t.message {
+            Message::Rollup(r) => r.entries(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // The first round's 100 accounts in three requests, then the last cut:
+    // `late`, and a zero report for each of the 100 gone quiet.
+    assert_eq!(sizes, [40, 40, 20, 40, 40, 21]);
+    assert!(r.is_finished());
+    assert_eq!(r.poll_timeout(), None);
+    assert_eq!(m.verdict(at(2_001), "late", "messages").unwrap().factor, 0.0);
+    assert_eq!(m.len(), 101);
+}

@@ -1,0 +1,179 @@
+//! The compact reply, both ways. Most limited pairs sit at factor 0 under
+//! their op's own limit, so a reply lists only the verdicts that differ
+//! from that default ([`ReplyBuilder`]) and says, per op, what every other
+//! pair the request named gets ([`Unlisted`]); the agent expands it back
+//! into one verdict per pair ([`Reply::expand`]). A reply then costs bytes
+//! for the suppressed and the specially limited pairs only.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::config::MasterConfig;
+use crate::master::Verdict;
+use crate::time::Nanos;
+
+use super::{Factor, Listed, OpVerdicts, Reply, Unlisted, millis_u32};
+
+/// What a reply says about the master rather than about pairs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyHeader {
+    /// The master's rollup interval.
+    pub rollup_interval: Duration,
+    /// When the master process started.
+    pub started: Nanos,
+    /// Digest of the master's view of the ring (0: none).
+    pub ring_version: u64,
+    /// Entries the request carried for accounts the master does not own.
+    pub foreign_entries: u32,
+}
+
+/// Builds the compact reply to one request, verdict by verdict.
+#[derive(Debug)]
+pub struct ReplyBuilder {
+    ops: Vec<OpVerdicts>,
+    recheck_at: Option<Nanos>,
+}
+
+impl Unlisted {
+    /// The default verdict of `op` under `config`: `None` when the op has
+    /// no limit of its own.
+    pub fn of(config: &MasterConfig, op: &str) -> Option<Unlisted> {
+        config.limits.op_limit(op).map(|limit| Unlisted {
+            limit: limit.get(),
+            valid_for: whole(config.policy.factor_validity),
+        })
+    }
+
+    /// Whether `verdict` is exactly what leaving its account unlisted says,
+    /// as it reaches the agent (validity in whole milliseconds).
+    pub fn implies(&self, verdict: &Verdict) -> bool {
+        verdict.factor == 0.0
+            && verdict.recheck_at.is_none()
+            && verdict.limit.get() == self.limit
+            && whole(verdict.valid_for) == self.valid_for
+    }
+
+    /// The factor an unlisted pair applies.
+    pub fn factor(&self) -> Factor {
+        Factor {
+            factor: 0.0,
+            limit: self.limit,
+            valid_for: self.valid_for,
+        }
+    }
+}
+
+fn whole(d: Duration) -> Duration {
+    Duration::from_millis(u64::from(millis_u32(d)))
+}
+
+impl Listed {
+    /// `verdict`, listed for `account`.
+    pub fn new(account: String, verdict: &Verdict) -> Listed {
+        Listed {
+            account,
+            factor: Factor {
+                factor: verdict.factor,
+                limit: verdict.limit.get(),
+                valid_for: whole(verdict.valid_for),
+            },
+            recheck: verdict.recheck_at.is_some(),
+        }
+    }
+}
+
+impl ReplyBuilder {
+    /// A reply to a request naming `ops` (in the request's order), under
+    /// `config`.
+    pub fn new<'a>(config: &MasterConfig, ops: impl IntoIterator<Item = &'a str>) -> Self {
+        ReplyBuilder {
+            ops: ops
+                .into_iter()
+                .map(|op| OpVerdicts {
+                    op: op.to_owned(),
+                    listed: Vec::new(),
+                    unlisted: Unlisted::of(config, op),
+                })
+                .collect(),
+            recheck_at: None,
+        }
+    }
+
+    /// The verdict for `account` on the request's op number `op`: listed
+    /// unless its op's default implies it. `account` is called only when
+    /// it is listed (the master moves the name out of the request).
+    pub fn add(&mut self, op: usize, account: impl FnOnce() -> String, verdict: &Verdict) {
+        self.recheck_at = self.recheck_at.max(verdict.recheck_at);
+        let entry = &mut self.ops[op];
+        if !entry.unlisted.is_some_and(|u| u.implies(verdict)) {
+            entry.listed.push(Listed::new(account(), verdict));
+        }
+    }
+
+    /// Verdicts listed so far.
+    pub fn listed(&self) -> usize {
+        self.ops.iter().map(|op| op.listed.len()).sum()
+    }
+
+    /// The reply, sent at `now`. Ops with nothing listed and no limit of
+    /// their own are left out.
+    pub fn finish(self, now: Nanos, header: ReplyHeader) -> Reply {
+        Reply {
+            ops: self
+                .ops
+                .into_iter()
+                .filter(|op| !op.listed.is_empty() || op.unlisted.is_some())
+                .collect(),
+            rollup_interval: Some(whole(header.rollup_interval)).filter(|d| !d.is_zero()),
+            recheck_after: self
+                .recheck_at
+                .map(|at| Duration::from_millis(u64::from(millis_u32(at.since(now)).max(1)))),
+            started: Some(header.started).filter(|&s| s != Nanos::ZERO),
+            ring_version: header.ring_version,
+            foreign_entries: header.foreign_entries,
+        }
+    }
+}
+
+impl Reply {
+    /// Every verdict this reply gives: each listed one, and the op's
+    /// default for each pair of `asked` (`(op, account)`: those the request
+    /// named) that it does not list. Calls `visit(op, account, factor)`
+    /// once per pair.
+    pub fn expand<'a>(
+        &self,
+        asked: impl IntoIterator<Item = (&'a str, &'a str)>,
+        mut visit: impl FnMut(&str, &str, Factor),
+    ) {
+        let mut defaults: Vec<(&str, Unlisted, HashSet<&str>)> = Vec::new();
+        for op in &self.ops {
+            for l in &op.listed {
+                visit(&op.op, &l.account, l.factor);
+            }
+            if let Some(unlisted) = op.unlisted {
+                let listed = op.listed.iter().map(|l| l.account.as_str()).collect();
+                defaults.push((op.op.as_str(), unlisted, listed));
+            }
+        }
+        if defaults.is_empty() {
+            return;
+        }
+        for (op, account) in asked {
+            if let Some((_, unlisted, listed)) = defaults.iter().find(|(o, _, _)| *o == op)
+                && !listed.contains(account)
+            {
+                visit(op, account, unlisted.factor());
+            }
+        }
+    }
+
+    /// The pairs marked for a recheck, as `(op, account)`.
+    pub fn rechecks(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.ops.iter().flat_map(|op| {
+            op.listed
+                .iter()
+                .filter(|l| l.recheck)
+                .map(move |l| (op.op.as_str(), l.account.as_str()))
+        })
+    }
+}

@@ -1,0 +1,288 @@
+//! The messages agents and masters exchange, as core types, and every rule
+//! about what they carry, in both directions.
+//!
+//! An agent's [`AgentRound`](crate::round::AgentRound) sends a [`Rollup`]
+//! (or a [`FactorsQuery`]) and applies the [`Reply`]; a master validates
+//! the rollup ([`Rollup::validate`]), ingests it and answers with a reply
+//! that lists only the verdicts that differ from their op's default
+//! ([`ReplyBuilder`], compaction), which the agent expands back into one
+//! verdict per pair it reported ([`Reply::expand`]). Both halves of that
+//! rule live here, so they cannot drift apart; a property test holds them
+//! to it.
+//!
+//! `damper_proto::convert` maps each type one to one onto its `damper.v1`
+//! protobuf message (milliseconds on the wire, so times here are whole
+//! milliseconds too); the simulator passes these types as they are.
+//!
+//! # Layout
+//! - this file: the message types.
+//! - `validate`: names, counts and intervals ([`validate_name`],
+//!   [`Report::validate`], [`Rollup::validate`]) and their errors.
+//! - `compact`: the reply's compaction ([`ReplyBuilder`]) and expansion
+//!   ([`Reply::expand`]).
+//! - `answer`: one [`MasterState`](crate::master::MasterState) answering a
+//!   rollup or a query (the simulator's master; the service shards the
+//!   same steps).
+
+mod answer;
+mod compact;
+mod validate;
+
+use std::time::Duration;
+
+use crate::agent::Pending;
+use crate::time::Nanos;
+
+pub use compact::{ReplyBuilder, ReplyHeader};
+pub use validate::{
+    MAX_CLOCK_AHEAD, MAX_REPORT_SPAN, Report, ReportError, RollupError, validate_name,
+};
+
+/// One agent's counts for the accounts one master owns, over an interval
+/// (`RollupRequest`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rollup {
+    /// The sending agent, for logs (and, later, de-duplication).
+    pub agent_id: String,
+    /// Start of the interval the counts cover (whole milliseconds).
+    pub start: Nanos,
+    /// End (exclusive) of the interval, on the shared rollup grid.
+    pub end: Nanos,
+    /// Digest of the ring the agent routed by (0: unknown), so a master can
+    /// tell the agent's view differs from its own.
+    pub ring_version: u64,
+    /// The counts, grouped by op so each op name is carried once.
+    pub ops: Vec<OpCounts>,
+}
+
+/// One op's counts in a [`Rollup`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// The op.
+    pub op: String,
+    /// One entry per account with activity (or just gone quiet).
+    pub accounts: Vec<AccountCounts>,
+}
+
+/// One account's counts in a [`Rollup`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountCounts {
+    /// The account.
+    pub account: String,
+    /// Cost attempted: admitted plus what the rejected operations would
+    /// have cost.
+    pub attempted: u64,
+    /// Cost admitted; at most `attempted`.
+    pub admitted: u64,
+    /// The start of these counts when it is not the rollup's: counts
+    /// carried over from a failed rollup.
+    pub since: Option<Nanos>,
+}
+
+/// The (account, op) pairs whose factors an agent asks for without
+/// reporting counts (`FactorsRequest`): a recheck, or, naming nothing, a
+/// probe of a master that is down.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FactorsQuery {
+    /// The asking agent.
+    pub agent_id: String,
+    /// The pairs, grouped by op.
+    pub ops: Vec<OpAccounts>,
+}
+
+/// One op's accounts in a [`FactorsQuery`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpAccounts {
+    /// The op.
+    pub op: String,
+    /// Its accounts.
+    pub accounts: Vec<String>,
+}
+
+/// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reply {
+    /// Per op: the verdicts listed one by one, and the one implied for the
+    /// rest. An op with neither has no limit, and is left out.
+    pub ops: Vec<OpVerdicts>,
+    /// The master's rollup interval (`None`: not said), so an agent can
+    /// warn that its own differs.
+    pub rollup_interval: Option<Duration>,
+    /// Ask again, for the pairs marked `recheck`, this long after the
+    /// reply: they come from a round other agents are still reporting.
+    pub recheck_after: Option<Duration>,
+    /// When the master process started (`None`: not said); agents rejoin a
+    /// master that was down relative to it.
+    pub started: Option<Nanos>,
+    /// Digest of the master's view of the ring (0: none configured).
+    pub ring_version: u64,
+    /// Entries of the rollup for accounts the master does not own under its
+    /// view of the ring: the agent's view differs.
+    pub foreign_entries: u32,
+}
+
+/// One op's verdicts in a [`Reply`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpVerdicts {
+    /// The op.
+    pub op: String,
+    /// The pairs whose verdict is not the op's default.
+    pub listed: Vec<Listed>,
+    /// The verdict of every account of this op the request named and
+    /// `listed` leaves out: factor 0 under the op's own limit. `None` when
+    /// the op has no limit of its own: unlisted accounts are unlimited.
+    pub unlisted: Option<Unlisted>,
+}
+
+/// One account's verdict, listed in a [`Reply`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listed {
+    /// The account.
+    pub account: String,
+    /// What the agent applies.
+    pub factor: Factor,
+    /// Ask again after the reply's `recheck_after`.
+    pub recheck: bool,
+}
+
+/// What an agent applies to one (account, op): reject with probability
+/// `factor` for `valid_for`, under an account-wide `limit`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Factor {
+    /// Probability of rejecting each operation, 0 to 1.
+    pub factor: f64,
+    /// The account-wide limit, in cost per second (the local guard's).
+    pub limit: f64,
+    /// How long it holds without a fresher one (whole milliseconds).
+    pub valid_for: Duration,
+}
+
+/// The verdict a reply implies for the accounts of an op it does not list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Unlisted {
+    /// The op's own limit, in cost per second.
+    pub limit: f64,
+    /// How long their factor 0 holds (whole milliseconds).
+    pub valid_for: Duration,
+}
+
+/// A time as the wire carries it: whole milliseconds.
+pub(crate) fn whole_millis(t: Nanos) -> Nanos {
+    Nanos::from_millis(t.as_millis())
+}
+
+/// A duration as the wire carries it: whole milliseconds that fit a `u32`.
+pub fn millis_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+impl Rollup {
+    /// The rollup that reports `pending` (a drain's counts for one master,
+    /// sorted by op) for `[start, end)`: counts grouped by op, each with its
+    /// own start when it was carried over. Times are cut to whole
+    /// milliseconds, as the wire carries them.
+    pub fn from_pending(
+        agent_id: &str,
+        start: Nanos,
+        end: Nanos,
+        ring_version: u64,
+        pending: &[Pending],
+    ) -> Rollup {
+        let mut ops: Vec<OpCounts> = Vec::new();
+        for p in pending {
+            let counts = AccountCounts {
+                account: p.account.clone(),
+                attempted: p.delta.attempted,
+                admitted: p.delta.admitted,
+                since: p.delta.since.map(whole_millis),
+            };
+            match ops.last_mut() {
+                Some(last) if last.op == p.op => last.accounts.push(counts),
+                _ => ops.push(OpCounts {
+                    op: p.op.clone(),
+                    accounts: vec![counts],
+                }),
+            }
+        }
+        Rollup {
+            agent_id: agent_id.to_owned(),
+            start: whole_millis(start),
+            end: whole_millis(end),
+            ring_version,
+            ops,
+        }
+    }
+
+    /// Number of (account, op) entries.
+    pub fn entries(&self) -> usize {
+        self.ops.iter().map(|op| op.accounts.len()).sum()
+    }
+
+    /// Every entry as the master ingests it, with its op's and its own
+    /// index: an entry's own start, when it has one, overrides the
+    /// rollup's.
+    pub fn reports(&self) -> impl Iterator<Item = (usize, usize, Report<'_>)> {
+        self.ops.iter().enumerate().flat_map(move |(i, op)| {
+            op.accounts.iter().enumerate().map(move |(j, counts)| {
+                let report = Report {
+                    account: &counts.account,
+                    op: &op.op,
+                    start: counts.since.unwrap_or(self.start),
+                    end: self.end,
+                    attempted: counts.attempted,
+                    admitted: counts.admitted,
+                };
+                (i, j, report)
+            })
+        })
+    }
+
+    /// Entry `j` of op `i` as the master ingests it.
+    pub fn report(&self, i: usize, j: usize) -> Report<'_> {
+        let op = &self.ops[i];
+        let counts = &op.accounts[j];
+        Report {
+            account: &counts.account,
+            op: &op.op,
+            start: counts.since.unwrap_or(self.start),
+            end: self.end,
+            attempted: counts.attempted,
+            admitted: counts.admitted,
+        }
+    }
+}
+
+impl FactorsQuery {
+    /// The query for `keys` (`(op, account)`, sorted by op).
+    pub fn new<'a>(agent_id: &str, keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut ops: Vec<OpAccounts> = Vec::new();
+        for (op, account) in keys {
+            match ops.last_mut() {
+                Some(last) if last.op == op => last.accounts.push(account.to_owned()),
+                _ => ops.push(OpAccounts {
+                    op: op.to_owned(),
+                    accounts: vec![account.to_owned()],
+                }),
+            }
+        }
+        FactorsQuery {
+            agent_id: agent_id.to_owned(),
+            ops,
+        }
+    }
+
+    /// Number of (account, op) pairs asked for.
+    pub fn entries(&self) -> usize {
+        self.ops.iter().map(|op| op.accounts.len()).sum()
+    }
+
+    /// Every pair asked for, as `(op, account)`.
+    pub fn keys(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.ops
+            .iter()
+            .flat_map(|op| op.accounts.iter().map(move |a| (op.op.as_str(), a.as_str())))
+    }
+}
+
+#[cfg(test)]
+mod tests;

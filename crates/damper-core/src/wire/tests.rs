@@ -1,0 +1,169 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::config::MasterConfig;
+use crate::limits::Rate;
+use crate::master::Verdict;
+use crate::window::Rates;
+
+/// Limits with an op of its own limit (`messages`), one with overrides
+/// only (`presence`, unlimited otherwise), and an override on `messages`.
+const CONFIG: &str = r#"
+[limits]
+messages = 1000
+"messages/big" = 20000
+"presence/vip" = 50
+"#;
+
+fn config() -> MasterConfig {
+    MasterConfig::from_toml(CONFIG).unwrap()
+}
+
+const NOW: Nanos = Nanos::from_secs(1_800_000_000);
+
+/// A verdict a master could give: `kind` picks the factor and recheck.
+fn verdict(config: &MasterConfig, account: &str, op: &str, kind: u8, factor: f64) -> Option<Verdict> {
+    let limit = config.limits.lookup(account, op)?.rate;
+    Some(Verdict {
+        factor: if kind % 2 == 0 { 0.0 } else { factor },
+        limit,
+        valid_for: config.policy.factor_validity,
+        rates: Rates::default(),
+        recheck_at: (kind >= 2).then_some(NOW + Duration::from_millis(137)),
+    })
+}
+
+fn factor_of(v: &Verdict) -> Factor {
+    Factor {
+        factor: v.factor,
+        limit: v.limit.get(),
+        valid_for: Duration::from_millis(v.valid_for.as_millis() as u64),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Whatever a master compacts, the agent expands to exactly the
+    /// verdicts the master gave, one per pair, and nothing for the pairs
+    /// no limit applies to.
+    #[test]
+    fn expansion_gives_back_exactly_the_verdicts_compaction_took(
+        entries in proptest::collection::vec(
+            (0usize..3, 0usize..6, 0u8..4, 0.01f64..1.0), 0..60),
+    ) {
+        let config = config();
+        let ops = ["messages", "presence", "typing"];
+        let accounts = ["acme", "big", "vip", "big/sub", "zed", "vip/x"];
+        // The request: each (op, account) once, grouped by op.
+        let mut request: BTreeMap<usize, BTreeMap<usize, (u8, f64)>> = BTreeMap::new();
+        for (op, account, kind, factor) in entries {
+            request.entry(op).or_default().insert(account, (kind, factor));
+        }
+        let names: Vec<&str> = request.keys().map(|&o| ops[o]).collect();
+        let mut builder = ReplyBuilder::new(&config, names.iter().copied());
+        let mut given: BTreeMap<(String, String), Factor> = BTreeMap::new();
+        let mut asked = Vec::new();
+        for (i, (&op, accounts_of)) in request.iter().enumerate() {
+            for (&account, &(kind, factor)) in accounts_of {
+                let (op, account) = (ops[op], accounts[account]);
+                asked.push((op, account));
+                if let Some(v) = verdict(&config, account, op, kind, factor) {
+                    builder.add(i, || account.to_owned(), &v);
+                    given.insert((op.to_owned(), account.to_owned()), factor_of(&v));
+                }
+            }
+        }
+        let header = ReplyHeader { rollup_interval: Duration::from_secs(2), ..ReplyHeader::default() };
+        let reply = builder.finish(NOW, header);
+        let mut expanded: BTreeMap<(String, String), Factor> = BTreeMap::new();
+        reply.expand(asked.iter().copied(), |op, account, f| {
+            let again = expanded.insert((op.to_owned(), account.to_owned()), f);
+            assert!(again.is_none(), "{op}/{account} expanded twice");
+        });
+        prop_assert_eq!(&expanded, &given);
+        // Only what differs from its op's default is listed.
+        for op in &reply.ops {
+            for l in &op.listed {
+                let implied = op.unlisted.is_some_and(|u| u.factor() == l.factor && !l.recheck);
+                prop_assert!(!implied, "{}/{} listed needlessly", op.op, l.account);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_reply_lists_only_what_differs_and_asks_for_rechecks() {
+    let config = config();
+    let mut builder = ReplyBuilder::new(&config, ["messages", "typing"]);
+    let calm = verdict(&config, "calm", "messages", 0, 0.0).unwrap();
+    let flood = verdict(&config, "flood", "messages", 3, 0.9).unwrap();
+    let big = verdict(&config, "big", "messages", 0, 0.0).unwrap();
+    builder.add(0, || unreachable!("implied, never listed"), &calm);
+    builder.add(0, || "flood".into(), &flood);
+    builder.add(0, || "big".into(), &big);
+    assert_eq!(builder.listed(), 2);
+    let reply = builder.finish(NOW, ReplyHeader::default());
+    // `typing` has no limit at all: left out.
+    assert_eq!(reply.ops.len(), 1);
+    assert_eq!(
+        reply.ops[0].unlisted,
+        Some(Unlisted {
+            limit: 1000.0,
+            valid_for: Duration::from_secs(6)
+        })
+    );
+    assert_eq!(reply.recheck_after, Some(Duration::from_millis(137)));
+    assert_eq!(reply.rechecks().collect::<Vec<_>>(), [("messages", "flood")]);
+    assert_eq!(reply.started, None, "0 on the wire means not said");
+    assert_eq!(Rate::per_second(1000.0).unwrap().get(), 1000.0);
+}
+
+#[test]
+fn rollups_group_by_op_and_validate_every_entry() {
+    use crate::agent::{Delta, Pending};
+    let pending = |op: &str, account: &str, attempted, admitted| Pending {
+        account: account.into(),
+        op: op.into(),
+        delta: Delta {
+            attempted,
+            admitted,
+            since: None,
+        },
+    };
+    let start = NOW - Duration::from_secs(2);
+    let rollup = Rollup::from_pending(
+        "edge-1",
+        start + Duration::from_nanos(1),
+        NOW,
+        7,
+        &[
+            pending("messages", "a", 10, 10),
+            pending("messages", "b", 5, 1),
+            pending("presence", "a", 1, 1),
+        ],
+    );
+    assert_eq!(rollup.ops.len(), 2);
+    assert_eq!(rollup.entries(), 3);
+    assert_eq!(rollup.start, start, "whole milliseconds, as on the wire");
+    assert_eq!(rollup.validate(NOW, 3), Ok(()));
+    assert_eq!(
+        rollup.validate(NOW, 2),
+        Err(RollupError::TooManyEntries { entries: 3, max: 2 })
+    );
+    let mut bad = rollup.clone();
+    bad.ops[1].accounts[0].admitted = 2;
+    let err = bad.validate(NOW, 10).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ops[1].accounts[0]: `admitted` (2) is more than `attempted` (1)"
+    );
+    let query = FactorsQuery::new("edge-1", [("messages", "a"), ("messages", "b"), ("x", "")]);
+    assert_eq!(query.ops.len(), 2);
+    assert_eq!(
+        query.validate(10).unwrap_err().to_string(),
+        "ops[1].accounts[0]: `account` is empty"
+    );
+}

@@ -1,0 +1,239 @@
+//! What a well-formed message carries: names of 1 to
+//! [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, admitted never above
+//! attempted, intervals that end after they start, not far in the future
+//! and not absurdly long, and no more entries than a master takes in one
+//! call. Masters refuse what breaks a rule, naming the field; agents never
+//! send it.
+
+use std::time::Duration;
+
+use crate::MAX_NAME_LEN;
+use crate::time::Nanos;
+
+use super::{FactorsQuery, Rollup};
+
+/// One agent's counts for one (account, op) over `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report<'a> {
+    /// Account id, 1..=256 bytes.
+    pub account: &'a str,
+    /// Operation, 1..=256 bytes.
+    pub op: &'a str,
+    /// Start of the interval the counts cover.
+    pub start: Nanos,
+    /// End (exclusive) of the interval.
+    pub end: Nanos,
+    /// Cost attempted: admitted plus what rejected operations would have cost.
+    pub attempted: u64,
+    /// Cost admitted; at most `attempted`.
+    pub admitted: u64,
+}
+
+/// Why a report was refused. Nothing of a refused report is counted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// A name is empty.
+    #[error("`{field}` is empty")]
+    Empty {
+        /// `account` or `op`.
+        field: &'static str,
+    },
+    /// A name is longer than [`MAX_NAME_LEN`] bytes.
+    #[error("`{field}` is {len} bytes long; the limit is {MAX_NAME_LEN}")]
+    TooLong {
+        /// `account` or `op`.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// More admitted than attempted, which cannot happen.
+    #[error("`admitted` ({admitted}) is more than `attempted` ({attempted})")]
+    AdmittedExceedsAttempted {
+        /// The admitted cost reported.
+        admitted: u64,
+        /// The attempted cost reported.
+        attempted: u64,
+    },
+    /// The interval ends before it starts.
+    #[error("the interval ends ({end:?}) before it starts ({start:?})")]
+    EndsBeforeStart {
+        /// Reported start.
+        start: Nanos,
+        /// Reported end.
+        end: Nanos,
+    },
+    /// The interval ends further ahead of the master's clock than any sane
+    /// clock skew: the agent's clock, or the request, is wrong.
+    #[error(
+        "the interval ends {ahead_ms} ms after this master's clock; at most {} ms of clock skew is accepted",
+        MAX_CLOCK_AHEAD.as_millis()
+    )]
+    EndsInFuture {
+        /// How far ahead, in milliseconds.
+        ahead_ms: u64,
+    },
+    /// The interval is longer than any an agent sends (agents carry counts
+    /// over for at most tens of seconds).
+    #[error(
+        "the interval is {span_ms} ms long; at most {} ms is accepted",
+        MAX_REPORT_SPAN.as_millis()
+    )]
+    SpanTooLong {
+        /// Its length, in milliseconds.
+        span_ms: u64,
+    },
+}
+
+/// How far a report's end may be ahead of the master's clock. Within it, the
+/// report is moved back to end at the master's `now` (clock skew between
+/// hosts); beyond it, it is refused.
+pub const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
+
+/// The longest interval one report may cover. Agents report every rollup
+/// interval and carry failed counts over for at most their `max_carry`
+/// (default 30 s); anything near an hour is a bug or an attack.
+pub const MAX_REPORT_SPAN: Duration = Duration::from_secs(3600);
+
+/// Checks an account or op name: 1 to [`MAX_NAME_LEN`] bytes. `field`
+/// names it in the error. The one rule masters enforce and agents respect.
+pub fn validate_name(field: &'static str, name: &str) -> Result<(), ReportError> {
+    if name.is_empty() {
+        return Err(ReportError::Empty { field });
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ReportError::TooLong {
+            field,
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Report<'_> {
+    /// Checks the report on its own, without the state, as received at
+    /// `now` by the master's clock.
+    pub fn validate(&self, now: Nanos) -> Result<(), ReportError> {
+        validate_name("account", self.account)?;
+        validate_name("op", self.op)?;
+        if self.admitted > self.attempted {
+            return Err(ReportError::AdmittedExceedsAttempted {
+                admitted: self.admitted,
+                attempted: self.attempted,
+            });
+        }
+        if self.end < self.start {
+            return Err(ReportError::EndsBeforeStart {
+                start: self.start,
+                end: self.end,
+            });
+        }
+        if self.end > now && self.end.since(now) > MAX_CLOCK_AHEAD {
+            return Err(ReportError::EndsInFuture {
+                ahead_ms: ms(self.end.since(now)),
+            });
+        }
+        if self.end.since(self.start) > MAX_REPORT_SPAN {
+            return Err(ReportError::SpanTooLong {
+                span_ms: ms(self.end.since(self.start)),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Why a whole rollup or factors query was refused. Nothing of it is
+/// counted, so the agent may fix it and send it again.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RollupError {
+    /// More entries than the master accepts in one call: the agent splits
+    /// its rollups below this.
+    #[error("the request carries {entries} entries; this master accepts at most {max} per call: split it")]
+    TooManyEntries {
+        /// Entries in the request.
+        entries: usize,
+        /// The master's `max_entries`.
+        max: usize,
+    },
+    /// The request's own interval ends before it starts.
+    #[error("interval_end_unix_ms ({end_ms}) is before interval_start_unix_ms ({start_ms})")]
+    EndsBeforeStart {
+        /// Start, in milliseconds since the epoch.
+        start_ms: u64,
+        /// End, in milliseconds since the epoch.
+        end_ms: u64,
+    },
+    /// One entry is malformed.
+    #[error("ops[{op}].accounts[{account}]: {error}")]
+    Entry {
+        /// Index of its op in the request.
+        op: usize,
+        /// Index of the entry within its op.
+        account: usize,
+        /// What is wrong with it.
+        error: ReportError,
+    },
+}
+
+impl RollupError {
+    /// Whether the request was too big rather than malformed
+    /// (RESOURCE_EXHAUSTED rather than INVALID_ARGUMENT on the wire).
+    pub fn is_too_big(&self) -> bool {
+        matches!(self, RollupError::TooManyEntries { .. })
+    }
+}
+
+impl Rollup {
+    /// Checks the whole rollup, as received at `now` by the master's clock,
+    /// before any of it is counted.
+    pub fn validate(&self, now: Nanos, max_entries: usize) -> Result<(), RollupError> {
+        let entries = self.entries();
+        if entries > max_entries {
+            return Err(RollupError::TooManyEntries {
+                entries,
+                max: max_entries,
+            });
+        }
+        if self.end < self.start {
+            return Err(RollupError::EndsBeforeStart {
+                start_ms: self.start.as_millis(),
+                end_ms: self.end.as_millis(),
+            });
+        }
+        for (op, account, report) in self.reports() {
+            report
+                .validate(now)
+                .map_err(|error| RollupError::Entry { op, account, error })?;
+        }
+        Ok(())
+    }
+}
+
+impl FactorsQuery {
+    /// Checks every name and the number of pairs asked for.
+    pub fn validate(&self, max_entries: usize) -> Result<(), RollupError> {
+        let entries = self.entries();
+        if entries > max_entries {
+            return Err(RollupError::TooManyEntries {
+                entries,
+                max: max_entries,
+            });
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            for (j, account) in op.accounts.iter().enumerate() {
+                validate_name("op", &op.op)
+                    .and_then(|()| validate_name("account", account))
+                    .map_err(|error| RollupError::Entry {
+                        op: i,
+                        account: j,
+                        error,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -339,7 +339,7 @@ impl AgentBuilder {
             });
         }
         for (op, hold) in &self.fail_static {
-            if damper_core::master::validate_name("op", op).is_err() {
+            if damper_core::wire::validate_name("op", op).is_err() {
                 return Err(AgentError::Invalid {
                     field: "fail_static",
                     reason: "the op must be 1 to 256 bytes long",

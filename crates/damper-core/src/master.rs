@@ -38,8 +38,8 @@ use crate::limits::{LimitId, Rate};
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
 
-pub use crate::wire::{MAX_CLOCK_AHEAD, MAX_REPORT_SPAN, Report, ReportError, validate_name};
-
+use crate::wire::validate_name;
+pub use crate::wire::{Report, ReportError};
 
 /// What the master tells agents about one limited (account, op).
 #[derive(Clone, Copy, Debug, PartialEq)]

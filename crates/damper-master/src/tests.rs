@@ -1,6 +1,8 @@
 use super::*;
+use damper_core::ring::Ring;
 use damper_core::time::ManualClock;
 use damper_proto::v1::{AccountCounts, OpCounts};
+use damper_proto::v1::{OpFactors, RollupRequest};
 use tonic::Code;
 
 const T0_MS: u64 = 1_800_000_000_000;

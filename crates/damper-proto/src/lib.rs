@@ -8,6 +8,8 @@
 //! - [`v1`]: the messages ([`v1::RollupRequest`], [`v1::RollupReply`], …),
 //!   the client ([`v1::master_client::MasterClient`]) and the server trait
 //!   ([`v1::master_server::Master`]).
+//! - [`convert`]: `From` both ways between these messages and the core's
+//!   ([`damper_core::wire`]), the one place the mapping is written.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors of `damper.v1`, for
 //!   gRPC server reflection.
 //!
@@ -35,6 +37,8 @@
 //! let bytes = request.encode_to_vec();
 //! assert_eq!(RollupRequest::decode(bytes.as_slice()).unwrap(), request);
 //! ```
+
+pub mod convert;
 
 /// Version 1 of the API (`damper.v1`).
 #[allow(missing_docs, clippy::all)]

@@ -67,7 +67,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use damper_agent::local::{BucketConfig, Reduced, TokenBuckets};
 use damper_agent::{Agent, Decision};
-use damper_core::master::validate_name;
+use damper_core::wire::validate_name;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, watch};

@@ -359,7 +359,8 @@ impl AgentRound {
                 self.check_interval(&master, reply);
                 if reply.foreign_entries > 0 {
                     let open = self.open.entry(round).or_default();
-                    open.foreign.get_or_insert((master.clone(), reply.foreign_entries));
+                    open.foreign
+                        .get_or_insert((master.clone(), reply.foreign_entries));
                 }
                 if let Some(after) = reply.recheck_after {
                     let keys: Vec<(String, String)> = reply
@@ -375,7 +376,9 @@ impl AgentRound {
                 self.finish_one(round, master, true, now, state);
             }
             Some(InFlight::Recheck { keys }) => {
-                let asked = keys.iter().map(|(op, account)| (op.as_str(), account.as_str()));
+                let asked = keys
+                    .iter()
+                    .map(|(op, account)| (op.as_str(), account.as_str()));
                 state.apply_reply(now, reply, asked);
             }
             Some(InFlight::Probe { master }) => {
@@ -416,13 +419,18 @@ impl AgentRound {
         if self.membership.tick(end) {
             for master in self.live_members() {
                 if !before.contains(&master) {
-                    self.events.push_back(RoundEvent::RingChanged { master, up: true });
+                    self.events
+                        .push_back(RoundEvent::RingChanged { master, up: true });
                 }
             }
         }
         for master in self.membership.probes_due(end) {
             let query = FactorsQuery::new(&self.config.agent_id, []);
-            self.transmit(master.clone(), Message::Probe(query), InFlight::Probe { master });
+            self.transmit(
+                master.clone(),
+                Message::Probe(query),
+                InFlight::Probe { master },
+            );
         }
         let live = self.membership.live();
         let ring_version = live.version();
@@ -490,7 +498,9 @@ impl AgentRound {
             .partition(|r| r.0 <= now);
         self.rechecks = later;
         for (_, master, keys) in due {
-            let asked = keys.iter().map(|(op, account)| (op.as_str(), account.as_str()));
+            let asked = keys
+                .iter()
+                .map(|(op, account)| (op.as_str(), account.as_str()));
             let query = FactorsQuery::new(&self.config.agent_id, asked);
             self.transmit(master, Message::Recheck(query), InFlight::Recheck { keys });
         }
@@ -544,7 +554,8 @@ impl AgentRound {
                 self.membership.failed(&master, now)
             };
             if changed {
-                self.events.push_back(RoundEvent::RingChanged { master, up: ok });
+                self.events
+                    .push_back(RoundEvent::RingChanged { master, up: ok });
             }
         }
         if let Some((master, foreign)) = open.foreign {
@@ -579,7 +590,11 @@ impl AgentRound {
     }
 
     fn live_members(&self) -> Vec<String> {
-        self.membership.live().members().map(str::to_owned).collect()
+        self.membership
+            .live()
+            .members()
+            .map(str::to_owned)
+            .collect()
     }
 }
 

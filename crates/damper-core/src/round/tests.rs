@@ -53,7 +53,13 @@ fn answer_all(
 fn flood(state: &AgentState, from_ms: u64, rate_per_s: u64) {
     let mut rng = SmallRng::seed_from_u64(1);
     for i in 0..rate_per_s * 2 {
-        state.check(at(from_ms + i * 1000 / rate_per_s), "flood", "messages", 1, &mut rng);
+        state.check(
+            at(from_ms + i * 1000 / rate_per_s),
+            "flood",
+            "messages",
+            1,
+            &mut rng,
+        );
     }
 }
 
@@ -77,11 +83,13 @@ fn a_round_is_cut_on_the_grid_sent_after_the_spread_and_its_reply_applied() {
     let now = at(2_000) + spread;
     r.handle_timeout(now, &state);
     let sent = answer_all(&mut r, &state, &mut m, now);
-    let [Transmit {
-        master,
-        message: Message::Rollup(rollup),
-        ..
-    }] = &sent[..]
+    let [
+        Transmit {
+            master,
+            message: Message::Rollup(rollup),
+            ..
+        },
+    ] = &sent[..]
     else {
         panic!("one rollup: {sent:?}")
     };
@@ -154,11 +162,9 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
     assert_eq!((counts.attempted, counts.since), (400, Some(T0)));
     // It answered the probe, saying it started at T0: it rejoins after its
     // warm-up, at T0 + 12 s, like every other agent that saw it.
-    assert!(
-        events(&mut r).contains(&RoundEvent::Rejoining {
-            master: owner.clone()
-        })
-    );
+    assert!(events(&mut r).contains(&RoundEvent::Rejoining {
+        master: owner.clone()
+    }));
     assert!(!r.membership().is_up(&owner));
     r.handle_timeout(at(12_000), &state);
     assert!(r.membership().is_up(&owner));
@@ -242,6 +248,9 @@ fn large_rollups_are_split_and_stop_sends_everything_at_once() {
     assert_eq!(sizes, [40, 40, 20, 40, 40, 21]);
     assert!(r.is_finished());
     assert_eq!(r.poll_timeout(), None);
-    assert_eq!(m.verdict(at(2_001), "late", "messages").unwrap().factor, 0.0);
+    assert_eq!(
+        m.verdict(at(2_001), "late", "messages").unwrap().factor,
+        0.0
+    );
     assert_eq!(m.len(), 101);
 }

@@ -278,9 +278,11 @@ impl FactorsQuery {
 
     /// Every pair asked for, as `(op, account)`.
     pub fn keys(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.ops
-            .iter()
-            .flat_map(|op| op.accounts.iter().map(move |a| (op.op.as_str(), a.as_str())))
+        self.ops.iter().flat_map(|op| {
+            op.accounts
+                .iter()
+                .map(move |a| (op.op.as_str(), a.as_str()))
+        })
     }
 }
 

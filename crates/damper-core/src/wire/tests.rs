@@ -25,7 +25,13 @@ fn config() -> MasterConfig {
 const NOW: Nanos = Nanos::from_secs(1_800_000_000);
 
 /// A verdict a master could give: `kind` picks the factor and recheck.
-fn verdict(config: &MasterConfig, account: &str, op: &str, kind: u8, factor: f64) -> Option<Verdict> {
+fn verdict(
+    config: &MasterConfig,
+    account: &str,
+    op: &str,
+    kind: u8,
+    factor: f64,
+) -> Option<Verdict> {
     let limit = config.limits.lookup(account, op)?.rate;
     Some(Verdict {
         factor: if kind % 2 == 0 { 0.0 } else { factor },
@@ -116,7 +122,10 @@ fn a_reply_lists_only_what_differs_and_asks_for_rechecks() {
         })
     );
     assert_eq!(reply.recheck_after, Some(Duration::from_millis(137)));
-    assert_eq!(reply.rechecks().collect::<Vec<_>>(), [("messages", "flood")]);
+    assert_eq!(
+        reply.rechecks().collect::<Vec<_>>(),
+        [("messages", "flood")]
+    );
     assert_eq!(reply.started, None, "0 on the wire means not said");
     assert_eq!(Rate::per_second(1000.0).unwrap().get(), 1000.0);
 }

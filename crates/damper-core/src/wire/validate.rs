@@ -152,7 +152,9 @@ fn ms(d: Duration) -> u64 {
 pub enum RollupError {
     /// More entries than the master accepts in one call: the agent splits
     /// its rollups below this.
-    #[error("the request carries {entries} entries; this master accepts at most {max} per call: split it")]
+    #[error(
+        "the request carries {entries} entries; this master accepts at most {max} per call: split it"
+    )]
     TooManyEntries {
         /// Entries in the request.
         entries: usize,

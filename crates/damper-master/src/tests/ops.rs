@@ -5,6 +5,7 @@ use super::*;
 use crate::reload::{Cause, ConfigWatcher, ReloadError};
 use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
+use damper_core::master::KeyView;
 use tower::ServiceExt;
 
 /// A master under `messages = 1000` that has seen `flood` at 4000/s,

@@ -1,0 +1,228 @@
+//! A rollup, validated, ingested shard by shard and answered with a
+//! compact reply: the rules are [`damper_core::wire`]'s, the sharding is
+//! this service's. Each shard is locked once per request, never across an
+//! `await`; its pairs are warmed first so their cache misses overlap.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use damper_core::master::{Transition, TransitionKind};
+use damper_core::wire::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
+use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
+use tonic::Status;
+
+use crate::Master;
+
+/// Running totals behind [`Master::ingested`].
+#[derive(Default)]
+pub(crate) struct IngestedCounters {
+    foreign: AtomicU64,
+    rollups: AtomicU64,
+    entries: AtomicU64,
+    attempted: AtomicU64,
+    admitted: AtomicU64,
+}
+
+/// What a master has counted since it started, over all shards: rollups
+/// accepted and the entries and cost they carried. Refused rollups are not
+/// in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ingested {
+    /// Rollups accepted.
+    pub rollups: u64,
+    /// (account, op) entries they carried.
+    pub entries: u64,
+    /// Attempted cost they reported (saturating).
+    pub attempted: u64,
+    /// Admitted cost they reported (saturating).
+    pub admitted: u64,
+    /// Entries for accounts this master does not own under its view of the
+    /// ring (counted all the same).
+    pub foreign: u64,
+}
+
+/// One log line per (account, op) that starts or stops being suppressed.
+pub(crate) fn log_transitions(transitions: Vec<Transition>) {
+    for t in transitions {
+        match t.kind {
+            TransitionKind::Started => tracing::info!(
+                account = %t.account, op = %t.op, factor = t.factor, demand = t.demand, limit = t.limit,
+                "suppression started"
+            ),
+            TransitionKind::Stopped => tracing::info!(
+                account = %t.account, op = %t.op, demand = t.demand, "suppression stopped"
+            ),
+        }
+    }
+}
+
+impl Master {
+    /// Ingests one rollup and answers it. The whole rollup is validated
+    /// first: a bad one is refused, naming the field, and nothing of it is
+    /// counted. The account names of the pairs the reply lists move from
+    /// `rollup` into the reply (left empty in `rollup`) rather than being
+    /// copied.
+    pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
+        let now = self.shared.clock.now();
+        rollup.validate(now, self.shared.options.max_entries)?;
+        let (by_shard, totals) = self.by_shard(rollup);
+        // Before the names move into the reply.
+        let foreign = self.foreign_entries(rollup);
+        let mut reply: Option<ReplyBuilder> = None;
+        for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
+            let mut state = self.lock(shard);
+            // From the first shard's config: during a reload shards may
+            // differ for a moment, and a verdict is left unlisted only if it
+            // matches.
+            let reply = reply.get_or_insert_with(|| {
+                ReplyBuilder::new(state.config(), rollup.ops.iter().map(|o| o.op.as_str()))
+            });
+            state.warm(entries.iter().map(|&(i, j)| {
+                (
+                    rollup.ops[i].op.as_str(),
+                    rollup.ops[i].accounts[j].account.as_str(),
+                )
+            }));
+            for &(i, j) in entries {
+                let verdict = state.ingest(now, &rollup.report(i, j)).map_err(|error| {
+                    RollupError::Entry {
+                        op: i,
+                        account: j,
+                        error,
+                    }
+                })?;
+                if let Some(v) = verdict {
+                    let names = &mut rollup.ops[i].accounts[j].account;
+                    reply.add(i, || std::mem::take(names), &v);
+                }
+            }
+            // Logged once the shard is free for other rollups.
+            let transitions = state.take_transitions();
+            drop(state);
+            log_transitions(transitions);
+        }
+        let reply = match reply {
+            Some(reply) => reply,
+            None => ReplyBuilder::new(
+                self.lock(0).config(),
+                rollup.ops.iter().map(|o| o.op.as_str()),
+            ),
+        };
+        self.count(rollup, totals, reply.listed(), foreign);
+        Ok(reply.finish(now, self.header(foreign.unwrap_or(0))))
+    }
+
+    /// [`answer`](Self::answer) on the protobuf request, as the service
+    /// receives it; errors as the service sends them. Copies the request.
+    pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
+        let mut rollup = Rollup::from(request.clone());
+        self.answer(&mut rollup)
+            .map(RollupReply::from)
+            .map_err(crate::status)
+    }
+
+    /// [`rollup`](Self::rollup) on an encoded `RollupRequest`, as it comes
+    /// off the wire: bytes that do not decode are INVALID_ARGUMENT. The
+    /// entry point of the fuzz target and of the malformed-input corpus.
+    pub fn rollup_bytes(&self, bytes: &[u8]) -> Result<RollupReply, Status> {
+        let request = <RollupRequest as prost::Message>::decode(bytes)
+            .map_err(|e| Status::invalid_argument(format!("not a RollupRequest: {e}")))?;
+        let mut rollup = Rollup::from(request);
+        self.answer(&mut rollup)
+            .map(RollupReply::from)
+            .map_err(crate::status)
+    }
+
+    /// The verdicts in force for the pairs `query` names, counting nothing:
+    /// a recheck, or (naming nothing) a probe.
+    pub fn answer_factors(&self, query: &FactorsQuery) -> Result<Reply, RollupError> {
+        query.validate(self.shared.options.max_entries)?;
+        let now = self.shared.clock.now();
+        let mut reply = ReplyBuilder::new(
+            self.lock(0).config(),
+            query.ops.iter().map(|o| o.op.as_str()),
+        );
+        for (i, op) in query.ops.iter().enumerate() {
+            for account in &op.accounts {
+                let verdict = self.lock(self.shard(account)).verdict(now, account, &op.op);
+                if let Some(v) = verdict {
+                    reply.add(i, || account.clone(), &v);
+                }
+            }
+        }
+        Ok(reply.finish(now, self.header(0)))
+    }
+
+    /// [`answer_factors`](Self::answer_factors) on the protobuf request.
+    pub fn factors(&self, request: &FactorsRequest) -> Result<RollupReply, Status> {
+        self.answer_factors(&FactorsQuery::from(request.clone()))
+            .map(RollupReply::from)
+            .map_err(crate::status)
+    }
+
+    /// What a reply says about this master.
+    fn header(&self, foreign_entries: usize) -> ReplyHeader {
+        ReplyHeader {
+            rollup_interval: self.shared.rollup_interval,
+            started: self.shared.started,
+            ring_version: self.shared.ring.get().map_or(0, |v| v.ring.version()),
+            foreign_entries: u32::try_from(foreign_entries).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The rollup's entries grouped by shard, as (op, entry) indexes, so
+    /// each shard is locked once; and what they carry, for
+    /// [`ingested`](Self::ingested).
+    fn by_shard(&self, rollup: &Rollup) -> (Vec<Vec<(usize, usize)>>, Totals) {
+        let mut by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.shared.shards.len()];
+        let mut totals = Totals::default();
+        for (i, op) in rollup.ops.iter().enumerate() {
+            for (j, counts) in op.accounts.iter().enumerate() {
+                by_shard[self.shard(&counts.account)].push((i, j));
+                totals.entries += 1;
+                totals.attempted = totals.attempted.saturating_add(counts.attempted);
+                totals.admitted = totals.admitted.saturating_add(counts.admitted);
+            }
+        }
+        (by_shard, totals)
+    }
+
+    /// Counts an accepted rollup in the totals and metrics.
+    fn count(&self, rollup: &Rollup, totals: Totals, listed: usize, foreign: Option<usize>) {
+        let counted = &self.shared.ingested;
+        counted.rollups.fetch_add(1, Relaxed);
+        counted.entries.fetch_add(totals.entries, Relaxed);
+        let add = |total: &AtomicU64, v: u64| {
+            let _ = total.fetch_update(Relaxed, Relaxed, |t| Some(t.saturating_add(v)));
+        };
+        add(&counted.attempted, totals.attempted);
+        add(&counted.admitted, totals.admitted);
+        metrics::counter!("damper_master_rollups_total").increment(1);
+        metrics::counter!("damper_master_entries_total").increment(totals.entries);
+        metrics::counter!("damper_master_factors_sent_total").increment(listed as u64);
+        if let Some(foreign) = foreign.filter(|&f| f > 0) {
+            counted.foreign.fetch_add(foreign as u64, Relaxed);
+            metrics::counter!("damper_master_foreign_entries_total").increment(foreign as u64);
+            tracing::debug!(agent = %rollup.agent_id, foreign, "rollup carries accounts this master does not own: the agent's ring differs");
+        }
+    }
+
+    /// What this master has counted since it started.
+    pub fn ingested(&self) -> Ingested {
+        let c = &self.shared.ingested;
+        Ingested {
+            rollups: c.rollups.load(Relaxed),
+            entries: c.entries.load(Relaxed),
+            attempted: c.attempted.load(Relaxed),
+            admitted: c.admitted.load(Relaxed),
+            foreign: c.foreign.load(Relaxed),
+        }
+    }
+}
+
+/// What one rollup carries.
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    entries: u64,
+    attempted: u64,
+    admitted: u64,
+}

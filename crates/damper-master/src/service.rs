@@ -1,0 +1,167 @@
+//! The `damper.v1.Master` gRPC service and the server around it: the one
+//! place core errors become a `tonic::Status`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use damper_core::wire::{FactorsQuery, Rollup, RollupError};
+use damper_proto::v1::master_server::MasterServer;
+use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::{Master, ServerTls};
+
+/// The status a refused request gets: RESOURCE_EXHAUSTED when it was too
+/// big (split it and send again), INVALID_ARGUMENT naming the field
+/// otherwise.
+pub fn status(error: RollupError) -> Status {
+    if error.is_too_big() {
+        Status::resource_exhausted(error.to_string())
+    } else {
+        Status::invalid_argument(error.to_string())
+    }
+}
+
+/// The `damper.v1.Master` gRPC service.
+#[derive(Clone)]
+pub struct MasterService {
+    master: Master,
+}
+
+impl MasterService {
+    /// The service over `master`.
+    pub fn new(master: Master) -> MasterService {
+        MasterService { master }
+    }
+}
+
+#[tonic::async_trait]
+impl damper_proto::v1::master_server::Master for MasterService {
+    async fn rollup(
+        &self,
+        request: Request<RollupRequest>,
+    ) -> Result<Response<RollupReply>, Status> {
+        let began = tokio::time::Instant::now();
+        let mut rollup = Rollup::from(request.into_inner());
+        let result = self.master.answer(&mut rollup);
+        metrics::histogram!("damper_master_ingest_duration_seconds")
+            .record(began.elapsed().as_secs_f64());
+        match result {
+            Ok(reply) => Ok(Response::new(RollupReply::from(reply))),
+            Err(error) => {
+                let status = status(error);
+                metrics::counter!("damper_master_rollups_rejected_total").increment(1);
+                tracing::warn!(agent = %rollup.agent_id, code = ?status.code(), message = status.message(), "rollup refused");
+                Err(status)
+            }
+        }
+    }
+
+    async fn factors(
+        &self,
+        request: Request<FactorsRequest>,
+    ) -> Result<Response<RollupReply>, Status> {
+        let query = FactorsQuery::from(request.into_inner());
+        match self.master.answer_factors(&query) {
+            Ok(reply) => Ok(Response::new(RollupReply::from(reply))),
+            Err(error) => {
+                let status = status(error);
+                tracing::warn!(agent = %query.agent_id, code = ?status.code(), message = status.message(), "factors request refused");
+                Err(status)
+            }
+        }
+    }
+}
+
+/// Why serving stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptors.
+    #[error("gRPC reflection: {0}")]
+    Reflection(String),
+}
+
+/// Serves `master` on `listener` until `shutdown` completes, then finishes
+/// the requests in flight and returns. Evicts idle state in the background
+/// meanwhile. Plain TCP: see [`run_with_tls`].
+pub async fn run(
+    listener: TcpListener,
+    master: Master,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    run_with_tls(listener, master, None, shutdown).await
+}
+
+/// [`run`], over TLS when `tls` is given.
+pub async fn run_with_tls(
+    listener: TcpListener,
+    master: Master,
+    tls: Option<ServerTls>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let evictor = {
+        let master = master.clone();
+        let every = master.shared.idle_after / 3;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let evicted = master.evict_idle();
+                if evicted > 0 {
+                    tracing::debug!(evicted, "evicted idle (account, op) state");
+                }
+            }
+        })
+    };
+    let max = master.shared.options.max_message_bytes;
+    let service = MasterServer::new(MasterService::new(master))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        server = match server.tls_config(tls.config()) {
+            Ok(server) => server,
+            Err(e) => {
+                evictor.abort();
+                return Err(e.into());
+            }
+        };
+    }
+    // gRPC health checking (grpc.health.v1), so standard probes and tools
+    // can ask whether `damper.v1.Master` serves; NOT_SERVING once shutdown
+    // begins.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<MasterServer<MasterService>>().await;
+    let shutdown = async move {
+        shutdown.await;
+        health
+            .set_not_serving::<MasterServer<MasterService>>()
+            .await;
+    };
+    let reflection = match tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(damper_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+    {
+        Ok(reflection) => reflection,
+        Err(e) => {
+            evictor.abort();
+            return Err(ServeError::Reflection(e.to_string()));
+        }
+    };
+    let result = server
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    evictor.abort();
+    result.map_err(ServeError::from)
+}

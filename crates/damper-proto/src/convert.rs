@@ -1,0 +1,263 @@
+//! The one mapping between the core's message types
+//! ([`damper_core::wire`]) and their `damper.v1` protobuf messages, both
+//! ways, field for field. The rules about what a message may carry and
+//! what a compact reply means live in `damper_core::wire`; this module
+//! only moves values: times and durations become whole milliseconds, an
+//! absent value becomes 0, and 0 on the wire reads back as absent.
+//!
+//! Conversions take their input by value, so names move rather than copy.
+
+use std::time::Duration;
+
+use damper_core::time::Nanos;
+use damper_core::wire::{
+    AccountCounts, Factor, FactorsQuery, Listed, OpAccounts, OpCounts, OpVerdicts, Reply, Rollup,
+    Unlisted, millis_u32,
+};
+
+use crate::v1;
+
+/// 0 on the wire: not said.
+fn nonzero_millis(ms: u64) -> Option<Nanos> {
+    (ms != 0).then(|| Nanos::from_millis(ms))
+}
+
+fn duration_ms(ms: u32) -> Option<Duration> {
+    (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
+}
+
+impl From<Rollup> for v1::RollupRequest {
+    fn from(r: Rollup) -> Self {
+        v1::RollupRequest {
+            agent_id: r.agent_id,
+            interval_start_unix_ms: r.start.as_millis(),
+            interval_end_unix_ms: r.end.as_millis(),
+            ops: r
+                .ops
+                .into_iter()
+                .map(|op| v1::OpCounts {
+                    op: op.op,
+                    accounts: op
+                        .accounts
+                        .into_iter()
+                        .map(|c| v1::AccountCounts {
+                            account: c.account,
+                            attempted: c.attempted,
+                            admitted: c.admitted,
+                            start_unix_ms: c.since.map_or(0, Nanos::as_millis),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            ring_version: r.ring_version,
+        }
+    }
+}
+
+impl From<v1::RollupRequest> for Rollup {
+    fn from(r: v1::RollupRequest) -> Self {
+        Rollup {
+            agent_id: r.agent_id,
+            start: Nanos::from_millis(r.interval_start_unix_ms),
+            end: Nanos::from_millis(r.interval_end_unix_ms),
+            ring_version: r.ring_version,
+            ops: r
+                .ops
+                .into_iter()
+                .map(|op| OpCounts {
+                    op: op.op,
+                    accounts: op
+                        .accounts
+                        .into_iter()
+                        .map(|c| AccountCounts {
+                            account: c.account,
+                            attempted: c.attempted,
+                            admitted: c.admitted,
+                            since: nonzero_millis(c.start_unix_ms),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<FactorsQuery> for v1::FactorsRequest {
+    fn from(q: FactorsQuery) -> Self {
+        v1::FactorsRequest {
+            agent_id: q.agent_id,
+            ops: q
+                .ops
+                .into_iter()
+                .map(|op| v1::OpAccounts {
+                    op: op.op,
+                    accounts: op.accounts,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<v1::FactorsRequest> for FactorsQuery {
+    fn from(q: v1::FactorsRequest) -> Self {
+        FactorsQuery {
+            agent_id: q.agent_id,
+            ops: q
+                .ops
+                .into_iter()
+                .map(|op| OpAccounts {
+                    op: op.op,
+                    accounts: op.accounts,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<Reply> for v1::RollupReply {
+    fn from(r: Reply) -> Self {
+        v1::RollupReply {
+            ops: r
+                .ops
+                .into_iter()
+                .map(|op| v1::OpFactors {
+                    op: op.op,
+                    accounts: op
+                        .listed
+                        .into_iter()
+                        .map(|l| v1::AccountFactor {
+                            account: l.account,
+                            factor: l.factor.factor,
+                            limit: l.factor.limit,
+                            valid_for_ms: millis_u32(l.factor.valid_for),
+                            recheck: l.recheck,
+                        })
+                        .collect(),
+                    unlisted_limit: op.unlisted.map_or(0.0, |u| u.limit),
+                    unlisted_valid_for_ms: op.unlisted.map_or(0, |u| millis_u32(u.valid_for)),
+                })
+                .collect(),
+            rollup_interval_ms: r.rollup_interval.map_or(0, millis_u32),
+            recheck_after_ms: r.recheck_after.map_or(0, millis_u32),
+            started_unix_ms: r.started.map_or(0, Nanos::as_millis),
+            ring_version: r.ring_version,
+            foreign_entries: r.foreign_entries,
+        }
+    }
+}
+
+impl From<v1::RollupReply> for Reply {
+    fn from(r: v1::RollupReply) -> Self {
+        Reply {
+            ops: r
+                .ops
+                .into_iter()
+                .map(|op| OpVerdicts {
+                    listed: op
+                        .accounts
+                        .into_iter()
+                        .map(|f| Listed {
+                            account: f.account,
+                            factor: Factor {
+                                factor: f.factor,
+                                limit: f.limit,
+                                valid_for: Duration::from_millis(u64::from(f.valid_for_ms)),
+                            },
+                            recheck: f.recheck,
+                        })
+                        .collect(),
+                    // A master that predates the field sends 0: no default,
+                    // as before.
+                    unlisted: (op.unlisted_limit > 0.0).then(|| Unlisted {
+                        limit: op.unlisted_limit,
+                        valid_for: Duration::from_millis(u64::from(op.unlisted_valid_for_ms)),
+                    }),
+                    op: op.op,
+                })
+                .collect(),
+            rollup_interval: duration_ms(r.rollup_interval_ms),
+            recheck_after: duration_ms(r.recheck_after_ms),
+            started: nonzero_millis(r.started_unix_ms),
+            ring_version: r.ring_version,
+            foreign_entries: r.foreign_entries,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn ms(n: u64) -> Nanos {
+        Nanos::from_millis(n)
+    }
+
+    prop_compose! {
+        fn rollup()(
+            agent_id in "[a-z0-9-]{0,12}",
+            start in 1u64..1u64 << 44, span in 0u64..60_000, ring_version: u64,
+            ops in proptest::collection::vec(
+                ("[a-z/]{1,8}", proptest::collection::vec(
+                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44)),
+                    0..4)),
+                0..4),
+        ) -> Rollup {
+            Rollup {
+                agent_id, start: ms(start), end: ms(start + span), ring_version,
+                ops: ops.into_iter().map(|(op, accounts)| OpCounts {
+                    op,
+                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since)| AccountCounts {
+                        account, attempted, admitted, since: since.map(ms),
+                    }).collect(),
+                }).collect(),
+            }
+        }
+    }
+
+    prop_compose! {
+        fn reply()(
+            ops in proptest::collection::vec(
+                ("[a-z]{1,8}", proptest::collection::vec(
+                    ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>()), 0..4),
+                 proptest::option::of((0.5f64..1e9, 1u32..))),
+                0..4),
+            interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
+            started in proptest::option::of(1u64..1 << 44), ring_version: u64, foreign_entries: u32,
+        ) -> Reply {
+            let d = |ms: u32| Duration::from_millis(u64::from(ms));
+            Reply {
+                ops: ops.into_iter().map(|(op, listed, unlisted)| OpVerdicts {
+                    op,
+                    listed: listed.into_iter().map(|(account, factor, limit, valid, recheck)| Listed {
+                        account, factor: Factor { factor, limit, valid_for: d(valid) }, recheck,
+                    }).collect(),
+                    unlisted: unlisted.map(|(limit, valid)| Unlisted { limit, valid_for: d(valid) }),
+                }).collect(),
+                rollup_interval: interval.map(d), recheck_after: recheck.map(d),
+                started: started.map(ms), ring_version, foreign_entries,
+            }
+        }
+    }
+
+    proptest! {
+        /// Every core message goes onto the wire and back unchanged.
+        #[test]
+        fn core_messages_survive_the_wire(rollup in rollup(), reply in reply()) {
+            use prost::Message;
+            let bytes = v1::RollupRequest::from(rollup.clone()).encode_to_vec();
+            let back = Rollup::from(v1::RollupRequest::decode(bytes.as_slice()).unwrap());
+            prop_assert_eq!(back, rollup.clone());
+            let bytes = v1::RollupReply::from(reply.clone()).encode_to_vec();
+            let back = Reply::from(v1::RollupReply::decode(bytes.as_slice()).unwrap());
+            prop_assert_eq!(back, reply);
+            let keys: Vec<(String, String)> = rollup.ops.iter()
+                .flat_map(|o| o.accounts.iter().map(move |a| (o.op.clone(), a.account.clone())))
+                .collect();
+            let query = FactorsQuery::new(&rollup.agent_id, keys.iter().map(|(o, a)| (o.as_str(), a.as_str())));
+            let back = FactorsQuery::from(v1::FactorsRequest::from(query.clone()));
+            prop_assert_eq!(back, query);
+        }
+    }
+}

@@ -1,25 +1,23 @@
-//! The rollup task: every interval, take the counts, route each account to
-//! its master on the ring, send one request per master (split when large),
-//! apply the factors in the replies, and carry over what could not be sent.
-//!
-//! Intervals are cut on the wall-clock grid (multiples of the rollup
-//! interval since the epoch), the same for every agent, so a master can tell
-//! which reports belong to one round. Sends are spread over the first fifth
-//! of the interval by agent id, so masters do not see every agent at once.
+//! The rollup task: a thin driver of the core's sans-IO
+//! [`AgentRound`]. It reads the clock, sleeps until the round's next
+//! timeout, turns each [`Transmit`] into a gRPC call, hands back each
+//! answer or error, and turns the round's events into logs, metrics and
+//! [`AgentStats`](crate::AgentStats). Everything a round decides (when to
+//! cut, where each account goes, what to carry over, when to recheck or
+//! probe, when a master is down) is the round's, the same code the
+//! simulator runs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use damper_core::agent::{AgentState, Pending, agent_seed, send_spread};
-use damper_core::membership::{HealthConfig, Membership};
-use damper_core::ring::Ring;
-use damper_core::time::{Clock, Nanos, SystemClock};
+use damper_core::round::{AgentRound, Message, RequestId, RoundConfig, RoundEvent, Transmit};
+use damper_core::time::{Clock, SystemClock};
+use damper_core::wire::{Reply, Rollup};
 use damper_proto::v1::master_client::MasterClient;
-use damper_proto::v1::{
-    AccountCounts, FactorsRequest, OpAccounts, OpCounts, RollupReply, RollupRequest,
-};
+use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
+use prost::Message as _;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
@@ -28,364 +26,221 @@ use crate::{Masters, Shared};
 
 pub(crate) struct Settings {
     pub(crate) masters: Masters,
-    pub(crate) rollup_interval: Duration,
+    pub(crate) round: RoundConfig,
     pub(crate) request_timeout: Duration,
-    pub(crate) max_entries_per_request: usize,
-    pub(crate) max_carry: Duration,
     pub(crate) tls: Option<crate::AgentTls>,
-    pub(crate) health: HealthConfig,
 }
 
-/// One request to one master, with what it carries.
-struct Batch {
+/// What a sent request was, for counting its answer.
+enum Sent {
+    /// A rollup: its entries, encoded size, and per op the (admitted,
+    /// attempted) cost it delivers if answered.
+    Rollup {
+        entries: usize,
+        bytes: usize,
+        per_op: Vec<(String, u64, u64)>,
+    },
+    Recheck,
+    Probe,
+}
+
+/// A request's outcome, back from its task.
+struct Answer {
+    id: RequestId,
     master: String,
-    request: RollupRequest,
-    pending: Vec<Pending>,
+    sent: Sent,
+    result: Result<RollupReply, tonic::Status>,
+    took: Duration,
 }
 
 pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch::Receiver<bool>) {
-    let interval = settings.rollup_interval;
-    let seed = agent_seed(&shared.agent_id);
-    let mut members = Members::new(&settings.masters, settings.health, seed).await;
+    let mut members = Members::new(&settings.masters).await;
+    let mut round = AgentRound::new(
+        settings.round.clone(),
+        members.list.iter(),
+        SystemClock.now(),
+    );
     let mut clients = Clients::new(settings.request_timeout, settings.tls.clone());
-    let spread = send_spread(&shared.agent_id, interval);
-    let mut start = grid_floor(SystemClock.now(), interval);
-    // Factor rechecks a master asked for, in flight.
-    let mut rechecks = JoinSet::new();
-    tracing::info!(agent = %shared.agent_id, masters = ?members.membership.members().collect::<Vec<_>>(), "damper agent started");
+    let mut in_flight: JoinSet<Answer> = JoinSet::new();
+    // Encoded size of what this agent holds undelivered this round: the
+    // requests that failed and those with no master to go to.
+    let mut undelivered = 0usize;
+    let mut stopping = false;
+    tracing::info!(agent = %shared.agent_id, masters = ?members.list, "damper agent started");
     loop {
-        let boundary = start + interval;
-        let stopping = *stop.borrow()
-            || tokio::select! {
-                () = tokio::time::sleep(boundary.since(SystemClock.now())) => false,
-                _ = stop.changed() => true,
-            };
-        let end = if stopping {
-            SystemClock.now().max(start)
-        } else {
-            boundary
-        };
-        members.membership.tick(SystemClock.now());
-        let (batches, unroutable_bytes) =
-            drain(&shared, members.membership.live(), start, end, &settings);
-        let mut probing = JoinSet::new();
-        for master in members.membership.probes_due(SystemClock.now()) {
-            if let Ok(client) = clients.get(&master) {
-                probing.spawn(probe(client, shared.agent_id.clone(), master));
-            }
+        while let Some(transmit) = round.poll_transmit() {
+            dispatch(&shared, &mut round, &mut clients, &mut in_flight, transmit);
         }
-        if !stopping && !spread.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(spread) => {}
-                _ = stop.changed() => {}
-            }
-        }
-        let (asked, outcomes, foreign, failed_bytes) =
-            send(&shared, &mut clients, batches, start, end, &settings).await;
-        // What this agent holds undelivered, as the requests that would
-        // carry it: those that failed and those with no master to go to.
-        metrics::gauge!("damper_agent_pending_bytes").set((failed_bytes + unroutable_bytes) as f64);
-        if foreign {
-            // Probe the masters this agent has down within the interval: the
-            // others see one of them up.
-            let hastened = members
-                .membership
-                .hasten_probes(SystemClock.now(), interval);
-            if hastened > 0 {
-                tracing::info!(
-                    hastened,
-                    "a master reports a different ring: probing down masters now"
-                );
-            }
-        }
-        for (master, ok) in outcomes {
-            let m = &mut members.membership;
-            let changed = if ok {
-                m.succeeded(&master, SystemClock.now())
-            } else {
-                m.failed(&master, SystemClock.now())
-            };
-            if changed {
-                tracing::warn!(%master, up = ok, live = ?m.live().members().collect::<Vec<_>>(), "master ring changed");
-            }
-        }
-        while let Some(joined) = probing.join_next().await {
-            let Ok((master, started)) = joined else {
-                continue;
-            };
-            let m = &mut members.membership;
-            match started {
-                Some(started) => {
-                    m.answered(&master, Some(started), SystemClock.now());
-                    if !m.is_up(&master) {
-                        tracing::info!(%master, "master answers again; rejoining after its warm-up");
-                    }
-                }
-                None => {
-                    m.failed(&master, SystemClock.now());
+        while let Some(event) = round.poll_event() {
+            let settled = matches!(event, RoundEvent::Settled { .. });
+            record(&shared, &round, event, &mut undelivered);
+            if settled && !stopping {
+                if let Some(list) = members.refresh_if_due().await {
+                    round.set_members(&list);
+                    clients.retain(&list);
                 }
             }
         }
-        let lapsed = shared.state.expired_factors(shared.clock.now());
-        if lapsed > 0 {
-            shared
-                .stats
-                .factors_expired
-                .fetch_add(lapsed as u64, Relaxed);
-            metrics::counter!("damper_agent_factors_expired_total").increment(lapsed as u64);
-            tracing::warn!(
-                lapsed,
-                "factors lapsed with no fresh one from their master: those (account, op) pairs fail open"
-            );
+        if stopping && round.is_finished() {
+            break;
         }
-        let forgotten = shared.state.forget_idle(shared.clock.now());
-        shared.stats.forgotten.fetch_add(forgotten as u64, Relaxed);
-        metrics::counter!("damper_agent_forgotten_total").increment(forgotten as u64);
-        metrics::gauge!("damper_agent_pairs").set(shared.state.len() as f64);
-        while rechecks.try_join_next().is_some() {}
-        for (master, after, keys) in asked {
-            if let Ok(client) = clients.get(&master) {
-                rechecks.spawn(recheck(
-                    shared.clone(),
-                    client,
-                    master,
-                    after,
-                    keys,
-                    settings.rollup_interval,
-                ));
+        let wake = round.poll_timeout().map(|at| at.since(SystemClock.now()));
+        tokio::select! {
+            () = sleep(wake) => round.handle_timeout(SystemClock.now(), &shared.state),
+            Some(joined) = in_flight.join_next() => {
+                // A send task that panicked: its counts are lost, nothing else.
+                if let Ok(answer) = joined {
+                    answered(&shared, &mut round, answer, &mut undelivered);
+                }
+            }
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                round.stop(SystemClock.now(), &shared.state);
             }
         }
-        start = end;
-        if stopping {
-            rechecks.abort_all();
-            tracing::info!(agent = %shared.agent_id, "damper agent stopped after a last rollup");
+    }
+    in_flight.abort_all();
+    tracing::info!(agent = %shared.agent_id, "damper agent stopped after a last rollup");
+}
+
+async fn sleep(wake: Option<Duration>) {
+    match wake {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends one transmit as a gRPC call on its own task.
+fn dispatch(
+    shared: &Shared,
+    round: &mut AgentRound,
+    clients: &mut Clients,
+    in_flight: &mut JoinSet<Answer>,
+    transmit: Transmit,
+) {
+    let Transmit {
+        id,
+        master,
+        message,
+    } = transmit;
+    let mut client = match clients.get(&master) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::warn!(%master, error = %e, "bad master address");
+            round.on_failure(shared.clock.now(), id, &shared.state);
             return;
         }
-        if members.refresh_if_due().await {
-            clients.retain(members.membership.members());
-        }
-    }
-}
-
-/// The start of the grid interval that contains `now`.
-fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
-    let i = u64::try_from(interval.as_nanos())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    Nanos::from_nanos(now.as_nanos() / i * i)
-}
-
-/// Takes every (account, op)'s counts, routed by the ring, and groups them
-/// into requests of at most `max_entries`, one or more per master. Also
-/// returns the encoded size of the counts no master could take (carried
-/// over).
-fn drain(
-    shared: &Shared,
-    ring: &Ring,
-    start: Nanos,
-    end: Nanos,
-    settings: &Settings,
-) -> (Vec<Batch>, usize) {
-    let max_entries = settings.max_entries_per_request;
-    let routed = shared.state.drain_by_owner(ring);
-    let mut unroutable_bytes = 0;
-    if !routed.unroutable.is_empty() {
-        unroutable_bytes = prost::Message::encoded_len(&rollup_request(
-            &shared.agent_id,
-            start,
-            end,
-            &routed.unroutable,
-        ));
-        tracing::warn!(
-            entries = routed.unroutable.len(),
-            "no master to send counts to; carrying them over"
-        );
-        for p in routed.unroutable {
-            carry_over(shared, p, start, end, settings.max_carry);
-        }
-    }
-    let mut batches = Vec::new();
-    for (master, mut pending) in routed.by_master {
-        while !pending.is_empty() {
-            let rest = pending.split_off(pending.len().min(max_entries));
-            let chunk = std::mem::replace(&mut pending, rest);
-            batches.push(Batch {
-                master: master.clone(),
-                request: RollupRequest {
-                    ring_version: ring.version(),
-                    ..rollup_request(&shared.agent_id, start, end, &chunk)
-                },
-                pending: chunk,
-            });
-        }
-    }
-    (batches, unroutable_bytes)
-}
-
-/// The request that reports `pending` (a drain's counts for one master,
-/// sorted by op) for the interval `[start, end)`: counts grouped by op, each
-/// with its own start when it was carried over.
-pub fn rollup_request(
-    agent_id: &str,
-    start: Nanos,
-    end: Nanos,
-    pending: &[Pending],
-) -> RollupRequest {
-    let counts = pending.iter().map(|p| {
-        let counts = AccountCounts {
-            account: p.account.clone(),
-            attempted: p.delta.attempted,
-            admitted: p.delta.admitted,
-            start_unix_ms: p.delta.since.map_or(0, Nanos::as_millis),
-        };
-        (p.op.clone(), counts)
-    });
-    RollupRequest {
-        agent_id: agent_id.to_owned(),
-        interval_start_unix_ms: start.as_millis(),
-        interval_end_unix_ms: end.as_millis(),
-        ops: group_by_op(counts)
-            .into_iter()
-            .map(|(op, accounts)| OpCounts { op, accounts })
-            .collect(),
-        ring_version: 0,
-    }
-}
-
-/// Groups `(op, item)` pairs that come sorted by op: one entry per op, so
-/// each op name goes on the wire once.
-fn group_by_op<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
-    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
-    for (op, item) in items {
-        match groups.last_mut() {
-            Some((last, group)) if *last == op => group.push(item),
-            _ => groups.push((op, vec![item])),
-        }
-    }
-    groups
-}
-
-/// Puts back counts that could not be delivered, counting what is dropped
-/// for being older than `max_carry`.
-fn carry_over(shared: &Shared, p: Pending, start: Nanos, end: Nanos, max_carry: Duration) {
-    let dropped = shared.state.carry_over(p, start, end, max_carry);
-    if dropped > 0 {
-        shared.stats.dropped_cost.fetch_add(dropped, Relaxed);
-        metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(dropped);
-    }
-}
-
-/// A recheck a master asked for: its address, how long to wait, and the
-/// (op, account) pairs it marked.
-type Asked = (String, Duration, Vec<(String, String)>);
-
-/// Sends every batch concurrently, applies the replies, carries over the
-/// counts of the failures. Returns the rechecks the masters asked for, each
-/// master's outcome, whether any said the ring differs, and the encoded size
-/// of the requests that failed.
-async fn send(
-    shared: &Arc<Shared>,
-    clients: &mut Clients,
-    batches: Vec<Batch>,
-    start: Nanos,
-    end: Nanos,
-    settings: &Settings,
-) -> (Vec<Asked>, BTreeMap<String, bool>, bool, usize) {
-    let mut asked = Vec::new();
-    // Did a master say this agent's ring differs from its own?
-    let mut foreign = false;
-    // Per master: did every request to it succeed?
-    let mut outcomes: BTreeMap<String, bool> = BTreeMap::new();
-    // Encoded size of the requests that failed: counts waiting to be resent.
-    let mut pending_bytes = 0usize;
-    let mut in_flight = JoinSet::new();
-    for batch in batches {
-        let bytes = prost::Message::encoded_len(&batch.request);
-        let client = match clients.get(&batch.master) {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::warn!(master = %batch.master, error = %e, "bad master address");
-                pending_bytes += bytes;
-                for p in batch.pending {
-                    carry_over(shared, p, start, end, settings.max_carry);
-                }
-                continue;
-            }
-        };
-        in_flight.spawn(async move {
-            let mut client = client;
-            let began = tokio::time::Instant::now();
-            let result = client.rollup(batch.request).await;
-            (batch.master, batch.pending, result, began.elapsed(), bytes)
-        });
-    }
-    while let Some(joined) = in_flight.join_next().await {
-        let Ok((master, pending, result, took, bytes)) = joined else {
-            continue; // A send task panicked: its counts are lost, nothing else.
-        };
-        metrics::histogram!("damper_agent_rollup_duration_seconds").record(took.as_secs_f64());
-        match result {
-            Ok(reply) => {
-                metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
-                outcomes.entry(master.clone()).or_insert(true);
-                count_delivered(&pending);
-                let reply = reply.into_inner();
-                shared.stats.answered(
-                    pending.len(),
+    };
+    in_flight.spawn(async move {
+        let began = tokio::time::Instant::now();
+        let (sent, result) = match message {
+            Message::Rollup(rollup) => {
+                let per_op = per_op(&rollup);
+                let entries = rollup.entries();
+                let request = RollupRequest::from(rollup);
+                let bytes = request.encoded_len();
+                let result = client.rollup(request).await;
+                let sent = Sent::Rollup {
+                    entries,
                     bytes,
-                    prost::Message::encoded_len(&reply),
-                    took,
-                );
-                if reply.foreign_entries > 0 {
-                    foreign = true;
-                    tracing::debug!(%master, entries = reply.foreign_entries, "the master does not own some accounts sent to it: this agent's ring differs");
-                }
-                if reply.recheck_after_ms > 0 {
-                    let keys: Vec<(String, String)> = reply
-                        .ops
-                        .iter()
-                        .flat_map(|op| {
-                            op.accounts
-                                .iter()
-                                .filter(|f| f.recheck)
-                                .map(|f| (op.op.clone(), f.account.clone()))
-                        })
-                        .collect();
-                    let after = Duration::from_millis(u64::from(reply.recheck_after_ms));
-                    asked.push((master.clone(), after, keys));
-                }
-                let asked = pending.iter().map(|p| (p.op.as_str(), p.account.as_str()));
-                apply(shared, &master, &reply, asked, settings.rollup_interval);
+                    per_op,
+                };
+                (sent, result)
             }
-            Err(status) => {
-                metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
-                shared.stats.rollups_failed.fetch_add(1, Relaxed);
-                outcomes.insert(master.clone(), false);
-                pending_bytes += bytes;
-                tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
-                for p in pending {
-                    carry_over(shared, p, start, end, settings.max_carry);
-                }
+            Message::Recheck(query) => {
+                let result = client.factors(FactorsRequest::from(query)).await;
+                (Sent::Recheck, result)
             }
+            Message::Probe(query) => {
+                let result = client.factors(FactorsRequest::from(query)).await;
+                (Sent::Probe, result)
+            }
+            _ => unreachable!("every message this round sends is handled"),
+        };
+        Answer {
+            id,
+            master,
+            sent,
+            result: result.map(tonic::Response::into_inner),
+            took: began.elapsed(),
         }
+    });
+}
+
+/// Per op, the (admitted, attempted) cost a rollup delivers.
+fn per_op(rollup: &Rollup) -> Vec<(String, u64, u64)> {
+    rollup
+        .ops
+        .iter()
+        .map(|op| {
+            let (admitted, attempted) = op.accounts.iter().fold((0u64, 0u64), |(ad, at), c| {
+                (
+                    ad.saturating_add(c.admitted),
+                    at.saturating_add(c.attempted),
+                )
+            });
+            (op.op.clone(), admitted, attempted)
+        })
+        .collect()
+}
+
+/// Counts an answer and hands it to the round.
+fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered: &mut usize) {
+    let Answer {
+        id,
+        master,
+        sent,
+        result,
+        took,
+    } = answer;
+    let now = shared.clock.now();
+    match (sent, result) {
+        (
+            Sent::Rollup {
+                entries,
+                bytes,
+                per_op,
+            },
+            Ok(reply),
+        ) => {
+            metrics::histogram!("damper_agent_rollup_duration_seconds").record(took.as_secs_f64());
+            metrics::counter!("damper_agent_rollups_total", "result" => "ok").increment(1);
+            shared
+                .stats
+                .answered(entries, bytes, reply.encoded_len(), took);
+            count_delivered(per_op);
+            round.on_reply(now, id, &Reply::from(reply), &shared.state);
+        }
+        (Sent::Rollup { bytes, .. }, Err(status)) => {
+            metrics::histogram!("damper_agent_rollup_duration_seconds").record(took.as_secs_f64());
+            metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
+            shared.stats.rollups_failed.fetch_add(1, Relaxed);
+            *undelivered += bytes;
+            tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
+            round.on_failure(now, id, &shared.state);
+        }
+        (Sent::Recheck, Ok(reply)) => {
+            metrics::counter!("damper_agent_rechecks_total", "result" => "ok").increment(1);
+            round.on_reply(now, id, &Reply::from(reply), &shared.state);
+        }
+        (Sent::Recheck, Err(status)) => {
+            // The factor in force stays until the next rollup's reply.
+            metrics::counter!("damper_agent_rechecks_total", "result" => "error").increment(1);
+            tracing::debug!(%master, code = ?status.code(), "factor recheck failed");
+            round.on_failure(now, id, &shared.state);
+        }
+        (Sent::Probe, Ok(reply)) => round.on_reply(now, id, &Reply::from(reply), &shared.state),
+        (Sent::Probe, Err(_)) => round.on_failure(now, id, &shared.state),
     }
-    (asked, outcomes, foreign, pending_bytes)
 }
 
 /// Counts the cost admitted and rejected per op once a master has it:
 /// `damper_agent_admitted_cost_total{op}` and
 /// `damper_agent_rejected_cost_total{op}`. Counted here, off `check`'s path,
 /// where each count is delivered exactly once (carried-over counts when
-/// they finally go). `pending` comes sorted by op.
-fn count_delivered(pending: &[Pending]) {
-    for group in pending.chunk_by(|a, b| a.op == b.op) {
-        let (admitted, attempted) = group.iter().fold((0u64, 0u64), |(ad, at), p| {
-            (
-                ad.saturating_add(p.delta.admitted),
-                at.saturating_add(p.delta.attempted),
-            )
-        });
-        let op = group[0].op.clone();
+/// they finally go).
+fn count_delivered(per_op: Vec<(String, u64, u64)>) {
+    for (op, admitted, attempted) in per_op {
         metrics::counter!("damper_agent_admitted_cost_total", "op" => op.clone())
             .increment(admitted);
         metrics::counter!("damper_agent_rejected_cost_total", "op" => op)
@@ -393,93 +248,79 @@ fn count_delivered(pending: &[Pending]) {
     }
 }
 
-/// Waits `after`, then asks `master` for the factors of `keys` and applies
-/// them: the round this agent reported early in is whole by then.
-async fn recheck(
-    shared: Arc<Shared>,
-    mut client: MasterClient<Channel>,
-    master: String,
-    after: Duration,
-    keys: Vec<(String, String)>,
-    interval: Duration,
-) {
-    tokio::time::sleep(after).await;
-    let request = FactorsRequest {
-        agent_id: shared.agent_id.clone(),
-        ops: group_by_op(keys.iter().cloned())
-            .into_iter()
-            .map(|(op, accounts)| OpAccounts { op, accounts })
-            .collect(),
-    };
-    match client.factors(request).await {
-        Ok(reply) => {
-            metrics::counter!("damper_agent_rechecks_total", "result" => "ok").increment(1);
-            let asked = keys
-                .iter()
-                .map(|(op, account)| (op.as_str(), account.as_str()));
-            apply(&shared, &master, &reply.into_inner(), asked, interval);
+/// Logs and counts what the round did.
+fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &mut usize) {
+    match event {
+        RoundEvent::RingChanged { master, up } => {
+            let live: Vec<&str> = round.membership().live().members().collect();
+            tracing::warn!(%master, up, ?live, "master ring changed");
         }
-        Err(status) => {
-            // The factor in force stays until the next rollup's reply.
-            metrics::counter!("damper_agent_rechecks_total", "result" => "error").increment(1);
-            tracing::debug!(%master, code = ?status.code(), "factor recheck failed");
+        RoundEvent::Rejoining { master } => {
+            tracing::info!(%master, "master answers again; rejoining after its warm-up");
         }
-    }
-}
-
-fn apply<'a>(
-    shared: &Shared,
-    master: &str,
-    reply: &RollupReply,
-    asked: impl IntoIterator<Item = (&'a str, &'a str)>,
-    interval: Duration,
-) {
-    if reply.rollup_interval_ms != 0 && u128::from(reply.rollup_interval_ms) != interval.as_millis()
-    {
-        tracing::warn!(%master, master_ms = reply.rollup_interval_ms, agent_ms = interval.as_millis() as u64,
-            "rollup interval differs from the master's: rounds will not line up");
-    }
-    apply_reply(&shared.state, shared.clock.now(), reply, asked);
-}
-
-/// Applies a master's reply at `now` to the pairs it answers: the factors it
-/// lists, and factor 0 under their op's `unlisted_limit` for the pairs in
-/// `asked` (`(op, account)`: those the request named) that it does not list.
-pub fn apply_reply<'a>(
-    state: &AgentState,
-    now: Nanos,
-    reply: &RollupReply,
-    asked: impl IntoIterator<Item = (&'a str, &'a str)>,
-) {
-    // Per op with a verdict for its unlisted accounts: that verdict, and
-    // the accounts listed (few: the suppressed and the specially limited).
-    let mut unlisted: HashMap<&str, (f64, Duration, HashSet<&str>)> = HashMap::new();
-    for op in &reply.ops {
-        for f in &op.accounts {
-            let valid_for = Duration::from_millis(u64::from(f.valid_for_ms));
-            state.apply(now, &f.account, &op.op, f.factor, f.limit, valid_for);
-        }
-        if op.unlisted_limit > 0.0 {
-            let valid_for = Duration::from_millis(u64::from(op.unlisted_valid_for_ms));
-            let listed = op.accounts.iter().map(|f| f.account.as_str()).collect();
-            unlisted.insert(op.op.as_str(), (op.unlisted_limit, valid_for, listed));
-        }
-    }
-    if unlisted.is_empty() {
-        return;
-    }
-    for (op, account) in asked {
-        if let Some((limit, valid_for, listed)) = unlisted.get(op) {
-            if !listed.contains(account) {
-                state.apply(now, account, op, 0.0, *limit, *valid_for);
+        RoundEvent::ProbesHastened {
+            master,
+            foreign,
+            hastened,
+        } => {
+            tracing::debug!(%master, entries = foreign, "the master does not own some accounts sent to it: this agent's ring differs");
+            if hastened > 0 {
+                tracing::info!(
+                    hastened,
+                    "a master reports a different ring: probing down masters now"
+                );
             }
         }
+        RoundEvent::IntervalMismatch {
+            master,
+            master_interval,
+        } => {
+            tracing::warn!(%master, master_ms = master_interval.as_millis() as u64,
+                agent_ms = round.config().rollup_interval.as_millis() as u64,
+                "rollup interval differs from the master's: rounds will not line up");
+        }
+        RoundEvent::Unroutable(rollup) => {
+            tracing::warn!(
+                entries = rollup.entries(),
+                "no master to send counts to; carrying them over"
+            );
+            *undelivered += RollupRequest::from(rollup).encoded_len();
+        }
+        RoundEvent::Dropped { cost } => {
+            shared.stats.dropped_cost.fetch_add(cost, Relaxed);
+            metrics::counter!("damper_agent_rollup_dropped_cost_total").increment(cost);
+        }
+        RoundEvent::Settled {
+            lapsed,
+            forgotten,
+            pairs,
+            ..
+        } => {
+            metrics::gauge!("damper_agent_pending_bytes").set(*undelivered as f64);
+            *undelivered = 0;
+            if lapsed > 0 {
+                shared
+                    .stats
+                    .factors_expired
+                    .fetch_add(lapsed as u64, Relaxed);
+                metrics::counter!("damper_agent_factors_expired_total").increment(lapsed as u64);
+                tracing::warn!(
+                    lapsed,
+                    "factors lapsed with no fresh one from their master: those (account, op) pairs fail open"
+                );
+            }
+            shared.stats.forgotten.fetch_add(forgotten as u64, Relaxed);
+            metrics::counter!("damper_agent_forgotten_total").increment(forgotten as u64);
+            metrics::gauge!("damper_agent_pairs").set(pairs as f64);
+        }
+        _ => {}
     }
 }
 
-/// The configured masters and their health ([`Membership`]).
+/// The configured masters: a fixed list, or a DNS name resolved again
+/// every so often.
 struct Members {
-    membership: Membership,
+    list: Vec<String>,
     dns: Option<Dns>,
 }
 
@@ -491,15 +332,15 @@ struct Dns {
 }
 
 impl Members {
-    async fn new(masters: &Masters, health: HealthConfig, seed: u64) -> Members {
+    async fn new(masters: &Masters) -> Members {
         match masters {
             Masters::Static(list) => Members {
-                membership: Membership::new(list, health, seed),
+                list: list.clone(),
                 dns: None,
             },
             Masters::Dns { host, port, every } => {
                 let mut members = Members {
-                    membership: Membership::new(Vec::<String>::new(), health, seed),
+                    list: Vec::new(),
                     dns: Some(Dns {
                         host: host.clone(),
                         port: *port,
@@ -507,19 +348,20 @@ impl Members {
                         next: tokio::time::Instant::now(),
                     }),
                 };
-                members.refresh_if_due().await;
+                if let Some(list) = members.refresh_if_due().await {
+                    members.list = list;
+                }
                 members
             }
         }
     }
 
-    /// Resolves the DNS name again when due. Returns whether the ring changed.
-    async fn refresh_if_due(&mut self) -> bool {
-        let Some(dns) = &mut self.dns else {
-            return false;
-        };
+    /// Resolves the DNS name again when due. Returns the new list if it
+    /// changed.
+    async fn refresh_if_due(&mut self) -> Option<Vec<String>> {
+        let dns = self.dns.as_mut()?;
         if tokio::time::Instant::now() < dns.next {
-            return false;
+            return None;
         }
         dns.next = tokio::time::Instant::now() + dns.every;
         let target = format!("{}:{}", dns.host, dns.port);
@@ -528,42 +370,25 @@ impl Members {
             tokio::net::lookup_host(target.clone()),
         )
         .await;
-        let addresses: Vec<String> = match resolved {
+        let mut addresses: Vec<String> = match resolved {
             Ok(Ok(addrs)) => addrs.map(|a| a.to_string()).collect(),
             Ok(Err(e)) => {
                 tracing::warn!(%target, error = %e, "cannot resolve masters; keeping the last list");
-                return false;
+                return None;
             }
             Err(_) => {
                 tracing::warn!(%target, "resolving masters timed out; keeping the last list");
-                return false;
+                return None;
             }
         };
-        let changed = self.membership.set_members(&addresses);
-        if changed {
-            tracing::info!(%target, masters = ?addresses, "master list changed");
+        addresses.sort();
+        addresses.dedup();
+        if addresses == self.list {
+            return None;
         }
-        changed
-    }
-}
-
-/// Asks a down master whether it answers again: a `Factors` call naming
-/// nothing. Returns when it started, if it answered.
-async fn probe(
-    mut client: MasterClient<Channel>,
-    agent_id: String,
-    master: String,
-) -> (String, Option<Nanos>) {
-    let request = FactorsRequest {
-        agent_id,
-        ops: Vec::new(),
-    };
-    match client.factors(request).await {
-        Ok(reply) => (
-            master,
-            Some(Nanos::from_millis(reply.into_inner().started_unix_ms)),
-        ),
-        Err(_) => (master, None),
+        tracing::info!(%target, masters = ?addresses, "master list changed");
+        self.list = addresses.clone();
+        Some(addresses)
     }
 }
 
@@ -615,26 +440,7 @@ impl Clients {
     }
 
     /// Drops the clients of masters no longer configured.
-    fn retain<'a>(&mut self, members: impl Iterator<Item = &'a str>) {
-        let members: Vec<&str> = members.collect();
-        self.by_master.retain(|m, _| members.contains(&m.as_str()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn intervals_are_cut_on_a_shared_grid() {
-        let two = Duration::from_secs(2);
-        assert_eq!(
-            grid_floor(Nanos::from_millis(1_800_000_001_999), two),
-            Nanos::from_millis(1_800_000_000_000)
-        );
-        assert_eq!(
-            grid_floor(Nanos::from_millis(1_800_000_002_000), two),
-            Nanos::from_millis(1_800_000_002_000)
-        );
+    fn retain(&mut self, members: &[String]) {
+        self.by_master.retain(|m, _| members.contains(m));
     }
 }

@@ -1,6 +1,7 @@
 use super::*;
 use damper_core::config::MasterConfig;
 use damper_master::{Master, MasterOptions};
+use std::time::Duration;
 
 /// A master on loopback with 200 ms rollups (time scaled down ten times).
 async fn master(limits: &str) -> (String, Master, tokio::sync::oneshot::Sender<()>) {
@@ -127,7 +128,7 @@ fn latency_quantiles_come_from_buckets_a_fifth_of_a_doubling_wide() {
     for ms in 1..=100u64 {
         stats.answered(1, 10, 10, Duration::from_millis(ms));
     }
-    let h = crate::Agent::stats_of(&stats).rollup_latency;
+    let h = stats.snapshot().rollup_latency;
     assert_eq!(h.count(), 100);
     let p50 = h.quantile(0.5).unwrap().as_secs_f64() * 1e3;
     let p99 = h.quantile(0.99).unwrap().as_secs_f64() * 1e3;
@@ -185,7 +186,11 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
         ("presence", "vip"),
         ("presence", "other"),
     ];
-    apply_reply(&state, now, &reply(Some(0.9)), asked);
+    state.apply_reply(
+        now,
+        &damper_core::wire::Reply::from(reply(Some(0.9))),
+        asked,
+    );
     let flood = state.factor(now, "flood", "messages").unwrap();
     assert!((flood - 0.9).abs() < 1e-9, "{flood}");
     assert_eq!(state.factor(now, "calm", "messages"), Some(0.0));
@@ -208,7 +213,7 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
         (RejectSource::LocalGuard, 1000.0)
     );
     // The flood stops: no longer listed, so released to factor 0.
-    apply_reply(&state, now, &reply(None), asked);
+    state.apply_reply(now, &damper_core::wire::Reply::from(reply(None)), asked);
     assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
     // Valid for the implied validity, then failing open as ever.
     let later = now + Duration::from_millis(6_001);

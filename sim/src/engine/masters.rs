@@ -1,0 +1,90 @@
+//! What answers the agents' requests: the simulated masters
+//! ([`SimMasters`], one core [`MasterState`] each), or anything else that
+//! speaks the round's messages (the test suite plugs real masters in over
+//! gRPC on loopback, to check the simulator shows what the product does).
+
+use std::time::Duration;
+
+use damper_core::config::MasterConfig;
+use damper_core::master::MasterState;
+use damper_core::round::Message;
+use damper_core::time::Nanos;
+use damper_core::wire::{Reply, ReplyHeader, RollupError};
+
+/// The masters of a simulation. Network delay, loss and partitions are the
+/// engine's; a master only answers, or is down.
+pub trait Masters {
+    /// Their addresses, as agents know them: master `m` is `names()[m]`.
+    fn names(&self) -> Vec<String>;
+    /// Whether master `m` is running.
+    fn is_up(&self, m: usize) -> bool;
+    /// Master `m` answers `message`, received at `now`.
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, RollupError>;
+    /// Stops master `m`, losing its state.
+    fn kill(&mut self, m: usize);
+    /// Starts master `m` again, empty, at `now`.
+    fn restart(&mut self, m: usize, now: Nanos);
+}
+
+/// Most entries a simulated master takes in one request, as the service's
+/// default.
+const MAX_ENTRIES: usize = 100_000;
+
+/// Masters simulated in-process, each one core [`MasterState`] answering
+/// by the same rules as the service ([`MasterState::answer_rollup`]).
+pub struct SimMasters {
+    config: MasterConfig,
+    masters: Vec<Option<MasterState>>,
+    /// When each (last) started: a probe's answer says so.
+    started: Vec<Nanos>,
+}
+
+impl SimMasters {
+    /// `count` masters on `config`, up since an hour before `now`.
+    pub fn new(config: &MasterConfig, count: usize, now: Nanos) -> SimMasters {
+        SimMasters {
+            config: config.clone(),
+            masters: (0..count)
+                .map(|_| Some(MasterState::new(config.clone())))
+                .collect(),
+            started: vec![now - Duration::from_secs(3600); count],
+        }
+    }
+}
+
+impl Masters for SimMasters {
+    fn names(&self) -> Vec<String> {
+        (0..self.masters.len()).map(|m| format!("m{m}")).collect()
+    }
+
+    fn is_up(&self, m: usize) -> bool {
+        self.masters[m].is_some()
+    }
+
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, RollupError> {
+        let header = ReplyHeader {
+            rollup_interval: self.config.window.rollup_interval,
+            started: self.started[m],
+            ..ReplyHeader::default()
+        };
+        let state = self.masters[m].as_mut().expect("answered only when up");
+        match message {
+            Message::Rollup(rollup) => state.answer_rollup(now, rollup, MAX_ENTRIES, header),
+            Message::Recheck(query) | Message::Probe(query) => {
+                state.answer_factors(now, query, MAX_ENTRIES, header)
+            }
+            _ => unreachable!("every message a round sends is answered"),
+        }
+    }
+
+    fn kill(&mut self, m: usize) {
+        self.masters[m] = None;
+    }
+
+    fn restart(&mut self, m: usize, now: Nanos) {
+        if self.masters[m].is_none() {
+            self.masters[m] = Some(MasterState::new(self.config.clone()));
+            self.started[m] = now;
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The simulation: the agents' own state machines, the core's
+//! [`AgentState`] and [`AgentRound`] (the very code the agent library
+//! drives), talking to [`Masters`] through a simulated network, in virtual
+//! time, by a queue of timed events.
+//!
+//! - [`traffic`](self): each step, every traffic item's operations are
+//!   decided by its agents; each second is recorded.
+//! - Each agent's round is woken when it asks ([`AgentRound::poll_timeout`]);
+//!   what it sends crosses the network with delay, jitter and loss, is
+//!   answered by the owning master ([`Masters::answer`]), and comes back
+//!   the same way. A lost request or reply, a dead master or a partition
+//!   shows as a failure after the agent's request timeout, as it would to
+//!   the real agent; what the round then does (carry over, count the master
+//!   down, probe) is the product's own code.
+//! - Scenario events kill and restart masters and partition agents.
+//!
+//! # Layout
+//! - this file: the event loop, the agents' rounds and the network.
+//! - `masters`: [`Masters`], and [`SimMasters`], the simulated ones.
+//! - `traffic`: traffic steps and per-second records.
+
+mod masters;
+mod traffic;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::round::{AgentRound, Message, RequestId, RoundConfig, RoundEvent, Transmit};
+use damper_core::time::Nanos;
+use damper_core::wire::Reply;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::scenario::{Action, Scenario, Traffic};
+
+pub use masters::{Masters, SimMasters};
+use traffic::Item;
+
+/// The start of simulated time: a multiple of every interval.
+pub const EPOCH: Nanos = Nanos::from_secs(1_800_000_000);
+
+/// One simulated second of one traffic item.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Second {
+    /// Cost attempted.
+    pub attempted: u64,
+    /// Cost admitted.
+    pub admitted: u64,
+    /// The master's factor in force at the end of the second, averaged over
+    /// the item's agents.
+    pub factor: f64,
+}
+
+/// Everything recorded for one traffic item.
+#[derive(Clone, Debug)]
+pub struct Series {
+    /// The item.
+    pub traffic: Traffic,
+    /// Its limit, if any.
+    pub limit: Option<f64>,
+    /// Per simulated second.
+    pub seconds: Vec<Second>,
+    /// When the largest factor any of its agents applies turned positive
+    /// (`true`) or back to zero (`false`), in seconds, at step resolution.
+    pub factor_changes: Vec<(f64, bool)>,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy name.
+    pub policy: String,
+    /// Estimator name.
+    pub estimator: String,
+    /// Per traffic item.
+    pub series: Vec<Series>,
+    /// Rollups sent, and how many failed.
+    pub rollups: (u64, u64),
+    /// Cost dropped for being carried too long.
+    pub dropped_cost: u64,
+}
+
+enum Event {
+    Step,
+    Second,
+    /// Agent `agent`'s round asked to be woken now.
+    Wake {
+        agent: usize,
+    },
+    /// A request reaches master `master`.
+    Arrive {
+        agent: usize,
+        master: usize,
+        sent: Nanos,
+        transmit: Transmit,
+    },
+    /// The answer (or, `None`, the failure) reaches the agent.
+    Answer {
+        agent: usize,
+        id: RequestId,
+        rollup: bool,
+        reply: Option<Reply>,
+    },
+    Scenario(Action),
+}
+
+/// One edge node: its agent state and the round that reports it.
+struct Agent {
+    state: AgentState,
+    round: AgentRound,
+    /// When a wake-up is queued for the round.
+    wake: Option<Nanos>,
+    partitioned: bool,
+}
+
+/// A simulation in progress, against masters `M`.
+pub struct Sim<M: Masters = SimMasters> {
+    scenario: Scenario,
+    now: Nanos,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    events: Vec<Option<Event>>,
+    free: Vec<usize>,
+    masters: M,
+    names: Vec<String>,
+    agents: Vec<Agent>,
+    items: Vec<Item>,
+    rng: SmallRng,
+    scratch: Vec<u64>,
+    timeout: Duration,
+    rollups: (u64, u64),
+    dropped: u64,
+}
+
+impl Sim<SimMasters> {
+    /// A simulation of `scenario` with its simulated masters, ready to run.
+    pub fn new(scenario: Scenario) -> Sim<SimMasters> {
+        let masters = SimMasters::new(&scenario.master, scenario.cluster.masters as usize, EPOCH);
+        Sim::with_masters(scenario, masters)
+    }
+}
+
+impl<M: Masters> Sim<M> {
+    /// A simulation of `scenario` whose agents talk to `masters`.
+    pub fn with_masters(scenario: Scenario, masters: M) -> Sim<M> {
+        let interval = Duration::from_millis(scenario.cluster.rollup_interval_ms);
+        let names = masters.names();
+        let agents = (0..scenario.cluster.agents)
+            .map(|a| {
+                let mut config = RoundConfig::new(format!("agent-{a}"));
+                config.rollup_interval = interval;
+                Agent {
+                    state: AgentState::new(AgentConfig {
+                        rollup_interval: interval,
+                        ..AgentConfig::default()
+                    }),
+                    round: AgentRound::new(config, &names, EPOCH),
+                    wake: None,
+                    partitioned: false,
+                }
+            })
+            .collect();
+        let items = scenario
+            .traffic
+            .iter()
+            .map(|t| Item {
+                limit: scenario
+                    .master
+                    .limits
+                    .lookup(&t.account, &t.op)
+                    .map(|m| m.rate.get()),
+                traffic: t.clone(),
+                carry: 0.0,
+                rotate: 0,
+                attempted: 0,
+                admitted: 0,
+                positive: false,
+                seconds: Vec::with_capacity(scenario.duration_s as usize),
+                changes: Vec::new(),
+            })
+            .collect();
+        let mut sim = Sim {
+            masters,
+            names,
+            agents,
+            items,
+            rng: SmallRng::seed_from_u64(scenario.seed),
+            now: EPOCH,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            free: Vec::new(),
+            scratch: Vec::new(),
+            // The agent library's default request timeout.
+            timeout: (interval / 2).min(Duration::from_secs(1)),
+            rollups: (0, 0),
+            dropped: 0,
+            scenario,
+        };
+        sim.schedule(EPOCH, Event::Step);
+        sim.schedule(EPOCH + Duration::from_secs(1), Event::Second);
+        for a in 0..sim.agents.len() {
+            sim.sync(a);
+        }
+        for (at, action) in sim.scenario.events.clone() {
+            sim.schedule(EPOCH + Duration::from_secs_f64(at), Event::Scenario(action));
+        }
+        sim
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.events[slot] = Some(event);
+                slot
+            }
+            None => {
+                self.events.push(Some(event));
+                self.events.len() - 1
+            }
+        };
+        self.queue.push(Reverse((at, self.seq, slot)));
+        self.seq += 1;
+    }
+
+    fn delay(&mut self) -> Duration {
+        let c = &self.scenario.cluster;
+        let jitter = if c.jitter_ms > 0.0 {
+            self.rng.random_range(-c.jitter_ms..=c.jitter_ms)
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64(((c.latency_ms + jitter).max(0.0)) / 1e3)
+    }
+
+    fn lost(&mut self) -> bool {
+        let loss = self.scenario.cluster.loss;
+        loss > 0.0 && self.rng.random_bool(loss)
+    }
+
+    /// Runs to the end, calling `progress` with each simulated second.
+    pub fn run(mut self, mut progress: impl FnMut(u64)) -> Run {
+        let end = EPOCH + Duration::from_secs(self.scenario.duration_s);
+        while let Some(Reverse((at, _, slot))) = self.queue.pop() {
+            if at > end {
+                break;
+            }
+            self.now = at;
+            let event = self.events[slot].take().expect("scheduled once");
+            self.free.push(slot);
+            match event {
+                Event::Step => self.step(),
+                Event::Second => {
+                    let second = self.now.since(EPOCH).as_secs();
+                    self.second();
+                    progress(second);
+                    if second < self.scenario.duration_s {
+                        self.schedule(self.now + Duration::from_secs(1), Event::Second);
+                    }
+                }
+                Event::Wake { agent } => self.wake(agent),
+                Event::Arrive {
+                    agent,
+                    master,
+                    sent,
+                    transmit,
+                } => self.arrive(agent, master, sent, transmit),
+                Event::Answer {
+                    agent,
+                    id,
+                    rollup,
+                    reply,
+                } => self.answer(agent, id, rollup, reply),
+                Event::Scenario(action) => self.act(action),
+            }
+        }
+        self.finish()
+    }
+
+    fn finish(self) -> Run {
+        Run {
+            scenario: self.scenario.name.clone(),
+            policy: self.scenario.policy_name().to_string(),
+            estimator: self.scenario.master.window.estimator.name().to_string(),
+            series: self
+                .items
+                .into_iter()
+                .map(|i| Series {
+                    traffic: i.traffic,
+                    limit: i.limit,
+                    seconds: i.seconds,
+                    factor_changes: i.changes,
+                })
+                .collect(),
+            rollups: self.rollups,
+            dropped_cost: self.dropped,
+        }
+    }
+
+    /// Agent `a`'s round, if this wake-up is the one it asked for.
+    fn wake(&mut self, a: usize) {
+        let agent = &mut self.agents[a];
+        if agent.wake != Some(self.now) {
+            return; // Superseded by an earlier one.
+        }
+        agent.wake = None;
+        agent.round.handle_timeout(self.now, &agent.state);
+        self.sync(a);
+    }
+
+    /// Sends what agent `a`'s round has to send, takes its events, and
+    /// queues its next wake-up.
+    fn sync(&mut self, a: usize) {
+        while let Some(transmit) = self.agents[a].round.poll_transmit() {
+            self.send(a, transmit);
+        }
+        while let Some(event) = self.agents[a].round.poll_event() {
+            if let RoundEvent::Dropped { cost } = event {
+                self.dropped += cost;
+            }
+        }
+        let next = self.agents[a].round.poll_timeout();
+        if next != self.agents[a].wake
+            && let Some(at) = next
+        {
+            self.agents[a].wake = Some(at.max(self.now));
+            self.schedule(at.max(self.now), Event::Wake { agent: a });
+        }
+    }
+
+    /// A request leaves agent `a`: lost or cut off, it fails after the
+    /// request timeout; otherwise it reaches its master after the delay.
+    fn send(&mut self, a: usize, transmit: Transmit) {
+        let rollup = matches!(transmit.message, Message::Rollup(_));
+        self.rollups.0 += u64::from(rollup);
+        let master = self
+            .names
+            .iter()
+            .position(|n| *n == transmit.master)
+            .expect("rounds route to known masters");
+        if self.agents[a].partitioned || self.lost() {
+            let at = self.now + self.timeout;
+            self.fail_at(at, a, transmit.id, rollup);
+            return;
+        }
+        let at = self.now + self.delay();
+        let sent = self.now;
+        self.schedule(
+            at,
+            Event::Arrive {
+                agent: a,
+                master,
+                sent,
+                transmit,
+            },
+        );
+    }
+
+    /// A request reaches master `m`, which answers (or is down: the agent
+    /// times out).
+    fn arrive(&mut self, a: usize, m: usize, sent: Nanos, transmit: Transmit) {
+        let rollup = matches!(transmit.message, Message::Rollup(_));
+        let deadline = sent + self.timeout;
+        if !self.masters.is_up(m) {
+            self.fail_at(deadline, a, transmit.id, rollup);
+            return;
+        }
+        match self.masters.answer(m, self.now, &transmit.message) {
+            // Refused: the status comes back like a reply would.
+            Err(_) => {
+                let at = self.now + self.delay();
+                self.fail_at(at.min(deadline), a, transmit.id, rollup);
+            }
+            // The master counted it, but the agent may never hear back: it
+            // times out, and carries the counts over as the real agent would.
+            Ok(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
+            Ok(reply) => {
+                let at = self.now + self.delay();
+                if at > deadline {
+                    self.fail_at(deadline, a, transmit.id, rollup);
+                } else {
+                    let answer = Event::Answer {
+                        agent: a,
+                        id: transmit.id,
+                        rollup,
+                        reply: Some(reply),
+                    };
+                    self.schedule(at, answer);
+                }
+            }
+        }
+    }
+
+    fn fail_at(&mut self, at: Nanos, a: usize, id: RequestId, rollup: bool) {
+        let event = Event::Answer {
+            agent: a,
+            id,
+            rollup,
+            reply: None,
+        };
+        self.schedule(at, event);
+    }
+
+    /// An answer, or a failure, reaches agent `a`'s round.
+    fn answer(&mut self, a: usize, id: RequestId, rollup: bool, reply: Option<Reply>) {
+        let agent = &mut self.agents[a];
+        match reply {
+            Some(reply) => agent.round.on_reply(self.now, id, &reply, &agent.state),
+            None => {
+                self.rollups.1 += u64::from(rollup);
+                agent.round.on_failure(self.now, id, &agent.state);
+            }
+        }
+        self.sync(a);
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::KillMaster(m) => self.masters.kill(m),
+            Action::RestartMaster(m) => self.masters.restart(m, self.now),
+            Action::Partition(list) => {
+                for a in list {
+                    self.agents[a].partitioned = true;
+                }
+            }
+            Action::Heal => {
+                for a in &mut self.agents {
+                    a.partitioned = false;
+                }
+            }
+        }
+    }
+}
+
+/// Runs `scenario` to the end against its simulated masters.
+pub fn run(scenario: Scenario, progress: impl FnMut(u64)) -> Run {
+    Sim::new(scenario).run(progress)
+}

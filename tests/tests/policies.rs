@@ -4,23 +4,23 @@
 //! rate, swings between letting everything through and suppressing almost
 //! everything.
 
-use damper_tests::{Load, WireLoop, sampling_sd};
+use damper_sim::engine::Sim;
+use damper_tests::masters::WireMasters;
+use damper_tests::{rounds, sampling_sd, scenario, series};
 
-fn run(config: &str, rounds: usize) -> Vec<(f64, f64)> {
-    let mut cluster = WireLoop::new(config, 2, 6, 3);
-    // 20 × the limit of 1000/s.
-    let deluge = [Load {
-        account: "acme",
-        op: "messages",
-        cost: 21,
-        ops_per_sec: 952,
-    }];
-    (0..rounds)
-        .map(|_| {
-            let t = cluster.step(&deluge)["acme"];
-            (t.admitted as f64 / 2.0, t.factor)
-        })
-        .collect()
+/// `rounds` rounds of a deluge at 20 × the limit of 1000/s, through two
+/// masters under `config` and six agents: per round, the admitted cost per
+/// second and the mean factor in force at the ends of its seconds.
+fn run(config: &str, rounds_n: usize) -> Vec<(f64, f64)> {
+    let toml = format!(
+        "name = \"policies\"\nduration_s = {}\nseed = 3\n[cluster]\nagents = 6\nmasters = 2\n{config}\n\
+         [[traffic]]\naccount = \"acme\"\nop = \"messages\"\ncost = 21\n\
+         profile = [ {{ at_s = 0, rate = 952 }} ]\narrivals = \"uniform\"\n",
+        rounds_n * 2
+    );
+    let mut masters = WireMasters::new(config, 2);
+    let run = Sim::with_masters(scenario(&toml), &mut masters).run(|_| {});
+    rounds(series(&run, "acme", "messages"), 0, 2)
 }
 
 #[test]

@@ -9,7 +9,7 @@ use damper_core::config::MasterConfig;
 use damper_core::master::MasterState;
 use damper_core::round::Message;
 use damper_core::time::Nanos;
-use damper_core::wire::{Reply, ReplyHeader, RollupError};
+use damper_core::wire::{Reply, ReplyHeader};
 
 /// The masters of a simulation. Network delay, loss and partitions are the
 /// engine's; a master only answers, or is down.
@@ -18,8 +18,9 @@ pub trait Masters {
     fn names(&self) -> Vec<String>;
     /// Whether master `m` is running.
     fn is_up(&self, m: usize) -> bool;
-    /// Master `m` answers `message`, received at `now`.
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, RollupError>;
+    /// Master `m` answers `message`, received at `now`; `None` when it
+    /// refuses it (the agent sees an error status).
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply>;
     /// Stops master `m`, losing its state.
     fn kill(&mut self, m: usize);
     /// Starts master `m` again, empty, at `now`.
@@ -61,20 +62,21 @@ impl Masters for SimMasters {
         self.masters[m].is_some()
     }
 
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, RollupError> {
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
         let header = ReplyHeader {
             rollup_interval: self.config.window.rollup_interval,
             started: self.started[m],
             ..ReplyHeader::default()
         };
         let state = self.masters[m].as_mut().expect("answered only when up");
-        match message {
+        let answered = match message {
             Message::Rollup(rollup) => state.answer_rollup(now, rollup, MAX_ENTRIES, header),
             Message::Recheck(query) | Message::Probe(query) => {
                 state.answer_factors(now, query, MAX_ENTRIES, header)
             }
             _ => unreachable!("every message a round sends is answered"),
-        }
+        };
+        answered.ok()
     }
 
     fn kill(&mut self, m: usize) {
@@ -86,5 +88,29 @@ impl Masters for SimMasters {
             self.masters[m] = Some(MasterState::new(self.config.clone()));
             self.started[m] = now;
         }
+    }
+}
+
+/// Lends masters to a simulation, so the caller can look at them (or stop
+/// them) after the run.
+impl<M: Masters + ?Sized> Masters for &mut M {
+    fn names(&self) -> Vec<String> {
+        (**self).names()
+    }
+
+    fn is_up(&self, m: usize) -> bool {
+        (**self).is_up(m)
+    }
+
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+        (**self).answer(m, now, message)
+    }
+
+    fn kill(&mut self, m: usize) {
+        (**self).kill(m)
+    }
+
+    fn restart(&mut self, m: usize, now: Nanos) {
+        (**self).restart(m, now)
     }
 }

@@ -371,14 +371,14 @@ impl<M: Masters> Sim<M> {
         }
         match self.masters.answer(m, self.now, &transmit.message) {
             // Refused: the status comes back like a reply would.
-            Err(_) => {
+            None => {
                 let at = self.now + self.delay();
                 self.fail_at(at.min(deadline), a, transmit.id, rollup);
             }
             // The master counted it, but the agent may never hear back: it
             // times out, and carries the counts over as the real agent would.
-            Ok(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
-            Ok(reply) => {
+            Some(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
+            Some(reply) => {
                 let at = self.now + self.delay();
                 if at > deadline {
                     self.fail_at(deadline, a, transmit.id, rollup);

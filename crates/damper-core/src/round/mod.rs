@@ -195,6 +195,10 @@ enum InFlight {
     },
 }
 
+/// A recheck a reply asked for: when, which master, which `(op, account)`
+/// pairs.
+type Recheck = (Nanos, String, Vec<(String, String)>);
+
 /// A round sent and not yet settled.
 #[derive(Debug, Default)]
 struct Open {
@@ -218,8 +222,8 @@ pub struct AgentRound {
     next_cut: Nanos,
     cuts: VecDeque<Cut>,
     in_flight: HashMap<RequestId, InFlight>,
-    /// Rechecks waiting for their time: when, which master, which pairs.
-    rechecks: Vec<(Nanos, String, Vec<(String, String)>)>,
+    /// Rechecks waiting for their time.
+    rechecks: Vec<Recheck>,
     open: BTreeMap<u64, Open>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<RoundEvent>,

@@ -1,0 +1,200 @@
+//! Real masters for the simulator (`damper_sim::engine::Masters`), so the
+//! very same seeded run can be made against the product's master service:
+//!
+//! - [`WireMasters`]: [`Master`]s in-process on a manual clock, every
+//!   message encoded to `damper.v1` bytes and decoded back exactly as gRPC
+//!   carries it. Fast enough for simulated minutes.
+//! - [`GrpcMasters`]: [`Master`]s served over real gRPC on `127.0.0.1:0`,
+//!   called with tonic's client, their clocks set to the simulated time of
+//!   each call.
+//!
+//! Neither kills or restarts masters: scenarios with master events run
+//! against the simulated masters.
+
+use std::sync::Arc;
+
+use damper_core::config::MasterConfig;
+use damper_core::round::Message;
+use damper_core::time::{ManualClock, Nanos};
+use damper_core::wire::Reply;
+use damper_master::{Master, MasterOptions};
+use damper_proto::v1::master_client::MasterClient;
+use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
+use damper_sim::engine::{EPOCH, Masters};
+use prost::Message as _;
+use tonic::transport::Channel;
+
+use crate::served::ServedMaster;
+
+/// The request a round message becomes on the wire.
+enum Request {
+    Rollup(RollupRequest),
+    Factors(FactorsRequest),
+}
+
+fn request(message: &Message) -> Request {
+    match message {
+        Message::Rollup(r) => Request::Rollup(r.clone().into()),
+        Message::Recheck(q) | Message::Probe(q) => Request::Factors(q.clone().into()),
+        _ => unreachable!("every message a round sends is handled"),
+    }
+}
+
+/// Masters in-process, talked to through encoded `damper.v1` messages.
+pub struct WireMasters {
+    masters: Vec<Master>,
+    clock: Arc<ManualClock>,
+    /// Bytes of requests and replies carried so far.
+    pub wire_bytes: usize,
+}
+
+impl WireMasters {
+    /// `count` masters on `config` (TOML), started at the simulation's
+    /// epoch.
+    pub fn new(config: &str, count: usize) -> WireMasters {
+        let config = MasterConfig::from_toml(config).expect("a valid config");
+        let clock = Arc::new(ManualClock::new(EPOCH));
+        WireMasters {
+            masters: (0..count)
+                .map(|_| {
+                    Master::with_clock(config.clone(), MasterOptions::default(), clock.clone())
+                })
+                .collect(),
+            clock,
+            wire_bytes: 0,
+        }
+    }
+}
+
+impl Masters for WireMasters {
+    fn names(&self) -> Vec<String> {
+        (0..self.masters.len())
+            .map(|i| format!("127.0.0.1:{}", 7000 + i))
+            .collect()
+    }
+
+    fn is_up(&self, _: usize) -> bool {
+        true
+    }
+
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+        self.clock.set(now);
+        let master = &self.masters[m];
+        let reply = match request(message) {
+            Request::Rollup(r) => {
+                let bytes = r.encode_to_vec();
+                self.wire_bytes += bytes.len();
+                master.rollup_bytes(&bytes).ok()?
+            }
+            Request::Factors(q) => {
+                let bytes = q.encode_to_vec();
+                self.wire_bytes += bytes.len();
+                let decoded = FactorsRequest::decode(bytes.as_slice()).expect("encoded above");
+                master.factors(&decoded).ok()?
+            }
+        };
+        let bytes = reply.encode_to_vec();
+        self.wire_bytes += bytes.len();
+        Some(
+            RollupReply::decode(bytes.as_slice())
+                .expect("a reply decodes")
+                .into(),
+        )
+    }
+
+    fn kill(&mut self, _: usize) {
+        panic!("WireMasters do not kill masters: run master events against SimMasters");
+    }
+
+    fn restart(&mut self, _: usize, _: Nanos) {
+        panic!("WireMasters do not restart masters: run master events against SimMasters");
+    }
+}
+
+/// Masters served over real gRPC on loopback.
+pub struct GrpcMasters {
+    runtime: tokio::runtime::Runtime,
+    served: Vec<ServedMaster>,
+    clients: Vec<MasterClient<Channel>>,
+    clock: Arc<ManualClock>,
+}
+
+impl GrpcMasters {
+    /// `count` masters on `config` (TOML), each served on its own port.
+    pub fn new(config: &str, count: usize) -> GrpcMasters {
+        let config = MasterConfig::from_toml(config).expect("a valid config");
+        let clock = Arc::new(ManualClock::new(EPOCH));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (served, clients) = runtime.block_on(async {
+            let mut served = Vec::new();
+            let mut clients = Vec::new();
+            for _ in 0..count {
+                let master =
+                    Master::with_clock(config.clone(), MasterOptions::default(), clock.clone());
+                let s = ServedMaster::start(master, None).await;
+                let channel =
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", s.address))
+                        .expect("an address")
+                        .connect()
+                        .await
+                        .expect("the master serves");
+                let client = MasterClient::new(channel);
+                served.push(s);
+                clients.push(client);
+            }
+            (served, clients)
+        });
+        GrpcMasters {
+            runtime,
+            served,
+            clients,
+            clock,
+        }
+    }
+
+    /// Stops every master, checking each served without error.
+    pub fn stop(self) {
+        let GrpcMasters {
+            runtime, served, ..
+        } = self;
+        runtime.block_on(async {
+            for s in served {
+                s.stop().await;
+            }
+        });
+    }
+}
+
+impl Masters for GrpcMasters {
+    fn names(&self) -> Vec<String> {
+        self.served.iter().map(|s| s.address.to_string()).collect()
+    }
+
+    fn is_up(&self, _: usize) -> bool {
+        true
+    }
+
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+        self.clock.set(now);
+        let mut client = self.clients[m].clone();
+        let reply = self.runtime.block_on(async move {
+            match request(message) {
+                Request::Rollup(r) => client.rollup(r).await,
+                Request::Factors(q) => client.factors(q).await,
+            }
+        });
+        reply.ok().map(|r| r.into_inner().into())
+    }
+
+    fn kill(&mut self, _: usize) {
+        panic!("GrpcMasters do not kill masters: run master events against SimMasters");
+    }
+
+    fn restart(&mut self, _: usize, _: Nanos) {
+        panic!("GrpcMasters do not restart masters: run master events against SimMasters");
+    }
+}

@@ -1,10 +1,14 @@
 //! `damper-sim`: replays traffic through Damper's agent and master state
-//! machines (`damper-core`, the code the services run) in virtual time, with
-//! network delay, loss and failures, and reports and plots what happens.
+//! machines (`damper-core`, the code the services run: each simulated agent
+//! is an `AgentState` and the very `AgentRound` the agent library drives)
+//! in virtual time, with network delay, loss and failures, and reports and
+//! plots what happens.
 //!
 //! # Layout
 //! - [`scenario`]: scenario files, validated.
-//! - [`engine`]: the discrete-event simulation.
+//! - [`engine`]: the discrete-event simulation; its [`engine::Masters`]
+//!   are the simulated ones ([`engine::SimMasters`]) or, in the test
+//!   suite, the product's master service.
 //! - [`summary`]: the figures of a run.
 //! - [`plot`]: SVG and PNG figures.
 //! - `src/main.rs`: the `damper-sim` binary (`run`, `compare`).

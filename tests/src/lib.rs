@@ -23,22 +23,15 @@
 //! - `tests/grpc.rs`: the loop over real gRPC on loopback, at full scale.
 //! - [`proxy`]: a fault-injecting TCP proxy (delay, drop, cut);
 //!   `tests/faults.rs` puts it between agents and a master.
-//! - [`served::ServedMaster`]: a master served in-process on loopback.
+//! - `served`, [`sampling_sd`], [`assert_held`]: from `damper-testkit`.
 
 pub mod masters;
 pub mod proxy;
-pub mod served;
+
+pub use damper_testkit::{assert_held, sampling_sd, served};
 
 use damper_sim::engine::{Run, Series};
 use damper_sim::scenario::Scenario;
-
-/// The spread of admitted cost per round that probabilistic suppression
-/// itself causes: each of `ops` operations of cost `cost` is admitted with
-/// probability `1 − factor`, so the admitted cost has this standard
-/// deviation even when the factor is exactly right.
-pub fn sampling_sd(ops: f64, cost: f64, factor: f64) -> f64 {
-    cost * (ops * factor * (1.0 - factor)).sqrt()
-}
 
 /// A scenario from TOML, panicking with the reason if it is invalid.
 pub fn scenario(toml: &str) -> Scenario {

@@ -1,23 +1,5 @@
 use super::*;
-use damper_core::config::MasterConfig;
-use damper_master::{Master, MasterOptions};
 use std::time::Duration;
-
-/// A master on loopback with 200 ms rollups (time scaled down ten times).
-async fn master(limits: &str) -> (String, Master, tokio::sync::oneshot::Sender<()>) {
-    let config = MasterConfig::from_toml(&format!(
-        "[window]\nsub_interval_ms = 600\nrollup_interval_ms = 200\ngrace_ms = 100\n[limits]\n{limits}"
-    ))
-    .unwrap();
-    let master = Master::new(config, MasterOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(damper_master::run(listener, master.clone(), async {
-        let _ = stopped.await;
-    }));
-    (address, master, stop)
-}
 
 fn agent(masters: &[&str]) -> Agent {
     Agent::builder()
@@ -72,31 +54,6 @@ fn bad_settings_are_refused_with_the_reason() {
         Agent::builder().masters(["m:1"]).start().unwrap_err(),
         AgentError::NoRuntime
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_gets_a_factor_over_grpc_and_shutdown_flushes() {
-    let (address, master, _stop) = master("messages = 1000").await;
-    let agent = agent(&[&address]);
-    // 10 000 cost/s for up to 5 s, in 10 ms steps, until the master's
-    // factor reaches the agent.
-    let mut factor = 0.0;
-    for _ in 0..500 {
-        for _ in 0..100 {
-            agent.check("flood", "messages", 1);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        factor = agent.factor("flood", "messages").unwrap_or(0.0);
-        if factor > 0.8 {
-            break;
-        }
-    }
-    assert!(factor > 0.8, "factor {factor}");
-    // A count made just before shutdown reaches the master.
-    agent.check("last-words", "messages", 7);
-    agent.shutdown().await;
-    assert_eq!(master.factor("last-words", "messages"), Some(0.0));
-    assert!(master.len() >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
 //!
-//! Run: `cargo bench -p damper-agent --bench check`.
+//! Run: `cargo bench -p damper-tests --bench check`.
 
 #![allow(missing_docs)]
 // A benchmark measures wall time by definition.

@@ -9,7 +9,7 @@
 //! - `local_deny`: the bucket is empty (`reduce` denies; `check` rejects at
 //!   factor 1; governor denies).
 //!
-//! Run: `cargo bench -p damper-agent --bench local`.
+//! Run: `cargo bench -p damper-tests --bench local`.
 
 #![allow(missing_docs)]
 // A benchmark measures wall time by definition.

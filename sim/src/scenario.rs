@@ -264,183 +264,19 @@ impl Scenario {
 
     /// Validates a parsed file.
     pub fn from_file(file: ScenarioFile) -> Result<Scenario, ScenarioError> {
-        if file.name.trim().is_empty() {
-            return Err(invalid("name", "must not be empty"));
-        }
-        if !(1..=7 * 24 * 3600).contains(&file.duration_s) {
-            return Err(invalid(
-                "duration_s",
-                "must be between 1 and 604800 seconds",
-            ));
-        }
-        if !(1..=10_000).contains(&file.step_ms) {
-            return Err(invalid("step_ms", "must be between 1 and 10000"));
-        }
-        let c = &file.cluster;
-        if !(1..=100_000).contains(&c.agents) {
-            return Err(invalid("cluster.agents", "must be between 1 and 100000"));
-        }
-        if !(1..=1_000).contains(&c.masters) {
-            return Err(invalid("cluster.masters", "must be between 1 and 1000"));
-        }
-        if !(c.latency_ms.is_finite() && c.latency_ms >= 0.0 && c.latency_ms < 60_000.0) {
-            return Err(invalid("cluster.latency_ms", "must be between 0 and 60000"));
-        }
-        if !(c.jitter_ms.is_finite()
-            && c.jitter_ms >= 0.0
-            && c.jitter_ms <= c.latency_ms.max(0.0) + 1e-9)
-        {
-            return Err(invalid(
-                "cluster.jitter_ms",
-                "must be between 0 and latency_ms",
-            ));
-        }
-        if !(0.0..=1.0).contains(&c.loss) {
-            return Err(invalid("cluster.loss", "must be a probability, 0 to 1"));
-        }
-        if c.rollup_interval_ms != file.window.rollup_interval_ms {
-            return Err(invalid(
-                "cluster.rollup_interval_ms",
-                format!(
-                    "is {} but window.rollup_interval_ms is {}: agents and masters must agree; set both",
-                    c.rollup_interval_ms, file.window.rollup_interval_ms
-                ),
-            ));
-        }
+        check_run(&file)?;
+        check_cluster(&file.cluster, &file.window)?;
         let master = MasterConfig::from_sections(&file.window, &file.policy, &file.limits)?;
-        let agents = c.agents as usize;
         let mut traffic = Vec::new();
         for (i, t) in file.traffic.iter().enumerate() {
-            let field = |k: &str| format!("traffic[{i}].{k}");
-            if t.account.is_empty() || t.op.is_empty() {
-                return Err(invalid(
-                    field("account"),
-                    "account and op must not be empty",
-                ));
-            }
-            if t.cost == 0 {
-                return Err(invalid(field("cost"), "must be at least 1"));
-            }
-            if !(1..=100_000).contains(&t.count) {
-                return Err(invalid(field("count"), "must be between 1 and 100000"));
-            }
-            if t.count > 1 && !t.account.contains("{i}") {
-                return Err(invalid(
-                    field("account"),
-                    "with count > 1, must contain {i}",
-                ));
-            }
-            let mut profile = t.profile.clone();
-            if profile.is_empty() {
-                return Err(invalid(field("profile"), "needs at least one point"));
-            }
-            for p in &profile {
-                if !(p.at_s.is_finite() && p.at_s >= 0.0 && p.rate.is_finite() && p.rate >= 0.0) {
-                    return Err(invalid(
-                        field("profile"),
-                        "at_s and rate must be finite and not negative",
-                    ));
-                }
-            }
-            profile.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-            for k in 0..t.count {
-                let chosen = match &t.agents {
-                    AgentsSection::Word(w) if w == "all" => (0..agents).collect(),
-                    AgentsSection::Word(w) => {
-                        return Err(invalid(
-                            field("agents"),
-                            format!("{w:?}: expected \"all\", a number or a list"),
-                        ));
-                    }
-                    AgentsSection::Count(n) if (1..=c.agents).contains(n) => {
-                        // Consecutive agents, starting at a different one per account.
-                        let first = (k as usize * *n as usize) % agents;
-                        (0..*n as usize).map(|j| (first + j) % agents).collect()
-                    }
-                    AgentsSection::Count(n) => {
-                        return Err(invalid(
-                            field("agents"),
-                            format!("{n}: must be between 1 and {}", c.agents),
-                        ));
-                    }
-                    AgentsSection::List(list) => {
-                        if list.is_empty() {
-                            return Err(invalid(field("agents"), "the list is empty"));
-                        }
-                        if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
-                            return Err(invalid(
-                                field("agents"),
-                                format!("index {bad} out of range ({} agents)", c.agents),
-                            ));
-                        }
-                        let mut v: Vec<usize> = list.iter().map(|a| *a as usize).collect();
-                        v.sort_unstable();
-                        v.dedup();
-                        v
-                    }
-                };
-                traffic.push(Traffic {
-                    account: t.account.replace("{i}", &k.to_string()),
-                    op: t.op.clone(),
-                    agents: chosen,
-                    cost: t.cost,
-                    profile: profile.clone(),
-                    arrivals: t.arrivals,
-                });
-            }
+            traffic.extend(traffic_items(i, t, &file.cluster)?);
         }
-        let mut events = Vec::new();
-        for (i, e) in file.events.iter().enumerate() {
-            let field = |k: &str| format!("events[{i}].{k}");
-            if !(e.at_s.is_finite() && e.at_s >= 0.0) {
-                return Err(invalid(
-                    field("at_s"),
-                    "must be a time in seconds, not negative",
-                ));
-            }
-            let master_index = |k: &str, m: u32| {
-                if m < c.masters {
-                    Ok(m as usize)
-                } else {
-                    Err(invalid(
-                        field(k),
-                        format!("master {m} out of range ({} masters)", c.masters),
-                    ))
-                }
-            };
-            let mut actions = Vec::new();
-            if let Some(m) = e.kill_master {
-                actions.push(Action::KillMaster(master_index("kill_master", m)?));
-            }
-            if let Some(m) = e.restart_master {
-                actions.push(Action::RestartMaster(master_index("restart_master", m)?));
-            }
-            if let Some(list) = &e.partition_agents {
-                if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
-                    return Err(invalid(
-                        field("partition_agents"),
-                        format!("index {bad} out of range ({} agents)", c.agents),
-                    ));
-                }
-                actions.push(Action::Partition(
-                    list.iter().map(|a| *a as usize).collect(),
-                ));
-            }
-            match e.heal {
-                Some(true) => actions.push(Action::Heal),
-                Some(false) => {
-                    return Err(invalid(field("heal"), "write heal = true, or leave it out"));
-                }
-                None => {}
-            }
-            if actions.len() != 1 {
-                return Err(invalid(
-                    format!("events[{i}]"),
-                    "needs exactly one of kill_master, restart_master, partition_agents, heal",
-                ));
-            }
-            events.push((e.at_s, actions.remove(0)));
-        }
+        let mut events = file
+            .events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Ok((e.at_s, event_action(i, e, &file.cluster)?)))
+            .collect::<Result<Vec<_>, ScenarioError>>()?;
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         Ok(Scenario {
             name: file.name,
@@ -486,6 +322,195 @@ impl Scenario {
     pub fn policy_name(&self) -> &str {
         &self.policy.kind
     }
+}
+
+/// The run's own settings: name, duration, step.
+fn check_run(file: &ScenarioFile) -> Result<(), ScenarioError> {
+    if file.name.trim().is_empty() {
+        return Err(invalid("name", "must not be empty"));
+    }
+    if !(1..=7 * 24 * 3600).contains(&file.duration_s) {
+        return Err(invalid(
+            "duration_s",
+            "must be between 1 and 604800 seconds",
+        ));
+    }
+    if !(1..=10_000).contains(&file.step_ms) {
+        return Err(invalid("step_ms", "must be between 1 and 10000"));
+    }
+    Ok(())
+}
+
+/// `[cluster]`, and that its rollup interval is the masters'.
+fn check_cluster(c: &ClusterSection, window: &WindowSection) -> Result<(), ScenarioError> {
+    if !(1..=100_000).contains(&c.agents) {
+        return Err(invalid("cluster.agents", "must be between 1 and 100000"));
+    }
+    if !(1..=1_000).contains(&c.masters) {
+        return Err(invalid("cluster.masters", "must be between 1 and 1000"));
+    }
+    if !(c.latency_ms.is_finite() && c.latency_ms >= 0.0 && c.latency_ms < 60_000.0) {
+        return Err(invalid("cluster.latency_ms", "must be between 0 and 60000"));
+    }
+    if !(c.jitter_ms.is_finite()
+        && c.jitter_ms >= 0.0
+        && c.jitter_ms <= c.latency_ms.max(0.0) + 1e-9)
+    {
+        return Err(invalid(
+            "cluster.jitter_ms",
+            "must be between 0 and latency_ms",
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.loss) {
+        return Err(invalid("cluster.loss", "must be a probability, 0 to 1"));
+    }
+    if c.rollup_interval_ms != window.rollup_interval_ms {
+        return Err(invalid(
+            "cluster.rollup_interval_ms",
+            format!(
+                "is {} but window.rollup_interval_ms is {}: agents and masters must agree; set both",
+                c.rollup_interval_ms, window.rollup_interval_ms
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `[[traffic]]` item `i`: one [`Traffic`] per account it names (`count`).
+fn traffic_items(
+    i: usize,
+    t: &TrafficSection,
+    c: &ClusterSection,
+) -> Result<Vec<Traffic>, ScenarioError> {
+    let field = |k: &str| format!("traffic[{i}].{k}");
+    if t.account.is_empty() || t.op.is_empty() {
+        return Err(invalid(
+            field("account"),
+            "account and op must not be empty",
+        ));
+    }
+    if t.cost == 0 {
+        return Err(invalid(field("cost"), "must be at least 1"));
+    }
+    if !(1..=100_000).contains(&t.count) {
+        return Err(invalid(field("count"), "must be between 1 and 100000"));
+    }
+    if t.count > 1 && !t.account.contains("{i}") {
+        return Err(invalid(
+            field("account"),
+            "with count > 1, must contain {i}",
+        ));
+    }
+    let profile = profile(&t.profile).map_err(|reason| invalid(field("profile"), reason))?;
+    (0..t.count)
+        .map(|k| {
+            Ok(Traffic {
+                account: t.account.replace("{i}", &k.to_string()),
+                op: t.op.clone(),
+                agents: chosen_agents(&t.agents, k, c)
+                    .map_err(|reason| invalid(field("agents"), reason))?,
+                cost: t.cost,
+                profile: profile.clone(),
+                arrivals: t.arrivals,
+            })
+        })
+        .collect()
+}
+
+/// A rate profile, checked and sorted by time.
+fn profile(points: &[ProfilePoint]) -> Result<Vec<ProfilePoint>, String> {
+    if points.is_empty() {
+        return Err("needs at least one point".into());
+    }
+    if !points
+        .iter()
+        .all(|p| p.at_s.is_finite() && p.at_s >= 0.0 && p.rate.is_finite() && p.rate >= 0.0)
+    {
+        return Err("at_s and rate must be finite and not negative".into());
+    }
+    let mut profile = points.to_vec();
+    profile.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    Ok(profile)
+}
+
+/// The agents that carry account number `k` of an item.
+fn chosen_agents(agents: &AgentsSection, k: u64, c: &ClusterSection) -> Result<Vec<usize>, String> {
+    let n_agents = c.agents as usize;
+    match agents {
+        AgentsSection::Word(w) if w == "all" => Ok((0..n_agents).collect()),
+        AgentsSection::Word(w) => Err(format!("{w:?}: expected \"all\", a number or a list")),
+        AgentsSection::Count(n) if (1..=c.agents).contains(n) => {
+            // Consecutive agents, starting at a different one per account.
+            let first = (k as usize * *n as usize) % n_agents;
+            Ok((0..*n as usize).map(|j| (first + j) % n_agents).collect())
+        }
+        AgentsSection::Count(n) => Err(format!("{n}: must be between 1 and {}", c.agents)),
+        AgentsSection::List(list) => {
+            if list.is_empty() {
+                return Err("the list is empty".into());
+            }
+            if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
+                return Err(format!("index {bad} out of range ({} agents)", c.agents));
+            }
+            let mut v: Vec<usize> = list.iter().map(|a| *a as usize).collect();
+            v.sort_unstable();
+            v.dedup();
+            Ok(v)
+        }
+    }
+}
+
+/// `[[events]]` entry `i`: exactly one action.
+fn event_action(i: usize, e: &EventSection, c: &ClusterSection) -> Result<Action, ScenarioError> {
+    let field = |k: &str| format!("events[{i}].{k}");
+    if !(e.at_s.is_finite() && e.at_s >= 0.0) {
+        return Err(invalid(
+            field("at_s"),
+            "must be a time in seconds, not negative",
+        ));
+    }
+    let master_index = |k: &str, m: u32| {
+        if m < c.masters {
+            Ok(m as usize)
+        } else {
+            Err(invalid(
+                field(k),
+                format!("master {m} out of range ({} masters)", c.masters),
+            ))
+        }
+    };
+    let mut actions = Vec::new();
+    if let Some(m) = e.kill_master {
+        actions.push(Action::KillMaster(master_index("kill_master", m)?));
+    }
+    if let Some(m) = e.restart_master {
+        actions.push(Action::RestartMaster(master_index("restart_master", m)?));
+    }
+    if let Some(list) = &e.partition_agents {
+        if let Some(bad) = list.iter().find(|a| **a >= c.agents) {
+            return Err(invalid(
+                field("partition_agents"),
+                format!("index {bad} out of range ({} agents)", c.agents),
+            ));
+        }
+        actions.push(Action::Partition(
+            list.iter().map(|a| *a as usize).collect(),
+        ));
+    }
+    match e.heal {
+        Some(true) => actions.push(Action::Heal),
+        Some(false) => {
+            return Err(invalid(field("heal"), "write heal = true, or leave it out"));
+        }
+        None => {}
+    }
+    if actions.len() != 1 {
+        return Err(invalid(
+            format!("events[{i}]"),
+            "needs exactly one of kill_master, restart_master, partition_agents, heal",
+        ));
+    }
+    Ok(actions.remove(0))
 }
 
 #[cfg(test)]

@@ -237,64 +237,9 @@ impl AgentBuilder {
     /// Starts the agent: its clock and its rollup task. Call from within a
     /// tokio runtime.
     pub fn start(self) -> Result<Agent, AgentError> {
-        let masters = self.masters.ok_or(AgentError::NoMasters)?;
-        if let Masters::Static(list) = &masters {
-            if list.is_empty() {
-                return Err(AgentError::NoMasters);
-            }
-            for address in list {
-                validate_address(address)?;
-            }
-        }
-        if let Masters::Dns { host, every, .. } = &masters {
-            if host.is_empty() {
-                return Err(AgentError::NoMasters);
-            }
-            if every.is_zero() {
-                return Err(AgentError::Invalid {
-                    field: "masters_dns",
-                    reason: "the re-resolve period must be greater than zero",
-                });
-            }
-        }
-        if self.rollup_interval < Duration::from_millis(10) {
-            return Err(AgentError::Invalid {
-                field: "rollup_interval",
-                reason: "must be at least 10 ms",
-            });
-        }
-        if self.forget_after < self.rollup_interval {
-            return Err(AgentError::Invalid {
-                field: "forget_after",
-                reason: "must be at least the rollup interval",
-            });
-        }
-        if self.fail_after == 0 {
-            return Err(AgentError::Invalid {
-                field: "fail_after",
-                reason: "must be at least 1",
-            });
-        }
-        if self.max_entries_per_request == 0 {
-            return Err(AgentError::Invalid {
-                field: "max_entries_per_request",
-                reason: "must be at least 1",
-            });
-        }
-        for (op, hold) in &self.fail_static {
-            if damper_core::wire::validate_name("op", op).is_err() {
-                return Err(AgentError::Invalid {
-                    field: "fail_static",
-                    reason: "the op must be 1 to 256 bytes long",
-                });
-            }
-            if *hold > Duration::from_secs(600) {
-                return Err(AgentError::Invalid {
-                    field: "fail_static",
-                    reason: "the hold must be at most 10 minutes",
-                });
-            }
-        }
+        let masters = self.masters.clone().ok_or(AgentError::NoMasters)?;
+        validate_masters(&masters)?;
+        self.validate()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
         let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
         let clock = CoarseClock::shared().map_err(|e| AgentError::Clock(e.to_string()))?;
@@ -337,6 +282,73 @@ impl AgentBuilder {
             task: Mutex::new(Some(task)),
         })
     }
+
+    /// Checks every setting but the masters, naming the one at fault.
+    fn validate(&self) -> Result<(), AgentError> {
+        if self.rollup_interval < Duration::from_millis(10) {
+            return Err(AgentError::Invalid {
+                field: "rollup_interval",
+                reason: "must be at least 10 ms",
+            });
+        }
+        if self.forget_after < self.rollup_interval {
+            return Err(AgentError::Invalid {
+                field: "forget_after",
+                reason: "must be at least the rollup interval",
+            });
+        }
+        if self.fail_after == 0 {
+            return Err(AgentError::Invalid {
+                field: "fail_after",
+                reason: "must be at least 1",
+            });
+        }
+        if self.max_entries_per_request == 0 {
+            return Err(AgentError::Invalid {
+                field: "max_entries_per_request",
+                reason: "must be at least 1",
+            });
+        }
+        for (op, hold) in &self.fail_static {
+            if damper_core::wire::validate_name("op", op).is_err() {
+                return Err(AgentError::Invalid {
+                    field: "fail_static",
+                    reason: "the op must be 1 to 256 bytes long",
+                });
+            }
+            if *hold > Duration::from_secs(600) {
+                return Err(AgentError::Invalid {
+                    field: "fail_static",
+                    reason: "the hold must be at most 10 minutes",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks the masters' addresses (or DNS name), naming what is wrong.
+fn validate_masters(masters: &Masters) -> Result<(), AgentError> {
+    if let Masters::Static(list) = &masters {
+        if list.is_empty() {
+            return Err(AgentError::NoMasters);
+        }
+        for address in list {
+            validate_address(address)?;
+        }
+    }
+    if let Masters::Dns { host, every, .. } = &masters {
+        if host.is_empty() {
+            return Err(AgentError::NoMasters);
+        }
+        if every.is_zero() {
+            return Err(AgentError::Invalid {
+                field: "masters_dns",
+                reason: "the re-resolve period must be greater than zero",
+            });
+        }
+    }
+    Ok(())
 }
 
 fn validate_address(address: &str) -> Result<(), AgentError> {

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::Limits;
+use crate::limits::{Limits, LimitsError};
 
 /// A configuration that cannot be used, with the field at fault.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -49,6 +49,12 @@ pub enum ConfigError {
     /// wrong type. The message carries the key and the line.
     #[error("{0}")]
     Parse(String),
+}
+
+impl From<LimitsError> for ConfigError {
+    fn from(e: LimitsError) -> ConfigError {
+        ConfigError::invalid(&e.field, e.reason)
+    }
 }
 
 impl ConfigError {

@@ -12,8 +12,6 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::config::ConfigError;
-
 /// A rate in cost per second: finite and greater than zero by construction.
 #[derive(Clone, Copy, PartialEq, PartialOrd)]
 pub struct Rate(f64);
@@ -52,6 +50,26 @@ pub struct LimitMatch<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LimitId(u32);
 
+/// Why a set of limits was refused: the field at fault (`limits."KEY"`)
+/// and what is wrong. The config turns it into its own error, with the
+/// line of the file.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("invalid `{field}`: {reason}")]
+#[non_exhaustive]
+pub struct LimitsError {
+    /// Dotted path of the field.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub reason: String,
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> LimitsError {
+    LimitsError {
+        field: field.to_owned(),
+        reason: reason.into(),
+    }
+}
+
 /// The configured limits, validated. Build with [`Limits::new`] or from the
 /// `[limits]` table of a config file.
 #[derive(Clone, Debug, Default)]
@@ -64,14 +82,14 @@ impl Limits {
     /// Limits from `(key, cost per second)` pairs. Errors name the key.
     pub fn new<K: AsRef<str>>(
         entries: impl IntoIterator<Item = (K, f64)>,
-    ) -> Result<Limits, ConfigError> {
+    ) -> Result<Limits, LimitsError> {
         let mut limits = Limits::default();
         for (key, rate) in entries {
             let key = key.as_ref();
             let field = format!("limits.\"{key}\"");
-            validate_key(key).map_err(|reason| ConfigError::invalid(&field, reason))?;
+            validate_key(key).map_err(|reason| invalid(&field, reason))?;
             let rate = Rate::per_second(rate).ok_or_else(|| {
-                ConfigError::invalid(
+                invalid(
                     &field,
                     format!("limit must be a finite number greater than zero, got {rate}"),
                 )
@@ -79,10 +97,10 @@ impl Limits {
             match limits.by_key.get(key) {
                 Some(id) => limits.entries[id.0 as usize].1 = rate,
                 None => {
-                    let id =
-                        LimitId(u32::try_from(limits.entries.len()).map_err(|_| {
-                            ConfigError::invalid("limits", "at most 2^32 limit keys")
-                        })?);
+                    let id = LimitId(
+                        u32::try_from(limits.entries.len())
+                            .map_err(|_| invalid("limits", "at most 2^32 limit keys"))?,
+                    );
                     limits.entries.push((key.into(), rate));
                     limits.by_key.insert(key.into(), id);
                 }

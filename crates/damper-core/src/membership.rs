@@ -67,7 +67,7 @@ impl Default for HealthConfig {
             probe_initial: Duration::from_secs(1),
             probe_max: Duration::from_secs(8),
             warmup: Duration::from_secs(12),
-            rollup_interval: Duration::from_secs(2),
+            rollup_interval: crate::DEFAULT_ROLLUP_INTERVAL,
         }
     }
 }

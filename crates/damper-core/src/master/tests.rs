@@ -616,7 +616,11 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
 fn an_entry_stays_within_its_memory_budget() {
     // 88 bytes plus about 10 of index per pair keeps a million pairs near
     // 100 MB (docs/performance.md, "Memory").
-    assert!(size_of::<Entry>() <= 88, "{}", size_of::<Entry>());
+    assert!(
+        size_of::<table::Entry>() <= 88,
+        "{}",
+        size_of::<table::Entry>()
+    );
     assert_eq!(size_of::<DemandWindow>(), 40);
 }
 

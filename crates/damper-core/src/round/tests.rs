@@ -4,10 +4,10 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use super::*;
-use crate::agent::AgentConfig;
+use crate::agent::{AgentConfig, AgentState, Pending, send_spread};
 use crate::config::MasterConfig;
 use crate::master::MasterState;
-use crate::wire::ReplyHeader;
+use crate::wire::{ReplyHeader, Rollup};
 
 const T0: Nanos = Nanos::from_secs(1_800_000_000);
 

@@ -1,0 +1,122 @@
+//! Taking the counts for a rollup ([`AgentState::drain`], by owner), and
+//! putting back what a failed rollup could not deliver.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use super::{AgentState, Delta, Pending, Routed, reportable};
+use crate::ring::Ring;
+use crate::time::Nanos;
+
+impl AgentState {
+    /// Takes the counts of every (account, op) with activity since the last
+    /// drain and hands them to `visit` as deltas; an (account, op) that had
+    /// activity last time and none now is visited once with a zero delta,
+    /// so its master sees it go quiet. Returns how many were visited.
+    ///
+    /// One drain runs at a time (others wait). Concurrent checks are never
+    /// lost or counted twice: they land in this drain or the next.
+    pub fn drain(&self, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
+        let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.entries.guard();
+        let mut visited = 0;
+        for (key, entry) in self.entries.iter(&guard) {
+            let admitted = entry.admitted.load(Relaxed);
+            let rejected = entry.rejected.load(Relaxed);
+            let d_admitted = admitted.wrapping_sub(entry.drained_admitted.swap(admitted, Relaxed));
+            let d_rejected = rejected.wrapping_sub(entry.drained_rejected.swap(rejected, Relaxed));
+            let active = d_admitted != 0 || d_rejected != 0;
+            let idle = entry.idle_drains.load(Relaxed);
+            entry
+                .idle_drains
+                .store(if active { 0 } else { idle.saturating_add(1) }, Relaxed);
+            let was_active = entry.active_last_drain.swap(active, Relaxed);
+            if active || was_active {
+                let since = entry.carried_since.swap(0, Relaxed);
+                visit(
+                    key.account.as_str(),
+                    &key.op,
+                    Delta {
+                        attempted: d_admitted.saturating_add(d_rejected),
+                        admitted: d_admitted,
+                        since: (since != 0).then(|| Nanos::from_nanos(since)),
+                    },
+                );
+                visited += 1;
+            }
+        }
+        visited
+    }
+
+    /// Puts back a delta that a failed rollup could not deliver, so the next
+    /// drain includes it. `since` is the start of the interval it covered.
+    pub fn undrain(&self, account: &str, op: &str, delta: Delta, since: Nanos) {
+        let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !reportable(account) || !reportable(op) {
+            return;
+        }
+        let guard = self.entries.guard();
+        // Created again if forgotten meanwhile: the counts must not be lost.
+        let entry = self.entry(since, account, op, &guard);
+        if delta.attempted == 0 {
+            // A zero report ("this agent went quiet") that did not arrive:
+            // send it again next time. It carries no counts, so no start.
+            entry.active_last_drain.store(true, Relaxed);
+            return;
+        }
+        let rejected = delta.attempted.saturating_sub(delta.admitted);
+        entry.drained_admitted.fetch_sub(delta.admitted, Relaxed);
+        entry.drained_rejected.fetch_sub(rejected, Relaxed);
+        let since = delta.since.unwrap_or(since).as_nanos().max(1);
+        let _ = entry.carried_since.fetch_update(Relaxed, Relaxed, |old| {
+            Some(if old == 0 { since } else { old.min(since) })
+        });
+    }
+
+    /// Drains (see [`drain`](Self::drain)) and routes each (account, op)'s
+    /// counts to the account's master on `ring`, sorted by op then account
+    /// for each master, so replays are deterministic. Counts the ring has no
+    /// master for come back in [`Routed::unroutable`].
+    pub fn drain_by_owner(&self, ring: &Ring) -> Routed {
+        let mut routed = Routed::default();
+        self.drain(|account, op, delta| {
+            let pending = Pending {
+                account: account.to_owned(),
+                op: op.to_owned(),
+                delta,
+            };
+            match ring.owner(account) {
+                Some(master) => routed
+                    .by_master
+                    .entry(master.to_owned())
+                    .or_default()
+                    .push(pending),
+                None => routed.unroutable.push(pending),
+            }
+        });
+        for pending in routed.by_master.values_mut() {
+            pending.sort_unstable_by(|a, b| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
+        }
+        routed
+    }
+
+    /// Puts back counts that a rollup covering `[start, end)` could not
+    /// deliver, so the next drain sends them again, unless the interval they
+    /// cover began more than `max_carry` before `end`: such counts fall
+    /// outside any window a master keeps, and are dropped. Returns the
+    /// attempted cost dropped (0 when carried over).
+    pub fn carry_over(
+        &self,
+        pending: Pending,
+        start: Nanos,
+        end: Nanos,
+        max_carry: Duration,
+    ) -> u64 {
+        let since = pending.delta.since.unwrap_or(start);
+        if end.since(since) > max_carry {
+            return pending.delta.attempted;
+        }
+        self.undrain(&pending.account, &pending.op, pending.delta, start);
+        0
+    }
+}

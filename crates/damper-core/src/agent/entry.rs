@@ -1,0 +1,303 @@
+//! One (account, op)'s state, [`Entry`], laid out for `check`, and how
+//! the agent finds it: the key, interned op and inline account, in a
+//! lock-free map.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64,
+    Ordering::{Acquire, Relaxed},
+};
+
+use compact_str::CompactString;
+use rand::Rng;
+
+use super::{AgentConfig, AgentState, Decision, RejectSource, Rejection};
+use crate::time::{Nanos, duration_nanos};
+
+/// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
+pub(super) const ONE: u64 = 1 << 32;
+
+/// What [`AgentState::forget_idle`] swaps into a forgotten entry's counters,
+/// after taking it out of the map. A check that found the entry just before
+/// holds a reference to it still; its counter add returns the old value,
+/// and the top bit set there says the add came too late to be taken by the
+/// forget (a single atomic's operations are totally ordered), so the check
+/// counts the cost again in the pair's current entry. A live counter never
+/// gets that bit in practice (2^63 cost); if one did, the check finds its
+/// entry still in the map and keeps the count where it is.
+pub(super) const RETIRED: u64 = 1 << 63;
+
+pub(super) fn threshold(factor: f64) -> u64 {
+    if factor.is_nan() {
+        return 0;
+    }
+    (factor.clamp(0.0, 1.0) * ONE as f64).round() as u64
+}
+
+/// An (account, op) key, owned. Laid out so that confirming a lookup's
+/// match touches no memory outside the entry for the common case: the op
+/// is interned (every key of an op shares one allocation, which stays in
+/// cache) and the account is stored inline up to 24 bytes.
+#[derive(PartialEq, Eq)]
+pub(super) struct Key {
+    pub(super) op: Arc<str>,
+    pub(super) account: CompactString,
+}
+
+/// An (account, op) key, borrowed: hashes exactly as [`Key`] does, so the
+/// hot path looks up without building an owned key.
+#[derive(Hash)]
+pub(super) struct KeyRef<'a> {
+    pub(super) op: &'a str,
+    pub(super) account: &'a str,
+}
+
+impl papaya::Equivalent<Key> for KeyRef<'_> {
+    #[inline]
+    fn equivalent(&self, key: &Key) -> bool {
+        key.account.as_str() == self.account && *key.op == *self.op
+    }
+}
+
+/// The state of one (account, op). Counters only grow; drains remember how
+/// far they have read, so a check never races a drain into losing or
+/// double-counting cost.
+///
+/// Layout: a check reads and writes only the first eight fields, which
+/// fill exactly one 64-byte cache line (`align(64)`); the fields only drains
+/// touch come after. A check's counter add is a locked instruction that
+/// waits for its line, so every extra line a check touches is paid in full.
+#[repr(C, align(64))]
+pub(super) struct Entry {
+    /// The master's factor as a threshold out of 2^32.
+    pub(super) master_threshold: AtomicU64,
+    /// When the master's factor expires (nanoseconds since the epoch).
+    pub(super) master_expires: AtomicU64,
+    /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
+    pub(super) limit: AtomicU64,
+    /// Start of the local guard's current measurement.
+    pub(super) local_start: AtomicU64,
+    /// The local guard's factor as a threshold out of 2^32.
+    pub(super) local_threshold: AtomicU64,
+    /// Total cost admitted since the entry was created.
+    pub(super) admitted: AtomicU64,
+    /// Total cost rejected since the entry was created.
+    pub(super) rejected: AtomicU64,
+    /// Total attempted cost when the current local measurement began.
+    pub(super) local_base: AtomicU64,
+    /// How much of `admitted` the drains have taken (drainer only).
+    pub(super) drained_admitted: AtomicU64,
+    /// How much of `rejected` the drains have taken (drainer only).
+    pub(super) drained_rejected: AtomicU64,
+    /// Start of the oldest interval of counts put back by `undrain`, or 0.
+    pub(super) carried_since: AtomicU64,
+    /// Whether the last drain took anything: the next one reports a zero
+    /// once, so the master knows this agent went quiet.
+    pub(super) active_last_drain: AtomicBool,
+    /// The `master_expires` whose expiry [`AgentState::expired_factors`]
+    /// already counted, so each lapse is counted once.
+    pub(super) expiry_counted: AtomicU64,
+    /// Drains in a row that took nothing from this entry (drainer only):
+    /// how long it has been idle, for [`AgentState::forget_idle`].
+    pub(super) idle_drains: AtomicU32,
+}
+
+impl Entry {
+    pub(super) fn new(now: Nanos) -> Entry {
+        Entry {
+            admitted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            drained_admitted: AtomicU64::new(0),
+            drained_rejected: AtomicU64::new(0),
+            carried_since: AtomicU64::new(0),
+            active_last_drain: AtomicBool::new(false),
+            master_threshold: AtomicU64::new(0),
+            master_expires: AtomicU64::new(0),
+            limit: AtomicU64::new(0),
+            local_threshold: AtomicU64::new(0),
+            local_start: AtomicU64::new(now.as_nanos()),
+            local_base: AtomicU64::new(0),
+            expiry_counted: AtomicU64::new(0),
+            idle_drains: AtomicU32::new(0),
+        }
+    }
+
+    /// Total attempted cost. Wraps like the counters it adds, so the
+    /// difference of two readings (`wrapping_sub`) stays exact.
+    pub(super) fn attempted_total(&self) -> u64 {
+        self.admitted
+            .load(Relaxed)
+            .wrapping_add(self.rejected.load(Relaxed))
+    }
+
+    /// The master's and the local guard's thresholds in force at `now`, and
+    /// the limit.
+    #[inline]
+    pub(super) fn thresholds(&self, now: u64, config: &AgentConfig) -> (u64, u64, f64) {
+        // Acquire pairs with `apply`'s Release: a valid expiry comes with the
+        // threshold stored before it, never an older one.
+        let (master, limit) = if now < self.master_expires.load(Acquire) {
+            (
+                self.master_threshold.load(Relaxed),
+                f64::from_bits(self.limit.load(Relaxed)),
+            )
+        } else {
+            // Expired or never set: fail open, the local guard included,
+            // since the limit it enforces is only known while the master is.
+            (0, 0.0)
+        };
+        let local = if limit > 0.0 {
+            self.local_guard(now, limit, config)
+        } else {
+            0
+        };
+        (master, local, limit)
+    }
+
+    /// The decision for one operation; the caller counts it.
+    #[inline]
+    pub(super) fn decide<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        rng: &mut R,
+        config: &AgentConfig,
+    ) -> Decision {
+        let (master, local, limit) = self.thresholds(now.as_nanos(), config);
+        let threshold = master.max(local);
+        if threshold != 0 && u64::from(rng.next_u32()) < threshold {
+            let (source, retry_after) = if local > master {
+                (RejectSource::LocalGuard, config.local_window)
+            } else {
+                (RejectSource::Master, config.rollup_interval)
+            };
+            Decision::Reject(Rejection {
+                factor: threshold as f64 / ONE as f64,
+                source,
+                limit,
+                retry_after,
+            })
+        } else {
+            Decision::Admit
+        }
+    }
+
+    /// How many of `n` operations at the same instant are admitted: the
+    /// same as `n` calls of `decide`, each with its own random draw.
+    pub(super) fn decide_batch<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        n: u64,
+        rng: &mut R,
+        config: &AgentConfig,
+    ) -> u64 {
+        let (master, local, _) = self.thresholds(now.as_nanos(), config);
+        let threshold = master.max(local);
+        if threshold == 0 {
+            n
+        } else {
+            (0..n)
+                .filter(|_| u64::from(rng.next_u32()) >= threshold)
+                .count() as u64
+        }
+    }
+
+    /// The counter a decision adds to.
+    #[inline]
+    pub(super) fn counter(&self, admitted: bool) -> &AtomicU64 {
+        if admitted {
+            &self.admitted
+        } else {
+            &self.rejected
+        }
+    }
+
+    /// Whether [`AgentState::forget_idle`] may remove this entry at `now`:
+    /// idle for `idle_drains` drains, its zero report sent, nothing carried
+    /// or counted since the last drain, and no factor in force (fail-static
+    /// hold included). Then it is the same as no entry at all.
+    pub(super) fn forgettable(&self, now: Nanos, idle_drains: u32) -> bool {
+        let admitted = self.admitted.load(Relaxed);
+        let rejected = self.rejected.load(Relaxed);
+        self.idle_drains.load(Relaxed) >= idle_drains
+            && !self.active_last_drain.load(Relaxed)
+            && self.carried_since.load(Relaxed) == 0
+            && now.as_nanos() >= self.master_expires.load(Acquire)
+            && admitted == self.drained_admitted.load(Relaxed)
+            && rejected == self.drained_rejected.load(Relaxed)
+            && (admitted | rejected) & RETIRED == 0
+    }
+
+    /// The local guard's threshold. Once per `local_window` one caller wins
+    /// the right to measure this agent's demand over the window that ended
+    /// and to set the factor that brings that demand down to the limit.
+    #[inline]
+    pub(super) fn local_guard(&self, now: u64, limit: f64, config: &AgentConfig) -> u64 {
+        let start = self.local_start.load(Relaxed);
+        let elapsed = now.saturating_sub(start);
+        // `elapsed == 0`: nothing to measure over (a zero local window, or a
+        // clock that did not move), and no rate to divide by.
+        if elapsed == 0
+            || elapsed < duration_nanos(config.local_window)
+            || self
+                .local_start
+                .compare_exchange(start, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return self.local_threshold.load(Relaxed);
+        }
+        let total = self.attempted_total();
+        let base = self.local_base.swap(total, Relaxed);
+        let rate = total.wrapping_sub(base) as f64 / (elapsed as f64 / 1e9);
+        let t = if rate > limit {
+            threshold(1.0 - limit / rate)
+        } else {
+            0
+        };
+        self.local_threshold.store(t, Relaxed);
+        t
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        KeyRef {
+            op: &self.op,
+            account: self.account.as_str(),
+        }
+        .hash(state)
+    }
+}
+
+impl AgentState {
+    /// The entry of an (account, op), created if it is new.
+    pub(super) fn entry<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        guard: &'g impl papaya::Guard,
+    ) -> &'g Entry {
+        match self.entries.get(&KeyRef { op, account }, guard) {
+            Some(entry) => entry,
+            None => self.entries.get_or_insert_with(
+                self.new_key(account, op),
+                || Entry::new(now),
+                guard,
+            ),
+        }
+    }
+
+    /// The owned key for a new (account, op), with the op interned.
+    pub(super) fn new_key(&self, account: &str, op: &str) -> Key {
+        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let op = match ops.get(op) {
+            Some(op) => op.clone(),
+            None => ops.entry(op.into()).or_insert_with(|| op.into()).clone(),
+        };
+        Key {
+            op,
+            account: CompactString::from(account),
+        }
+    }
+}

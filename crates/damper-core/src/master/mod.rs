@@ -1,0 +1,444 @@
+//! The master's state machine: per-(account, op) demand windows fed by
+//! agents' reports, and the suppression factor each one gets back.
+//!
+//! One [`MasterState`] is one shard: it takes `&mut self` and no locks. The
+//! master service shards (account, op) keys over several of them so ingest
+//! scales across cores; the simulator drives one per simulated master.
+//!
+//! ```
+//! use damper_core::config::MasterConfig;
+//! use damper_core::master::{MasterState, Report};
+//! use damper_core::time::Nanos;
+//!
+//! let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+//! let mut master = MasterState::new(config);
+//! let end = Nanos::from_secs(1_700_000_002);
+//! // One agent saw 8000 cost attempted in 2 s: 4000/s against a 1000/s limit.
+//! let report = Report {
+//!     account: "acme",
+//!     op: "messages",
+//!     start: Nanos::from_secs(1_700_000_000),
+//!     end,
+//!     attempted: 8000,
+//!     admitted: 8000,
+//! };
+//! let verdict = master.ingest(end, &report).unwrap().expect("messages are limited");
+//! assert_eq!(verdict.factor, 0.75);
+//! ```
+//!
+//! # Layout
+//! - this file: [`MasterState`]: ingest, verdicts, views, eviction,
+//!   snapshots.
+//! - `table`: where the pairs are kept and how one is found.
+
+mod table;
+
+use std::time::Duration;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+
+use crate::config::MasterConfig;
+use crate::limits::Rate;
+use crate::time::Nanos;
+use crate::window::{DemandWindow, Dropped, Rates};
+
+use crate::wire::validate_name;
+pub use crate::wire::{Report, ReportError};
+use table::{Entries, Op};
+
+/// What the master tells agents about one limited (account, op).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// Probability of rejecting each operation, in `[0, 1]`.
+    pub factor: f64,
+    /// The account-wide limit that applied.
+    pub limit: Rate,
+    /// How long agents may apply `factor` without a fresher one.
+    pub valid_for: Duration,
+    /// The estimated rates the factor was computed from.
+    pub rates: Rates,
+    /// When the agent should ask again ([`MasterState::verdict`]) rather
+    /// than hold this factor for a whole interval: the time by which the
+    /// round it comes from should be whole. Set when that round is still
+    /// being reported and either the factor is positive (a flood that just
+    /// stopped may release) or it is the account's first round here (an
+    /// account that moved to this master: early reporters saw only part of
+    /// its demand).
+    pub recheck_at: Option<Nanos>,
+}
+
+/// One (account, op)'s window, as a snapshot carries it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct KeySnapshot {
+    /// The operation.
+    pub op: String,
+    /// The account.
+    pub account: String,
+    /// When its last report arrived (idle eviction counts from here).
+    pub last_report: Nanos,
+    /// Its demand window.
+    pub window: DemandWindow,
+}
+
+/// An (account, op) starting or stopping being suppressed, as
+/// [`MasterState::take_transitions`] hands it out: what operators want one
+/// log line for, rather than one per rollup.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// The operation.
+    pub op: String,
+    /// The account.
+    pub account: String,
+    /// What happened.
+    pub kind: TransitionKind,
+    /// The factor now (0 once stopped).
+    pub factor: f64,
+    /// The demand rate, cost per second, it was computed from.
+    pub demand: f64,
+    /// The limit in force, cost per second (0 when none applies any more).
+    pub limit: f64,
+}
+
+/// Whether suppression started or stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransitionKind {
+    /// The factor went from 0 to positive.
+    Started,
+    /// The factor went back to 0, the limit was removed, or the pair went
+    /// idle and was forgotten.
+    Stopped,
+}
+
+/// One tracked (account, op) as the master sees it at some instant: what
+/// introspection shows.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct KeyView {
+    /// The account.
+    pub account: String,
+    /// The operation.
+    pub op: String,
+    /// The account-wide limit in force, cost per second; `None` when no
+    /// configured limit applies (the pair is tracked, never suppressed).
+    pub limit: Option<f64>,
+    /// The configured key that gave the limit, such as `messages/acme`.
+    pub limit_key: Option<String>,
+    /// Estimated attempted cost per second (before suppression).
+    pub demand: f64,
+    /// Estimated admitted cost per second.
+    pub admitted: f64,
+    /// The suppression factor agents get now.
+    pub factor: f64,
+    /// When the last report for it arrived (Unix milliseconds).
+    pub last_report_unix_ms: u64,
+}
+
+/// Per-(account, op) windows and the factors they give. See the module docs.
+#[derive(Debug)]
+pub struct MasterState {
+    config: MasterConfig,
+    /// Bumped by every [`set_config`](Self::set_config); cached limit
+    /// matches from an older generation are looked up again.
+    generation: u16,
+    /// Op names seen, interned; never shrinks (ops are few).
+    ops: Vec<Op>,
+    /// The op of the last report, which the next one most likely shares.
+    last_op: u32,
+    /// (op, account) → position in `entries`, by `hasher`.
+    index: HashTable<u32>,
+    hasher: RandomState,
+    entries: Entries,
+    dropped: Dropped,
+    /// Suppression starts and stops not yet taken, when tracked
+    /// ([`track_transitions`](Self::track_transitions)); `None` otherwise,
+    /// so a caller that never takes them (the simulator) keeps nothing.
+    transitions: Option<Vec<Transition>>,
+}
+
+impl MasterState {
+    /// An empty state under `config`.
+    pub fn new(config: MasterConfig) -> MasterState {
+        MasterState {
+            config,
+            generation: 0,
+            ops: Vec::new(),
+            last_op: 0,
+            index: HashTable::new(),
+            hasher: RandomState::default(),
+            entries: Entries::default(),
+            dropped: Dropped::default(),
+            transitions: None,
+        }
+    }
+
+    /// Starts (or stops) keeping a [`Transition`] each time an (account,
+    /// op) starts or stops being suppressed. The caller must drain them
+    /// with [`take_transitions`](Self::take_transitions).
+    pub fn track_transitions(&mut self, on: bool) {
+        self.transitions = on.then(Vec::new);
+    }
+
+    /// The suppression starts and stops since the last call.
+    pub fn take_transitions(&mut self) -> Vec<Transition> {
+        self.transitions
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    /// Replaces the configuration. New limits and the policy apply from the
+    /// next report on, with the windows kept; a change to how the window is
+    /// cut up (sub-interval length or count, rollup interval, grace) starts
+    /// every window afresh, since old counts no longer fit it.
+    pub fn set_config(&mut self, config: MasterConfig) {
+        if self.config.window.shape_change(&config.window).is_some() {
+            for entry in self.entries.iter_mut() {
+                entry.window = DemandWindow::new(&config.window);
+            }
+        }
+        self.config = config;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Adds one report and returns the verdict for its (account, op), or
+    /// `None` when no limit applies to it.
+    ///
+    /// A report that ends after `now` (an agent whose clock runs ahead) is
+    /// moved back to end at `now`, keeping its length, so it is neither
+    /// counted in the future nor read as a higher rate.
+    pub fn ingest(
+        &mut self,
+        now: Nanos,
+        report: &Report<'_>,
+    ) -> Result<Option<Verdict>, ReportError> {
+        report.validate(now)?;
+        let (mut start, mut end) = (report.start, report.end);
+        if end > now {
+            let ahead = end.since(now);
+            start = start - ahead;
+            end = now;
+        }
+        let op = self.op_id(report.op);
+        let i = self.find_or_insert(op, report.account, now);
+        let window_config = &self.config.window;
+        let key = self.entries.get_mut(i);
+        let dropped =
+            key.window
+                .record(window_config, start, end, report.attempted, report.admitted);
+        self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
+        self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
+        key.last_report = key.last_report.max(now);
+        if key.generation != self.generation {
+            key.limit = self
+                .config
+                .limits
+                .lookup(report.account, report.op)
+                .map(|m| m.id);
+            key.generation = self.generation;
+        }
+        let verdict = key
+            .limit
+            .and_then(|id| self.config.limits.get(id))
+            .map(|limit| verdict(&self.config, &key.window, limit.rate, now));
+        let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
+        if suppressed != key.suppressed {
+            key.suppressed = suppressed;
+            if let Some(transitions) = &mut self.transitions {
+                transitions.push(Transition {
+                    op: report.op.to_owned(),
+                    account: report.account.to_owned(),
+                    kind: if suppressed {
+                        TransitionKind::Started
+                    } else {
+                        TransitionKind::Stopped
+                    },
+                    factor: verdict.map_or(0.0, |v| v.factor),
+                    demand: verdict.map_or(0.0, |v| v.rates.demand),
+                    limit: verdict.map_or(0.0, |v| v.limit.get()),
+                });
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// Every tracked (account, op) that `keep(op, account)` selects, as it
+    /// stands at `now`: limit, rates and factor. For introspection; the
+    /// order is unspecified.
+    pub fn views(&self, now: Nanos, mut keep: impl FnMut(&str, &str) -> bool) -> Vec<KeyView> {
+        let mut views = Vec::new();
+        for key in self.entries.iter() {
+            let (op, account) = (&*self.ops[key.op as usize].name, key.account.as_str());
+            if !keep(op, account) {
+                continue;
+            }
+            let limit = self.config.limits.lookup(account, op);
+            let (factor, rates) = match limit {
+                Some(m) => {
+                    let v = verdict(&self.config, &key.window, m.rate, now);
+                    (v.factor, v.rates)
+                }
+                None => (0.0, key.window.estimate(&self.config.window, now).rates),
+            };
+            views.push(KeyView {
+                account: account.to_string(),
+                op: op.to_string(),
+                limit: limit.map(|m| m.rate.get()),
+                limit_key: limit.map(|m| m.key.to_owned()),
+                demand: rates.demand,
+                admitted: rates.admitted,
+                factor,
+                last_report_unix_ms: key.last_report.as_millis(),
+            });
+        }
+        views
+    }
+
+    /// The verdict for an (account, op) at `now` without a new report:
+    /// `None` when no limit applies. An (account, op) the master has no
+    /// reports for reads as zero demand.
+    pub fn verdict(&self, now: Nanos, account: &str, op: &str) -> Option<Verdict> {
+        let rate = self.config.limits.lookup(account, op)?.rate;
+        Some(match self.find(op, account) {
+            Some(i) => verdict(&self.config, &self.entries.get(i).window, rate, now),
+            None => {
+                let rates = Rates::default();
+                Verdict {
+                    factor: self.config.policy.kind.factor(rate, rates),
+                    limit: rate,
+                    valid_for: self.config.policy.factor_validity,
+                    rates,
+                    recheck_at: None,
+                }
+            }
+        })
+    }
+
+    /// Forgets every (account, op) with no report for `idle_for`, so state
+    /// stays proportional to the active accounts. Returns how many went.
+    pub fn evict_idle(&mut self, now: Nanos, idle_for: Duration) -> usize {
+        let before = self.entries.len;
+        let mut i = 0;
+        while (i as usize) < self.entries.len {
+            let key = self.entries.get(i);
+            if now.since(key.last_report) < idle_for {
+                i += 1;
+                continue;
+            }
+            // The last entry moves into `i`: look at `i` again.
+            let gone = self.remove(i);
+            if gone.suppressed {
+                if let Some(transitions) = &mut self.transitions {
+                    transitions.push(Transition {
+                        op: self.ops[gone.op as usize].name.to_string(),
+                        account: gone.account.to_string(),
+                        kind: TransitionKind::Stopped,
+                        factor: 0.0,
+                        demand: 0.0,
+                        limit: 0.0,
+                    });
+                }
+            }
+        }
+        // Give memory back once most pairs have gone, not after every pass
+        // (each shrink rehashes every pair).
+        if self.index.capacity() > 4 * self.entries.len.max(1024) {
+            let (entries, hasher) = (&self.entries, &self.hasher);
+            self.index.shrink_to_fit(|&i| {
+                let e = entries.get(i);
+                Self::hash(hasher, e.op, &e.account)
+            });
+            self.entries.chunks.shrink_to_fit();
+        }
+        before - self.entries.len
+    }
+
+    /// Copies out every (account, op)'s window, for a snapshot that a
+    /// restarted master loads with [`import`](Self::import).
+    pub fn export(&self) -> Vec<KeySnapshot> {
+        self.entries
+            .iter()
+            .map(|key| KeySnapshot {
+                op: self.ops[key.op as usize].name.to_string(),
+                account: key.account.to_string(),
+                last_report: key.last_report,
+                window: key.window.clone(),
+            })
+            .collect()
+    }
+
+    /// Takes in windows from a snapshot. Ones with bad names or a window of
+    /// another shape than this config's are skipped; a pair already tracked
+    /// keeps its own window. Returns how many were taken.
+    pub fn import(&mut self, keys: impl IntoIterator<Item = KeySnapshot>) -> usize {
+        let mut taken = 0;
+        for k in keys {
+            if validate_name("op", &k.op).is_err()
+                || validate_name("account", &k.account).is_err()
+                || !k.window.fits(&self.config.window)
+            {
+                continue;
+            }
+            let op = self.op_id(&k.op);
+            let before = self.entries.len;
+            let i = self.find_or_insert(op, &k.account, k.last_report);
+            if self.entries.len > before {
+                let key = self.entries.get_mut(i);
+                key.window = k.window;
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// Number of (account, op) pairs tracked.
+    pub fn len(&self) -> usize {
+        self.entries.len
+    }
+
+    /// Whether no (account, op) is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.entries.len == 0
+    }
+
+    /// For each op tracked, how many of its pairs are suppressed (their
+    /// last report got a positive factor), 0 included. Counts flags,
+    /// computes nothing.
+    pub fn suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
+        let mut suppressed = vec![0usize; self.ops.len()];
+        for key in self.entries.iter().filter(|k| k.suppressed) {
+            suppressed[key.op as usize] += 1;
+        }
+        self.ops
+            .iter()
+            .zip(suppressed)
+            .filter(|(op, _)| op.keys > 0)
+            .map(|(op, n)| (&*op.name, n))
+    }
+
+    /// Cost that arrived too late to fit in its window, since start.
+    pub fn dropped(&self) -> Dropped {
+        self.dropped
+    }
+}
+
+fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
+    let estimate = window.estimate(&config.window, now);
+    let factor = config.policy.kind.factor(limit, estimate.rates);
+    Verdict {
+        factor,
+        limit,
+        valid_for: config.policy.factor_validity,
+        rates: estimate.rates,
+        recheck_at: estimate
+            .whole_by
+            .filter(|_| factor > 0.0 || estimate.first_round),
+    }
+}
+
+#[cfg(test)]
+mod tests;

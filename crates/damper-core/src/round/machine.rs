@@ -1,0 +1,438 @@
+//! [`AgentRound`]: the state machine behind the module's docs.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
+use crate::agent::{AgentState, Pending, agent_seed, send_spread};
+use crate::membership::{HealthConfig, Membership};
+use crate::time::Nanos;
+use crate::wire::{FactorsQuery, Reply, Rollup};
+
+/// A round cut and waiting for its send time.
+#[derive(Debug)]
+struct Cut {
+    send_at: Nanos,
+    round: u64,
+    start: Nanos,
+    end: Nanos,
+    ring_version: u64,
+    batches: Vec<(String, Vec<Pending>)>,
+}
+
+/// A request sent and not yet answered.
+#[derive(Debug)]
+enum InFlight {
+    Rollup {
+        round: u64,
+        master: String,
+        start: Nanos,
+        end: Nanos,
+        pending: Vec<Pending>,
+    },
+    Recheck {
+        keys: Vec<(String, String)>,
+    },
+    Probe {
+        master: String,
+    },
+}
+
+/// A recheck a reply asked for: when, which master, which `(op, account)`
+/// pairs.
+type Recheck = (Nanos, String, Vec<(String, String)>);
+
+/// A round sent and not yet settled.
+#[derive(Debug, Default)]
+struct Open {
+    end: Nanos,
+    outstanding: usize,
+    /// Per master: did every request to it succeed?
+    outcomes: BTreeMap<String, bool>,
+    /// A master that said this agent's ring differs, and by how much.
+    foreign: Option<(String, u32)>,
+}
+
+/// The agent's rollup round: see the module docs.
+#[derive(Debug)]
+pub struct AgentRound {
+    config: RoundConfig,
+    membership: Membership,
+    spread: Duration,
+    /// Start of the interval being counted.
+    start: Nanos,
+    /// When it is cut.
+    next_cut: Nanos,
+    cuts: VecDeque<Cut>,
+    in_flight: HashMap<RequestId, InFlight>,
+    /// Rechecks waiting for their time.
+    rechecks: Vec<Recheck>,
+    open: BTreeMap<u64, Open>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<RoundEvent>,
+    next_id: u64,
+    rounds: u64,
+    stopping: bool,
+}
+
+impl AgentRound {
+    /// A round for masters `members`, counting from the grid interval that
+    /// contains `now`.
+    pub fn new<S: AsRef<str>>(
+        config: RoundConfig,
+        members: impl IntoIterator<Item = S>,
+        now: Nanos,
+    ) -> AgentRound {
+        let interval = config.rollup_interval;
+        let start = grid_floor(now, interval);
+        let health = HealthConfig {
+            rollup_interval: interval,
+            ..config.health
+        };
+        AgentRound {
+            membership: Membership::new(members, health, agent_seed(&config.agent_id)),
+            spread: send_spread(&config.agent_id, interval),
+            start,
+            next_cut: start + interval,
+            cuts: VecDeque::new(),
+            in_flight: HashMap::new(),
+            rechecks: Vec::new(),
+            open: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            next_id: 0,
+            rounds: 0,
+            stopping: false,
+            config,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RoundConfig {
+        &self.config
+    }
+
+    /// Which masters are configured and which are up.
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Replaces the configured masters (a new DNS answer): known ones keep
+    /// their health. Returns whether the live ring changed.
+    pub fn set_members<S: AsRef<str>>(&mut self, members: impl IntoIterator<Item = S>) -> bool {
+        self.membership.set_members(members)
+    }
+
+    /// The next request to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next thing to log or count.
+    pub fn poll_event(&mut self) -> Option<RoundEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next; `None`
+    /// once stopped.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        let cut = (!self.stopping).then_some(self.next_cut);
+        let send = self.cuts.front().map(|c| c.send_at);
+        let recheck = self.rechecks.iter().map(|r| r.0).min();
+        [cut, send, recheck].into_iter().flatten().min()
+    }
+
+    /// Does what is due at `now`: cutting the round, sending it, sending
+    /// rechecks.
+    pub fn handle_timeout(&mut self, now: Nanos, state: &AgentState) {
+        if !self.stopping && now >= self.next_cut {
+            // Woken late (a suspended process), the round covers every
+            // interval missed: what was counted meanwhile is all there.
+            let end = grid_floor(now, self.config.rollup_interval).max(self.next_cut);
+            self.cut(end, end + self.spread, state);
+        }
+        while self.cuts.front().is_some_and(|c| c.send_at <= now) {
+            let cut = self.cuts.pop_front().expect("a cut is waiting");
+            self.send(cut, now, state);
+        }
+        self.send_rechecks(now);
+    }
+
+    /// Stops: cuts what was counted since the last round at `now` and sends
+    /// it (and any round still waiting for its send time) at once. Keep
+    /// passing answers until [`is_finished`](Self::is_finished).
+    pub fn stop(&mut self, now: Nanos, state: &AgentState) {
+        if self.stopping {
+            return;
+        }
+        self.stopping = true;
+        self.rechecks.clear();
+        let end = now.max(self.start);
+        self.cut(end, now, state);
+        while let Some(cut) = self.cuts.pop_front() {
+            self.send(cut, now, state);
+        }
+    }
+
+    /// Whether a stopped round has every rollup answered or failed, so a
+    /// driver may exit: the counts are delivered or were carried as far as
+    /// they could be.
+    pub fn is_finished(&self) -> bool {
+        self.stopping
+            && self.cuts.is_empty()
+            && !self
+                .in_flight
+                .values()
+                .any(|f| matches!(f, InFlight::Rollup { .. }))
+    }
+
+    /// The answer to request `id`, received at `now`.
+    pub fn on_reply(&mut self, now: Nanos, id: RequestId, reply: &Reply, state: &AgentState) {
+        match self.in_flight.remove(&id) {
+            Some(InFlight::Rollup {
+                round,
+                master,
+                pending,
+                ..
+            }) => {
+                self.check_interval(&master, reply);
+                if reply.foreign_entries > 0 {
+                    let open = self.open.entry(round).or_default();
+                    open.foreign
+                        .get_or_insert((master.clone(), reply.foreign_entries));
+                }
+                if let Some(after) = reply.recheck_after {
+                    let keys: Vec<(String, String)> = reply
+                        .rechecks()
+                        .map(|(op, account)| (op.to_owned(), account.to_owned()))
+                        .collect();
+                    if !keys.is_empty() && !self.stopping {
+                        self.rechecks.push((now + after, master.clone(), keys));
+                    }
+                }
+                let asked = pending.iter().map(|p| (p.op.as_str(), p.account.as_str()));
+                state.apply_reply(now, reply, asked);
+                self.finish_one(round, master, true, now, state);
+            }
+            Some(InFlight::Recheck { keys }) => {
+                let asked = keys
+                    .iter()
+                    .map(|(op, account)| (op.as_str(), account.as_str()));
+                state.apply_reply(now, reply, asked);
+            }
+            Some(InFlight::Probe { master }) => {
+                self.membership.answered(&master, reply.started, now);
+                if !self.membership.is_up(&master) {
+                    self.events.push_back(RoundEvent::Rejoining { master });
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Request `id` failed at `now` (refused, timed out, unreachable).
+    pub fn on_failure(&mut self, now: Nanos, id: RequestId, state: &AgentState) {
+        match self.in_flight.remove(&id) {
+            Some(InFlight::Rollup {
+                round,
+                master,
+                start,
+                end,
+                pending,
+            }) => {
+                self.carry_over(pending, start, end, state);
+                self.finish_one(round, master, false, now, state);
+            }
+            // The factors in force stay until the next rollup's reply.
+            Some(InFlight::Recheck { .. }) | None => {}
+            Some(InFlight::Probe { master }) => {
+                self.membership.failed(&master, now);
+            }
+        }
+    }
+
+    /// Step 1: cut `[start, end)`, to be sent at `send_at`.
+    fn cut(&mut self, end: Nanos, send_at: Nanos, state: &AgentState) {
+        let start = self.start;
+        let before = self.live_members();
+        if self.membership.tick(end) {
+            for master in self.live_members() {
+                if !before.contains(&master) {
+                    self.events
+                        .push_back(RoundEvent::RingChanged { master, up: true });
+                }
+            }
+        }
+        for master in self.membership.probes_due(end) {
+            let query = FactorsQuery::new(&self.config.agent_id, []);
+            self.transmit(
+                master.clone(),
+                Message::Probe(query),
+                InFlight::Probe { master },
+            );
+        }
+        let live = self.membership.live();
+        let ring_version = live.version();
+        let routed = state.drain_by_owner(live);
+        if !routed.unroutable.is_empty() {
+            let rollup =
+                Rollup::from_pending(&self.config.agent_id, start, end, 0, &routed.unroutable);
+            self.events.push_back(RoundEvent::Unroutable(rollup));
+            self.carry_over(routed.unroutable, start, end, state);
+        }
+        let max = self.config.max_entries_per_request.max(1);
+        let mut batches = Vec::new();
+        for (master, pending) in routed.by_master {
+            let mut pending = pending.into_iter().peekable();
+            while pending.peek().is_some() {
+                batches.push((master.clone(), pending.by_ref().take(max).collect()));
+            }
+        }
+        self.rounds += 1;
+        self.cuts.push_back(Cut {
+            send_at,
+            round: self.rounds,
+            start,
+            end,
+            ring_version,
+            batches,
+        });
+        self.start = end;
+        self.next_cut = end + self.config.rollup_interval;
+    }
+
+    /// Step 2: one transmit per request of a cut round.
+    fn send(&mut self, cut: Cut, now: Nanos, state: &AgentState) {
+        let open = Open {
+            end: cut.end,
+            outstanding: cut.batches.len(),
+            ..Open::default()
+        };
+        self.open.insert(cut.round, open);
+        for (master, pending) in cut.batches {
+            let rollup = Rollup::from_pending(
+                &self.config.agent_id,
+                cut.start,
+                cut.end,
+                cut.ring_version,
+                &pending,
+            );
+            let flight = InFlight::Rollup {
+                round: cut.round,
+                master: master.clone(),
+                start: cut.start,
+                end: cut.end,
+                pending,
+            };
+            self.transmit(master, Message::Rollup(rollup), flight);
+        }
+        if self.open[&cut.round].outstanding == 0 {
+            self.settle(cut.round, now, state);
+        }
+    }
+
+    fn send_rechecks(&mut self, now: Nanos) {
+        let (due, later) = std::mem::take(&mut self.rechecks)
+            .into_iter()
+            .partition(|r| r.0 <= now);
+        self.rechecks = later;
+        for (_, master, keys) in due {
+            let asked = keys
+                .iter()
+                .map(|(op, account)| (op.as_str(), account.as_str()));
+            let query = FactorsQuery::new(&self.config.agent_id, asked);
+            self.transmit(master, Message::Recheck(query), InFlight::Recheck { keys });
+        }
+    }
+
+    fn transmit(&mut self, master: String, message: Message, flight: InFlight) {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.in_flight.insert(id, flight);
+        self.transmits.push_back(Transmit {
+            id,
+            master,
+            message,
+        });
+    }
+
+    /// Puts back counts that could not be delivered; what is too old to
+    /// fit any master's window is dropped, and said so.
+    fn carry_over(&mut self, pending: Vec<Pending>, start: Nanos, end: Nanos, state: &AgentState) {
+        let dropped: u64 = pending
+            .into_iter()
+            .map(|p| state.carry_over(p, start, end, self.config.max_carry))
+            .sum();
+        if dropped > 0 {
+            self.events.push_back(RoundEvent::Dropped { cost: dropped });
+        }
+    }
+
+    /// One request of `round` is done; the round settles with its last.
+    fn finish_one(&mut self, round: u64, master: String, ok: bool, now: Nanos, state: &AgentState) {
+        let Some(open) = self.open.get_mut(&round) else {
+            return;
+        };
+        let outcome = open.outcomes.entry(master).or_insert(true);
+        *outcome &= ok;
+        open.outstanding = open.outstanding.saturating_sub(1);
+        if open.outstanding == 0 {
+            self.settle(round, now, state);
+        }
+    }
+
+    /// Step 4: the round's consequences.
+    fn settle(&mut self, round: u64, now: Nanos, state: &AgentState) {
+        let Some(open) = self.open.remove(&round) else {
+            return;
+        };
+        for (master, ok) in open.outcomes {
+            let changed = if ok {
+                self.membership.succeeded(&master, now)
+            } else {
+                self.membership.failed(&master, now)
+            };
+            if changed {
+                self.events
+                    .push_back(RoundEvent::RingChanged { master, up: ok });
+            }
+        }
+        if let Some((master, foreign)) = open.foreign {
+            let hastened = self
+                .membership
+                .hasten_probes(now, self.config.rollup_interval);
+            self.events.push_back(RoundEvent::ProbesHastened {
+                master,
+                foreign,
+                hastened,
+            });
+        }
+        let lapsed = state.expired_factors(now);
+        let forgotten = state.forget_idle(now);
+        self.events.push_back(RoundEvent::Settled {
+            end: open.end,
+            lapsed,
+            forgotten,
+            pairs: state.len(),
+        });
+    }
+
+    fn check_interval(&mut self, master: &str, reply: &Reply) {
+        if let Some(theirs) = reply.rollup_interval
+            && theirs != self.config.rollup_interval
+        {
+            self.events.push_back(RoundEvent::IntervalMismatch {
+                master: master.to_owned(),
+                master_interval: theirs,
+            });
+        }
+    }
+
+    fn live_members(&self) -> Vec<String> {
+        self.membership
+            .live()
+            .members()
+            .map(str::to_owned)
+            .collect()
+    }
+}

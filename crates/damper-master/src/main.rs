@@ -131,58 +131,13 @@ fn parse_poll(s: &str) -> Result<f64, String> {
 #[tokio::main]
 async fn serve() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if args.log_format == "json" {
-        tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+    init_logs(&args.log_format);
     if let Some(path) = &args.check_config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--check-config: cannot read {}", path.display()))?;
-        let config = MasterConfig::from_toml(&text)
-            .with_context(|| format!("--check-config: {}", path.display()))?;
-        println!("{}: valid ({} limits)", path.display(), config.limits.len());
-        return Ok(());
+        return check_config(path);
     }
-
-    let (text, source) = match &args.config {
-        Some(path) => (
-            std::fs::read_to_string(path)
-                .with_context(|| format!("--config: cannot read {}", path.display()))?,
-            path.display().to_string(),
-        ),
-        None => (
-            DEFAULT_CONFIG.to_string(),
-            "the embedded default".to_string(),
-        ),
-    };
-    let config = MasterConfig::from_toml(&text).with_context(|| format!("--config: {source}"))?;
-    let config_text = args.config.as_ref().map(|_| text);
-
-    let mut options = MasterOptions {
-        max_entries: args.max_entries as usize,
-        ..MasterOptions::default()
-    };
-    if let Some(shards) = args.shards {
-        options.shards = shards as usize;
-    }
-    if let Some(path) = &args.snapshot {
-        check_snapshot_path(path)?;
-    }
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(ServerTls::from_files(
-            cert,
-            key,
-            args.tls_client_ca.as_deref(),
-        )?),
-        _ => None,
-    };
+    let (config, source, config_text) = load_config(args.config.as_deref())?;
+    let options = master_options(&args)?;
+    let tls = server_tls(&args)?;
     let limits = config.limits.len();
     // The recorder goes in before anything records, so no early count is
     // lost. The agent library never installs one: this binary does.
@@ -193,32 +148,9 @@ async fn serve() -> anyhow::Result<()> {
     };
     let master = Master::new(config, options);
     if let Some(path) = &args.snapshot {
-        let max_age = Duration::from_secs(args.snapshot_max_age);
-        match master.load_snapshot(path, max_age) {
-            Ok(windows) => {
-                tracing::info!(snapshot = %path.display(), windows, "windows restored from the snapshot")
-            }
-            Err(SnapshotError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                tracing::info!(snapshot = %path.display(), "no snapshot to restore; starting empty")
-            }
-            Err(e) => tracing::warn!(error = %e, "ignoring the snapshot; starting empty"),
-        }
+        restore_snapshot(&master, path, Duration::from_secs(args.snapshot_max_age));
     }
-    if !args.ring.is_empty() {
-        let me = args
-            .advertise
-            .clone()
-            .unwrap_or_else(|| args.listen.to_string());
-        master
-            .set_ring(&args.ring, &me)
-            .context(if args.advertise.is_some() {
-                "--advertise"
-            } else {
-                "--ring (give --advertise when --listen is not the address agents use)"
-            })?;
-    }
+    set_ring(&master, &args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen: cannot bind {}", args.listen))?;
@@ -242,47 +174,28 @@ async fn serve() -> anyhow::Result<()> {
     };
     let mut tasks = tokio::task::JoinSet::new();
     let http_addr = match http {
-        Some(listener) => {
-            let addr = listener.local_addr()?;
-            let (master, metrics, stopped) = (master.clone(), metrics.clone(), stopped());
-            tasks.spawn(async move {
-                if let Err(e) = damper_master::http::serve(listener, master, metrics, stopped).await
-                {
-                    tracing::error!(error = %e, "HTTP endpoint failed");
-                }
-            });
-            Some(addr)
-        }
+        Some(listener) => Some(spawn_http(
+            &mut tasks,
+            listener,
+            &master,
+            metrics.clone(),
+            stopped(),
+        )?),
         None => None,
     };
     if let Some(handle) = metrics {
-        let stopped = stopped();
-        tasks.spawn(async move {
-            // Histograms keep a bounded window of samples: drain it.
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            tokio::select! {
-                () = stopped => {}
-                () = async { loop { tick.tick().await; handle.run_upkeep(); } } => {}
-            }
-        });
+        tasks.spawn(metrics_upkeep(handle, stopped()));
     }
-    let mut hup = sighup()?;
-    if let (Some(path), Some(text)) = (&args.config, &config_text) {
-        let watcher = ConfigWatcher::new(master.clone(), path, text);
-        let every = (args.config_poll > 0.0).then(|| Duration::from_secs_f64(args.config_poll));
-        tasks.spawn(watcher.run(every, hup, stopped()));
-    } else {
-        let stopped = stopped();
-        tasks.spawn(async move {
-            tokio::select! {
-                () = stopped => {}
-                () = async {
-                    while hup.recv().await.is_some() {
-                        tracing::warn!("SIGHUP: no --config file to reload; the embedded default stays in force");
-                    }
-                } => {}
-            }
-        });
+    let hup = sighup()?;
+    match (&args.config, &config_text) {
+        (Some(path), Some(text)) => {
+            let watcher = ConfigWatcher::new(master.clone(), path, text);
+            let every = (args.config_poll > 0.0).then(|| Duration::from_secs_f64(args.config_poll));
+            tasks.spawn(watcher.run(every, hup, stopped()));
+        }
+        _ => {
+            tasks.spawn(warn_on_hup(hup, stopped()));
+        }
     }
     tracing::info!(
         listen = %listener.local_addr()?,
@@ -318,6 +231,157 @@ async fn serve() -> anyhow::Result<()> {
     }
     tracing::info!("damper-master stopped");
     Ok(())
+}
+
+/// Logs to stderr, as text or JSON lines; `RUST_LOG` filters.
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+}
+
+/// `--check-config FILE`: validates and says so, or names what is wrong.
+fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--check-config: cannot read {}", path.display()))?;
+    let config = MasterConfig::from_toml(&text)
+        .with_context(|| format!("--check-config: {}", path.display()))?;
+    println!("{}: valid ({} limits)", path.display(), config.limits.len());
+    Ok(())
+}
+
+/// The config in force: `--config FILE` or the embedded default. Returns it,
+/// where it came from, and the file's text (to watch for changes).
+fn load_config(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<(MasterConfig, String, Option<String>)> {
+    let (text, source) = match path {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--config: cannot read {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => (
+            DEFAULT_CONFIG.to_string(),
+            "the embedded default".to_string(),
+        ),
+    };
+    let config = MasterConfig::from_toml(&text).with_context(|| format!("--config: {source}"))?;
+    Ok((config, source, path.map(|_| text)))
+}
+
+/// The service's limits from the flags, and a snapshot path that can be
+/// written.
+fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
+    let mut options = MasterOptions {
+        max_entries: args.max_entries as usize,
+        ..MasterOptions::default()
+    };
+    if let Some(shards) = args.shards {
+        options.shards = shards as usize;
+    }
+    if let Some(path) = &args.snapshot {
+        check_snapshot_path(path)?;
+    }
+    Ok(options)
+}
+
+/// TLS from `--tls-cert`, `--tls-key` and `--tls-client-ca`, if given.
+fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
+    Ok(match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::from_files(
+            cert,
+            key,
+            args.tls_client_ca.as_deref(),
+        )?),
+        _ => None,
+    })
+}
+
+/// Loads the windows a previous run wrote, when recent enough; starts
+/// empty otherwise, saying why.
+fn restore_snapshot(master: &Master, path: &std::path::Path, max_age: Duration) {
+    match master.load_snapshot(path, max_age) {
+        Ok(windows) => {
+            tracing::info!(snapshot = %path.display(), windows, "windows restored from the snapshot")
+        }
+        Err(SnapshotError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(snapshot = %path.display(), "no snapshot to restore; starting empty")
+        }
+        Err(e) => tracing::warn!(error = %e, "ignoring the snapshot; starting empty"),
+    }
+}
+
+/// `--ring` and `--advertise`: this master's view of the ring.
+fn set_ring(master: &Master, args: &Args) -> anyhow::Result<()> {
+    if args.ring.is_empty() {
+        return Ok(());
+    }
+    let me = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| args.listen.to_string());
+    master
+        .set_ring(&args.ring, &me)
+        .context(if args.advertise.is_some() {
+            "--advertise"
+        } else {
+            "--ring (give --advertise when --listen is not the address agents use)"
+        })?;
+    Ok(())
+}
+
+/// Serves the operator's HTTP endpoint until `stopped`; returns its address.
+fn spawn_http(
+    tasks: &mut tokio::task::JoinSet<()>,
+    listener: tokio::net::TcpListener,
+    master: &Master,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let addr = listener.local_addr()?;
+    let master = master.clone();
+    tasks.spawn(async move {
+        if let Err(e) = damper_master::http::serve(listener, master, metrics, stopped).await {
+            tracing::error!(error = %e, "HTTP endpoint failed");
+        }
+    });
+    Ok(addr)
+}
+
+/// Histograms keep a bounded window of samples: drains it every 5 s.
+async fn metrics_upkeep(
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tokio::select! {
+        () = stopped => {}
+        () = async { loop { tick.tick().await; handle.run_upkeep(); } } => {}
+    }
+}
+
+/// Without `--config`, a SIGHUP has nothing to reload: says so.
+async fn warn_on_hup(
+    mut hup: tokio::sync::mpsc::Receiver<()>,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        () = stopped => {}
+        () = async {
+            while hup.recv().await.is_some() {
+                tracing::warn!("SIGHUP: no --config file to reload; the embedded default stays in force");
+            }
+        } => {}
+    }
 }
 
 /// Fails at start, naming the flag, when the snapshot could never be

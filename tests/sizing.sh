@@ -19,7 +19,7 @@ rss() { awk '/VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$master/status"; }
 
 "$bin/damper-load" --masters "$addr" --agents "$agents" --accounts "$accounts" --spread 4 --quiet \
   --traffic 'acct-{i}:messages:1:1' --traffic 'flood:messages:10000:1' \
-  --duration "$duration" >"$dir/load.json" &
+  --duration "${duration}s" >"$dir/load.json" &
 pids+=($!)
 sleep 20
 cpu20=$(cpu)

@@ -20,7 +20,7 @@ echo "masters: $list" >&2
 
 "$bin/damper-load" --masters "$list" --agents 200 --accounts 10000 --spread 4 --quiet \
   --traffic 'acct-{i}:messages:1:1' --traffic 'flood:messages:10000:1' \
-  --duration "$duration" >"$dir/load.json" &
+  --duration "${duration}s" >"$dir/load.json" &
 load=$!
 pids+=($load)
 for ((t = 0; t <= duration; t += 60)); do

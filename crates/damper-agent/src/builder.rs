@@ -37,12 +37,12 @@ pub enum AgentError {
     #[error("no masters: give at least one address or a DNS name")]
     NoMasters,
     /// A master address is not `host:port`.
-    #[error("master address {address:?}: {reason}")]
+    #[error("master address: {reason}")]
     BadAddress {
         /// The address as given.
         address: String,
         /// What is wrong with it.
-        reason: &'static str,
+        reason: String,
     },
     /// A setting is out of range.
     #[error("invalid `{field}`: {reason}")]
@@ -237,8 +237,7 @@ impl AgentBuilder {
     /// Starts the agent: its clock and its rollup task. Call from within a
     /// tokio runtime.
     pub fn start(self) -> Result<Agent, AgentError> {
-        let masters = self.masters.clone().ok_or(AgentError::NoMasters)?;
-        validate_masters(&masters)?;
+        let masters = validate_masters(self.masters.clone().ok_or(AgentError::NoMasters)?)?;
         self.validate()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
         let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
@@ -327,15 +326,19 @@ impl AgentBuilder {
     }
 }
 
-/// Checks the masters' addresses (or DNS name), naming what is wrong.
-fn validate_masters(masters: &Masters) -> Result<(), AgentError> {
+/// Checks the masters' addresses (or DNS name), naming what is wrong;
+/// addresses come back bare (`host:port`, see
+/// [`parse_member`](damper_core::ring::parse_member)).
+fn validate_masters(masters: Masters) -> Result<Masters, AgentError> {
     if let Masters::Static(list) = &masters {
         if list.is_empty() {
             return Err(AgentError::NoMasters);
         }
-        for address in list {
-            validate_address(address)?;
-        }
+        let bare = list
+            .iter()
+            .map(|a| parse_address(a))
+            .collect::<Result<_, _>>()?;
+        return Ok(Masters::Static(bare));
     }
     if let Masters::Dns { host, every, .. } = &masters {
         if host.is_empty() {
@@ -348,26 +351,14 @@ fn validate_masters(masters: &Masters) -> Result<(), AgentError> {
             });
         }
     }
-    Ok(())
+    Ok(masters)
 }
 
-fn validate_address(address: &str) -> Result<(), AgentError> {
-    let bad = |reason| AgentError::BadAddress {
+fn parse_address(address: &str) -> Result<String, AgentError> {
+    damper_core::ring::parse_member(address).map_err(|reason| AgentError::BadAddress {
         address: address.to_string(),
         reason,
-    };
-    let (host, port) = address
-        .rsplit_once(':')
-        .ok_or_else(|| bad("expected host:port"))?;
-    if host.is_empty() {
-        return Err(bad("the host is empty"));
-    }
-    if host.contains("://") || host.contains('/') {
-        return Err(bad("give host:port, without a scheme or path"));
-    }
-    port.parse::<u16>()
-        .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
-    Ok(())
+    })
 }
 
 fn default_agent_id() -> String {

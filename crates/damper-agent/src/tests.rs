@@ -24,7 +24,7 @@ fn bad_settings_are_refused_with_the_reason() {
     for (address, reason) in [
         ("localhost", "expected host:port"),
         (":7070", "the host is empty"),
-        ("http://m:7070", "without a scheme"),
+        ("https://m:7070", "without a scheme"),
         ("m:99999", "the port"),
     ] {
         let err = Agent::builder()

@@ -21,6 +21,31 @@ use std::sync::Arc;
 
 use hashring::HashRing;
 
+/// Reads a member's address as flags and configs give it: `host:port`,
+/// with an `http://` in front or a `/` after tolerated and dropped, since
+/// the ring hashes the bare address and every agent and master must agree
+/// on it. The one parser of `--masters` and `--ring`.
+pub fn parse_member(text: &str) -> Result<String, String> {
+    let address = text
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?}: expected host:port"))?;
+    if host.is_empty() {
+        return Err(format!("{text:?}: the host is empty"));
+    }
+    if host.contains("://") || host.contains('/') {
+        return Err(format!(
+            "{text:?}: give host:port, without a scheme or path"
+        ));
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("{text:?}: the port is not a number from 0 to 65535"))?;
+    Ok(address.to_owned())
+}
+
 /// Virtual nodes per member by default: enough that three masters each get
 /// within a few percent of a third of the accounts.
 pub const DEFAULT_VNODES: u32 = 160;
@@ -118,6 +143,22 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn members_are_host_and_port_with_a_scheme_or_slash_dropped() {
+        assert_eq!(parse_member("10.0.0.1:7070"), Ok("10.0.0.1:7070".into()));
+        assert_eq!(parse_member("http://m1:7070/"), Ok("m1:7070".into()));
+        assert_eq!(parse_member("[::1]:7070"), Ok("[::1]:7070".into()));
+        for (bad, why) in [
+            ("m1", "expected host:port"),
+            (":7070", "the host is empty"),
+            ("https://m1:7070", "without a scheme"),
+            ("m1:99999", "the port"),
+        ] {
+            let err = parse_member(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
     use super::*;
     use std::collections::HashMap;
 

@@ -63,6 +63,23 @@ pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Parses a duration as every Damper binary's flags take it: a number and
+/// a unit, `2s`, `500ms`, `1m 30s` (humantime's syntax), from `min` to
+/// `max`. The error says what was wrong and what is allowed; clap puts the
+/// flag's name before it.
+pub fn parse_duration_in(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{e} (write a number and a unit: 2s, 500ms, 1m)"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "must be from {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
 impl Add<Duration> for Nanos {
     type Output = Nanos;
     /// Saturating: a far-future expiry is still a valid point in time.
@@ -180,6 +197,29 @@ mod tests {
         assert_eq!(clock.now(), Nanos::from_millis(1_250));
         clock.set(Nanos::from_millis(900));
         assert_eq!(clock.now().as_millis(), 900);
+    }
+
+    #[test]
+    fn durations_are_a_number_and_a_unit_within_bounds() {
+        let (min, max) = (Duration::from_millis(10), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration_in("2s", min, max),
+            Ok(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_duration_in("500ms", min, max),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_duration_in(" 1m 30s ", min, max),
+            Ok(Duration::from_secs(90))
+        );
+        let bare = parse_duration_in("2000", min, max).unwrap_err();
+        assert!(bare.contains("unit"), "{bare}");
+        let low = parse_duration_in("1ms", min, max).unwrap_err();
+        assert_eq!(low, "must be from 10ms to 1h");
+        assert!(parse_duration_in("2h", min, max).is_err());
+        assert!(parse_duration_in("-2s", min, max).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_agent::Agent;
+use damper_core::time::parse_duration_in;
 use damper_load::{Traffic, drive_spread, expand};
 use serde_json::json;
 
@@ -21,12 +22,14 @@ use serde_json::json;
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Master addresses, comma-separated: host:port or http://host:port.
+    /// Master addresses, comma-separated: host:port (an http:// in front is
+    /// dropped).
     #[arg(
         long,
         value_delimiter = ',',
         required = true,
-        value_name = "URL[,URL...]"
+        value_name = "ADDR[,ADDR...]",
+        value_parser = damper_core::ring::parse_member
     )]
     masters: Vec<String>,
 
@@ -40,10 +43,10 @@ struct Args {
     #[arg(long, required = true, value_name = "ACCOUNT:OP:RATE[:COST]")]
     traffic: Vec<Traffic>,
 
-    /// How long to run, in seconds.
-    #[arg(long, default_value_t = 30, value_name = "SECS",
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    duration: u64,
+    /// How long to run: `30s`, `10m`, from 1 s to 1 day.
+    #[arg(long, default_value = "30s", value_name = "DURATION",
+          value_parser = |s: &str| parse_duration_in(s, Duration::from_secs(1), Duration::from_secs(86_400)))]
+    duration: Duration,
 
     /// Expand every traffic item whose ACCOUNT contains `{i}` into this many
     /// accounts, `{i}` replaced by 0..N.
@@ -61,10 +64,10 @@ struct Args {
     #[arg(long)]
     quiet: bool,
 
-    /// The agents' rollup interval in milliseconds; must match the masters'.
-    #[arg(long, default_value_t = 2000, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    rollup_interval: u64,
+    /// The agents' rollup interval (`2s`, `500ms`); must match the masters'.
+    #[arg(long, default_value = "2s", value_name = "DURATION",
+          value_parser = |s: &str| parse_duration_in(s, Duration::from_millis(10), Duration::from_secs(3600)))]
+    rollup_interval: Duration,
 
     /// Log format for the agents' logs on stderr: `text` or `json` (one
     /// object per line). The level comes from RUST_LOG (default `warn`).
@@ -95,15 +98,7 @@ fn load() -> anyhow::Result<()> {
     } else {
         logs.init();
     }
-    let masters: Vec<String> = args
-        .masters
-        .iter()
-        .map(|m| {
-            m.trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string()
-        })
-        .collect();
+    let masters = &args.masters;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -115,7 +110,7 @@ fn load() -> anyhow::Result<()> {
                 Agent::builder()
                     .masters(masters.iter().cloned())
                     .agent_id(format!("damper-load-{}-{i}", std::process::id()))
-                    .rollup_interval(Duration::from_millis(args.rollup_interval))
+                    .rollup_interval(args.rollup_interval)
                     .start()
                     .map(Arc::new)
                     .context("--masters")
@@ -137,24 +132,18 @@ fn load() -> anyhow::Result<()> {
         .unzip();
     let spread = args.spread.map_or(agents.len(), |k| k as usize);
     let quiet = args.quiet;
-    let totals = drive_spread(
-        &agents,
-        &traffic,
-        spread,
-        Duration::from_secs(args.duration),
-        |t, tallies| {
-            if quiet {
-                return;
-            }
-            for (item, tally) in traffic.iter().zip(tallies) {
-                println!(
-                    "{}",
-                    json!({"t": t, "account": item.account, "op": item.op,
+    let totals = drive_spread(&agents, &traffic, spread, args.duration, |t, tallies| {
+        if quiet {
+            return;
+        }
+        for (item, tally) in traffic.iter().zip(tallies) {
+            println!(
+                "{}",
+                json!({"t": t, "account": item.account, "op": item.op,
                        "attempted": tally.attempted, "admitted": tally.admitted})
-                );
-            }
-        },
-    );
+            );
+        }
+    });
     runtime.block_on(async {
         for agent in &agents {
             agent.shutdown().await;
@@ -184,9 +173,9 @@ fn load() -> anyhow::Result<()> {
         println!(
             "{}",
             json!({"summary": true, "account": item.account, "op": item.op,
-                   "seconds": args.duration, "attempted": total.attempted, "admitted": total.admitted,
-                   "attempted_per_sec": total.attempted as f64 / args.duration as f64,
-                   "admitted_per_sec": total.admitted as f64 / args.duration as f64})
+                   "seconds": args.duration.as_secs_f64(), "attempted": total.attempted, "admitted": total.admitted,
+                   "attempted_per_sec": total.attempted as f64 / args.duration.as_secs_f64(),
+                   "admitted_per_sec": total.admitted as f64 / args.duration.as_secs_f64()})
         );
     }
     Ok(())

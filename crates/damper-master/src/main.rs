@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_core::config::MasterConfig;
+use damper_core::time::parse_duration_in;
 use damper_master::reload::ConfigWatcher;
 use damper_master::{
     DEFAULT_CONFIG, Master, MasterOptions, ServerTls, SnapshotError, run_with_tls,
@@ -45,13 +46,13 @@ struct Args {
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
 
-    /// How often, in seconds, to look at --config for changes (0: only on
+    /// How often to look at --config for changes (`1s`; `0s`: only on
     /// SIGHUP). A changed valid file takes effect on the next rollup,
     /// windows kept; an invalid one is refused with a logged error and the
     /// config in force stays.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0,
+    #[arg(long, value_name = "DURATION", default_value = "1s",
           value_parser = parse_poll)]
-    config_poll: f64,
+    config_poll: Duration,
 
     /// Log format: `text` for people, `json` (one object per line) for log
     /// pipelines. The level comes from RUST_LOG (default `info`).
@@ -75,17 +76,18 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     snapshot: Option<PathBuf>,
 
-    /// Oldest snapshot, in seconds, that is loaded at start. Older counts are
-    /// outside the window anyway.
-    #[arg(long, value_name = "SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    snapshot_max_age: u64,
+    /// Oldest snapshot that is loaded at start (`60s`, at most `1h`). Older
+    /// counts are outside the window anyway.
+    #[arg(long, value_name = "DURATION", default_value = "60s",
+          value_parser = |s: &str| parse_duration_in(s, Duration::from_secs(1), Duration::from_secs(3600)))]
+    snapshot_max_age: Duration,
 
     /// Every master of the ring, comma-separated, as agents address them
     /// (host:port). With it, this master tells agents that send it accounts
     /// it does not own that their ring differs, so they probe the masters
     /// they have down and heal the split.
-    #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR...]")]
+    #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR...]",
+          value_parser = damper_core::ring::parse_member)]
     ring: Vec<String>,
 
     /// This master's own address in --ring. Default: --listen.
@@ -119,13 +121,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn parse_poll(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(secs) if secs == 0.0 || (0.1..=3600.0).contains(&secs) => Ok(secs),
-        _ => Err(format!(
-            "{s:?} is not 0 or a number of seconds from 0.1 to 3600"
-        )),
+fn parse_poll(s: &str) -> Result<Duration, String> {
+    let every = parse_duration_in(s, Duration::ZERO, Duration::from_secs(3600))?;
+    if !every.is_zero() && every < Duration::from_millis(100) {
+        return Err("must be 0s (only on SIGHUP) or from 100ms to 1h".into());
     }
+    Ok(every)
 }
 
 #[tokio::main]
@@ -148,7 +149,7 @@ async fn serve() -> anyhow::Result<()> {
     };
     let master = Master::new(config, options);
     if let Some(path) = &args.snapshot {
-        restore_snapshot(&master, path, Duration::from_secs(args.snapshot_max_age));
+        restore_snapshot(&master, path, args.snapshot_max_age);
     }
     set_ring(&master, &args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -190,7 +191,7 @@ async fn serve() -> anyhow::Result<()> {
     match (&args.config, &config_text) {
         (Some(path), Some(text)) => {
             let watcher = ConfigWatcher::new(master.clone(), path, text);
-            let every = (args.config_poll > 0.0).then(|| Duration::from_secs_f64(args.config_poll));
+            let every = (!args.config_poll.is_zero()).then_some(args.config_poll);
             tasks.spawn(watcher.run(every, hup, stopped()));
         }
         _ => {

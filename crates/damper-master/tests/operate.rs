@@ -51,7 +51,7 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
             "--config".as_ref(),
             path.as_os_str(),
             "--config-poll".as_ref(),
-            "0".as_ref(),
+            "0s".as_ref(),
         ],
     );
 

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use damper_agent::Agent;
 use damper_agent::local::BucketConfig;
+use damper_core::time::parse_duration_in;
 use damper_pubsub::{Node, NodeConfig, serve};
 
 /// An example pub/sub node: clients connect with an account id, subscribe
@@ -21,12 +22,14 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8090", value_name = "ADDR")]
     listen: SocketAddr,
 
-    /// The Damper masters, comma-separated host:port.
+    /// The Damper masters, comma-separated host:port (an http:// in front
+    /// is dropped).
     #[arg(
         long,
         value_delimiter = ',',
         required = true,
-        value_name = "ADDR[,ADDR...]"
+        value_name = "ADDR[,ADDR...]",
+        value_parser = damper_core::ring::parse_member
     )]
     masters: Vec<String>,
 
@@ -45,10 +48,10 @@ struct Args {
     #[arg(long)]
     strict: bool,
 
-    /// The agent's rollup interval in milliseconds; must match the masters'.
-    #[arg(long, default_value_t = 2000, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    rollup_interval: u64,
+    /// The agent's rollup interval (`2s`, `500ms`); must match the masters'.
+    #[arg(long, default_value = "2s", value_name = "DURATION",
+          value_parser = |s: &str| parse_duration_in(s, Duration::from_millis(10), Duration::from_secs(3600)))]
+    rollup_interval: Duration,
 
     /// Log format: `text` or `json`. The level comes from RUST_LOG (default
     /// `info`).
@@ -91,12 +94,8 @@ async fn run() -> anyhow::Result<()> {
         ..NodeConfig::default()
     };
     let agent = Agent::builder()
-        .masters(
-            args.masters
-                .iter()
-                .map(|m| m.trim_start_matches("http://").to_string()),
-        )
-        .rollup_interval(Duration::from_millis(args.rollup_interval))
+        .masters(args.masters.iter().cloned())
+        .rollup_interval(args.rollup_interval)
         .start()
         .context("--masters")?;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -138,10 +138,7 @@ fn sim() -> anyhow::Result<()> {
                 all.push(figures);
                 runs.push(run);
             }
-            let estimator = match base.master.window.estimator {
-                EstimatorKind::LatestRound => "latest-round",
-                EstimatorKind::AblyMma => "ably-mma",
-            };
+            let estimator = base.master.window.estimator.name();
             let title = format!(
                 "{} — demand vs linear-ramp, estimator {estimator}",
                 base.name

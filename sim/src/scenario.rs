@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 /// Why a scenario cannot run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScenarioError {
     /// Not valid TOML, an unknown key, or a value of the wrong type (the
     /// message has the key and the line).

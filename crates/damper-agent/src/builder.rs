@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use damper_core::agent::{AgentConfig, AgentState};
-use damper_core::membership::HealthConfig;
 use damper_core::round::RoundConfig;
 use tokio::sync::watch;
 
@@ -15,6 +14,7 @@ use crate::{Agent, Shared, rollup};
 
 /// Where the masters are.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Masters {
     /// A fixed list of `host:port` addresses.
     Static(Vec<String>),
@@ -32,6 +32,7 @@ pub enum Masters {
 
 /// Why an agent could not start.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentError {
     /// No master was given.
     #[error("no masters: give at least one address or a DNS name")]
@@ -242,14 +243,16 @@ impl AgentBuilder {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| AgentError::NoRuntime)?;
         let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
         let clock = CoarseClock::shared().map_err(|e| AgentError::Clock(e.to_string()))?;
-        let state = self.fail_static.iter().fold(
-            AgentState::new(AgentConfig {
-                rollup_interval: self.rollup_interval,
-                local_window: self.local_window,
-                forget_after: self.forget_after,
-            }),
-            |state, (op, hold)| state.with_fail_static(op, *hold),
-        );
+        let mut config = AgentConfig::default();
+        config.rollup_interval = self.rollup_interval;
+        config.local_window = self.local_window;
+        config.forget_after = self.forget_after;
+        let state = self
+            .fail_static
+            .iter()
+            .fold(AgentState::new(config), |state, (op, hold)| {
+                state.with_fail_static(op, *hold)
+            });
         let shared = Arc::new(Shared {
             state,
             clock,
@@ -260,11 +263,7 @@ impl AgentBuilder {
         round.rollup_interval = self.rollup_interval;
         round.max_entries_per_request = self.max_entries_per_request;
         round.max_carry = self.max_carry;
-        round.health = HealthConfig {
-            fail_after: self.fail_after,
-            rollup_interval: self.rollup_interval,
-            ..HealthConfig::default()
-        };
+        round.health.fail_after = self.fail_after;
         let settings = rollup::Settings {
             masters,
             round,

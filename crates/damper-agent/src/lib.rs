@@ -34,12 +34,11 @@
 //!     .start()?;
 //!
 //! // On every publish: cost = 1 + subscribers.
-//! match agent.check("acme", "messages", 1 + 1000) {
-//!     Decision::Admit => { /* deliver */ }
-//!     Decision::Reject(r) => {
-//!         // Tell the publisher now: rate limited, retry after r.retry_after.
-//!         eprintln!("rejected: factor {}, retry in {:?}", r.factor, r.retry_after);
-//!     }
+//! if let Decision::Reject(r) = agent.check("acme", "messages", 1 + 1000) {
+//!     // Tell the publisher now: rate limited, retry after r.retry_after.
+//!     eprintln!("rejected: factor {}, retry in {:?}", r.factor, r.retry_after);
+//! } else {
+//!     /* deliver */
 //! }
 //! agent.shutdown().await; // sends the last counts
 //! # Ok(()) }

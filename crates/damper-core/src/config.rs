@@ -33,6 +33,7 @@ use crate::limits::{Limits, LimitsError};
 
 /// A configuration that cannot be used, with the field at fault.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A field has a value outside its valid range.
     #[error("invalid `{field}`{}: {reason}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
@@ -118,6 +119,7 @@ fn line_of(text: &str, field: &str) -> Option<usize> {
 /// How the master estimates an (account, op)'s rates from its window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum EstimatorKind {
     /// The rates of the latest complete rollup round (every agent reports
     /// once per rollup interval), or of the round being reported when that
@@ -338,6 +340,7 @@ impl TryFrom<WindowSection> for WindowConfig {
 
 /// How rates become a suppression factor.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[non_exhaustive]
 pub enum PolicyKind {
     /// `factor = max(0, 1 − limit / demand)`, from the demand (attempted)
     /// rate: admitted demand lands at the limit, and an account at or under

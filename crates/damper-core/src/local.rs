@@ -64,6 +64,7 @@ pub struct BucketConfig {
 
 /// Why bucket settings were refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BucketConfigError {
     /// A setting is zero.
     #[error("`{0}` must be greater than zero")]

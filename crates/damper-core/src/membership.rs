@@ -41,6 +41,7 @@ fn align_up(t: Nanos, grid: Duration) -> Nanos {
 
 /// When a master counts as down, and how it is probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthConfig {
     /// Failed rollups in a row that take a master off the ring. Default 2:
     /// one failure can be a blip; two at 2 s intervals is an outage.

@@ -55,11 +55,9 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
 fn benches(c: &mut Criterion) {
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)));
-    let options = MasterOptions {
-        shards: 1,
-        max_entries: PER_ROLLUP,
-        ..MasterOptions::default()
-    };
+    let mut options = MasterOptions::default();
+    options.shards = 1;
+    options.max_entries = PER_ROLLUP;
     let master = Master::with_clock(config, options, clock.clone());
     // Two rounds before the measured one, so the benchmark sees a master in
     // its steady state rather than every pair's first round (where every

@@ -50,12 +50,10 @@ fn main() {
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let t0 = 1_800_000_000_000u64;
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(t0)));
-    let options = MasterOptions {
-        shards: 4,
-        max_entries: PER_ROLLUP,
-        idle_after: Some(Duration::from_secs(3600)),
-        ..MasterOptions::default()
-    };
+    let mut options = MasterOptions::default();
+    options.shards = 4;
+    options.max_entries = PER_ROLLUP;
+    options.idle_after = Some(Duration::from_secs(3600));
     let before = resident_bytes();
     let master = Master::with_clock(config, options, clock.clone());
     let began = std::time::Instant::now();

@@ -47,6 +47,7 @@ impl Default for AccountsQuery {
 /// The order of [`Master::accounts`]: largest first, ties by account then
 /// op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AccountsSort {
     /// By suppression factor.
     Factor,

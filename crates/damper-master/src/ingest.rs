@@ -51,6 +51,9 @@ pub(crate) fn log_transitions(transitions: Vec<Transition>) {
             TransitionKind::Stopped => tracing::info!(
                 account = %t.account, op = %t.op, demand = t.demand, "suppression stopped"
             ),
+            other => tracing::info!(
+                account = %t.account, op = %t.op, kind = ?other, "suppression changed"
+            ),
         }
     }
 }

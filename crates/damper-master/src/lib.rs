@@ -73,6 +73,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
 
 /// Limits that protect the master from oversized requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MasterOptions {
     /// Number of state shards. More shards than cores keeps two rollups
     /// from waiting on the same lock. Default: 4 per core.

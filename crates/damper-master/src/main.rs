@@ -282,10 +282,8 @@ fn load_config(
 /// The service's limits from the flags, and a snapshot path that can be
 /// written.
 fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
-    let mut options = MasterOptions {
-        max_entries: args.max_entries as usize,
-        ..MasterOptions::default()
-    };
+    let mut options = MasterOptions::default();
+    options.max_entries = args.max_entries as usize;
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }

@@ -23,6 +23,7 @@ use crate::Master;
 
 /// Why a new config was not put in force. The old one stays.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReloadError {
     /// The file could not be read.
     #[error("{path}: cannot read: {source}")]

@@ -16,6 +16,7 @@ pub(crate) struct RingView {
 
 /// Why a ring view was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RingViewError {
     /// This master is not among the members.
     #[error("this master's address {me:?} is not one of the ring's members {members:?}")]

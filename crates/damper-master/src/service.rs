@@ -78,6 +78,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
 
 /// Why serving stopped.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]

@@ -52,6 +52,7 @@ impl Shape {
 
 /// Why a snapshot was not written or not loaded.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SnapshotError {
     /// Reading or writing the file failed (a missing file included).
     #[error("{path}: {source}")]

@@ -21,6 +21,7 @@ impl std::fmt::Debug for ServerTls {
 
 /// Why TLS settings were refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
     #[error("{field}: cannot read {path}: {source}")]

@@ -32,10 +32,8 @@ fn corpus(kind: &str) -> PathBuf {
 
 fn master() -> Master {
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
-    let options = MasterOptions {
-        max_entries: 1_000,
-        ..MasterOptions::default()
-    };
+    let mut options = MasterOptions::default();
+    options.max_entries = 1_000;
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)));
     Master::with_clock(config, options, clock)
 }

@@ -84,15 +84,14 @@ async fn run() -> anyhow::Result<()> {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
-    let config = NodeConfig {
-        connection: BucketConfig::per_second(args.connection_limit)
+    let config = NodeConfig::new(
+        BucketConfig::per_second(args.connection_limit)
             .context("--connection-limit")?
             .strict(args.strict),
-        channel: BucketConfig::per_second(args.channel_limit)
+        BucketConfig::per_second(args.channel_limit)
             .context("--channel-limit")?
             .strict(args.strict),
-        ..NodeConfig::default()
-    };
+    );
     let agent = Agent::builder()
         .masters(args.masters.iter().cloned())
         .rollup_interval(args.rollup_interval)

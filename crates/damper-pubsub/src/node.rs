@@ -19,6 +19,7 @@ type Subscribers = HashMap<u64, Subscriber>;
 
 /// A node's local limits.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct NodeConfig {
     /// Each connection's inbound publishes. Default: 50 per second.
     pub connection: BucketConfig,
@@ -35,9 +36,16 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     fn default() -> Self {
         let fifty = BucketConfig::per_second(50).expect("50 is not zero");
+        NodeConfig::new(fifty, fifty)
+    }
+}
+
+impl NodeConfig {
+    /// These connection and channel limits, the rest by default.
+    pub fn new(connection: BucketConfig, channel: BucketConfig) -> NodeConfig {
         NodeConfig {
-            connection: fifty,
-            channel: fifty,
+            connection,
+            channel,
             subscriber_queue: 4096,
             sweep_every: Duration::from_secs(10),
         }

@@ -187,11 +187,10 @@ async fn a_flood_over_two_nodes_is_held_at_the_account_limit_and_nothing_accepte
     }));
     // Local limits well above what each connection and channel sends here:
     // only the account-wide limit should bite.
-    let roomy = NodeConfig {
-        connection: BucketConfig::per_second(1_000).unwrap(),
-        channel: BucketConfig::per_second(1_000).unwrap(),
-        ..NodeConfig::default()
-    };
+    let roomy = NodeConfig::new(
+        BucketConfig::per_second(1_000).unwrap(),
+        BucketConfig::per_second(1_000).unwrap(),
+    );
     let nodes = [
         start_node(&master_address, roomy).await,
         start_node(&master_address, roomy).await,
@@ -370,11 +369,10 @@ async fn a_flood_over_two_nodes_is_held_at_the_account_limit_and_nothing_accepte
 #[tokio::test]
 async fn local_limits_refuse_with_their_own_codes_and_bad_frames_are_answered() {
     // No master: the agent fails open, so only the local limits can refuse.
-    let tight = NodeConfig {
-        connection: BucketConfig::new(5, 1, Duration::from_secs(10)).unwrap(),
-        channel: BucketConfig::new(8, 1, Duration::from_secs(10)).unwrap(),
-        ..NodeConfig::default()
-    };
+    let tight = NodeConfig::new(
+        BucketConfig::new(5, 1, Duration::from_secs(10)).unwrap(),
+        BucketConfig::new(8, 1, Duration::from_secs(10)).unwrap(),
+    );
     let node = start_node("127.0.0.1:9", tight).await;
     let epoch = Instant::now();
 

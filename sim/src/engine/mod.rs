@@ -153,11 +153,10 @@ impl<M: Masters> Sim<M> {
             .map(|a| {
                 let mut config = RoundConfig::new(format!("agent-{a}"));
                 config.rollup_interval = interval;
+                let mut agent_config = AgentConfig::default();
+                agent_config.rollup_interval = interval;
                 Agent {
-                    state: AgentState::new(AgentConfig {
-                        rollup_interval: interval,
-                        ..AgentConfig::default()
-                    }),
+                    state: AgentState::new(agent_config),
                     round: AgentRound::new(config, &names, EPOCH),
                     wake: None,
                     partitioned: false,

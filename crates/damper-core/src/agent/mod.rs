@@ -67,6 +67,7 @@ use entry::{Entry, Key, KeyRef, ONE, RETIRED, threshold};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AgentConfig {
     /// How often rollups go to the masters. A rejection's retry hint: no
     /// fresher factor can arrive sooner. Default 2 s.
@@ -99,6 +100,7 @@ impl Default for AgentConfig {
 /// The outcome of [`AgentState::check`]. A rejection is a value, not an
 /// error: the node turns it into an error for the publisher.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Decision {
     /// Go ahead.
     Admit,
@@ -115,6 +117,7 @@ impl Decision {
 
 /// Why an operation was refused, and when to try again.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Rejection {
     /// The suppression factor that was applied.
     pub factor: f64,
@@ -128,6 +131,7 @@ pub struct Rejection {
 
 /// Which part of the limiter rejected an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RejectSource {
     /// The factor the account's master computed from the demand on every agent.
     Master,

@@ -102,6 +102,7 @@ pub struct Transition {
 
 /// Whether suppression started or stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransitionKind {
     /// The factor went from 0 to positive.
     Started,

@@ -31,6 +31,7 @@ pub struct Report<'a> {
 
 /// Why a report was refused. Nothing of a refused report is counted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReportError {
     /// A name is empty.
     #[error("`{field}` is empty")]

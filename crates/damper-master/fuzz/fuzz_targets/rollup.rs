@@ -16,11 +16,9 @@ fn master() -> &'static Master {
     static MASTER: OnceLock<Master> = OnceLock::new();
     MASTER.get_or_init(|| {
         let config = MasterConfig::from_toml("[limits]\nmessages = 1000\n\"messages/a\" = 5").unwrap();
-        let options = MasterOptions {
-            shards: 2,
-            max_entries: 1_000,
-            ..MasterOptions::default()
-        };
+        let mut options = MasterOptions::default();
+        options.shards = 2;
+        options.max_entries = 1_000;
         let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)));
         Master::with_clock(config, options, clock)
     })

@@ -96,6 +96,7 @@ fn latency_quantiles_come_from_buckets_a_fifth_of_a_doubling_wide() {
 
 #[test]
 fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_rest() {
+    use damper_core::Pair;
     use damper_core::agent::{AgentConfig, AgentState, RejectSource};
     use damper_core::time::Nanos;
     use damper_proto::v1::{AccountFactor, OpFactors, RollupReply};
@@ -138,10 +139,10 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
         ..RollupReply::default()
     };
     let asked = [
-        ("messages", "calm"),
-        ("messages", "flood"),
-        ("presence", "vip"),
-        ("presence", "other"),
+        Pair::new("calm", "messages"),
+        Pair::new("flood", "messages"),
+        Pair::new("vip", "presence"),
+        Pair::new("other", "presence"),
     ];
     state.apply_reply(
         now,

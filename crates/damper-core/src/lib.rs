@@ -26,6 +26,7 @@
 //! - [`local`]: keyed token buckets for per-connection and per-channel limits.
 //! - [`ring`]: consistent hashing of accounts over masters.
 //! - [`membership`]: which masters are up, with failure counting and probes.
+//! - [`Pair`]: one (account, op), the key of everything, account first.
 //! - [`wire`]: the messages of a round (rollup, query, reply), their
 //!   validation, and the reply's compaction and expansion.
 //! - [`round`]: the agent's rollup round as a sans-IO state machine, which
@@ -81,12 +82,15 @@ pub mod limits;
 pub mod local;
 pub mod master;
 pub mod membership;
+mod pair;
 pub mod policy;
 pub mod ring;
 pub mod round;
 pub mod time;
 pub mod window;
 pub mod wire;
+
+pub use pair::{OwnedPair, Pair};
 
 /// How often agents send rollups unless configured otherwise, and the
 /// masters' default `rollup_interval_ms`: the one place it is written.

@@ -1,6 +1,7 @@
 //! Which (account, op) pairs a master tracks, filtered, sorted and cut:
 //! what the HTTP endpoint and the accounts page show.
 
+use damper_core::Pair;
 use damper_core::master::KeyView;
 
 use crate::Master;
@@ -65,13 +66,13 @@ impl Master {
     /// endpoint and the accounts page show.
     pub fn accounts(&self, query: &AccountsQuery) -> (Vec<KeyView>, usize) {
         let now = self.shared.clock.now();
-        let keep = |op: &str, account: &str| {
-            query.op.as_deref().is_none_or(|o| o == op)
+        let keep = |pair: Pair<'_>| {
+            query.op.as_deref().is_none_or(|o| o == pair.op)
                 && query
                     .prefix
                     .as_deref()
-                    .is_none_or(|p| account.starts_with(p))
-                && query.account.as_deref().is_none_or(|a| a == account)
+                    .is_none_or(|p| pair.account.starts_with(p))
+                && query.account.as_deref().is_none_or(|a| a == pair.account)
         };
         let mut views: Vec<KeyView> = match &query.account {
             // One account lives in one shard.

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use damper_core::Pair;
 use damper_core::master::{Transition, TransitionKind};
 use damper_core::wire::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
@@ -79,12 +80,11 @@ impl Master {
             let reply = reply.get_or_insert_with(|| {
                 ReplyBuilder::new(state.config(), rollup.ops.iter().map(|o| o.op.as_str()))
             });
-            state.warm(entries.iter().map(|&(i, j)| {
-                (
-                    rollup.ops[i].op.as_str(),
-                    rollup.ops[i].accounts[j].account.as_str(),
-                )
-            }));
+            state.warm(
+                entries.iter().map(|&(i, j)| {
+                    Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op)
+                }),
+            );
             for &(i, j) in entries {
                 let verdict = state.ingest(now, &rollup.report(i, j)).map_err(|error| {
                     RollupError::Entry {

@@ -252,10 +252,9 @@ mod tests {
             let bytes = v1::RollupReply::from(reply.clone()).encode_to_vec();
             let back = Reply::from(v1::RollupReply::decode(bytes.as_slice()).unwrap());
             prop_assert_eq!(back, reply);
-            let keys: Vec<(String, String)> = rollup.ops.iter()
-                .flat_map(|o| o.accounts.iter().map(move |a| (o.op.clone(), a.account.clone())))
-                .collect();
-            let query = FactorsQuery::new(&rollup.agent_id, keys.iter().map(|(o, a)| (o.as_str(), a.as_str())));
+            let pairs = rollup.ops.iter()
+                .flat_map(|o| o.accounts.iter().map(move |a| damper_core::Pair::new(&a.account, &o.op)));
+            let query = FactorsQuery::new(&rollup.agent_id, pairs);
             let back = FactorsQuery::from(v1::FactorsRequest::from(query.clone()));
             prop_assert_eq!(back, query);
         }

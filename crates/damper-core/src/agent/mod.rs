@@ -61,6 +61,7 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 use rand::Rng;
 
+use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::Reply;
 use entry::{Entry, Key, KeyRef, ONE, RETIRED, threshold};
@@ -163,6 +164,13 @@ pub struct Pending {
     pub op: String,
     /// The counts.
     pub delta: Delta,
+}
+
+impl Pending {
+    /// Its (account, op).
+    pub fn pair(&self) -> Pair<'_> {
+        Pair::new(&self.account, &self.op)
+    }
 }
 
 /// A drain's counts, routed to masters by [`AgentState::drain_by_owner`].
@@ -423,17 +431,17 @@ impl AgentState {
     }
 
     /// Applies a master's reply at `now`: every verdict it lists, and
-    /// factor 0 under their op's limit for the pairs of `asked` (`(op,
-    /// account)`: those the request named) that its op's default covers
-    /// (see [`Reply::expand`]).
+    /// factor 0 under their op's limit for the pairs of `asked` (those the
+    /// request named) that its op's default covers (see
+    /// [`Reply::expand`]).
     pub fn apply_reply<'a>(
         &self,
         now: Nanos,
         reply: &Reply,
-        asked: impl IntoIterator<Item = (&'a str, &'a str)>,
+        asked: impl IntoIterator<Item = Pair<'a>>,
     ) {
-        reply.expand(asked, |op, account, f| {
-            self.apply(now, account, op, f.factor, f.limit, f.valid_for);
+        reply.expand(asked, |pair, f| {
+            self.apply(now, pair.account, pair.op, f.factor, f.limit, f.valid_for);
         });
     }
 

@@ -38,6 +38,7 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use crate::Pair;
 use crate::config::MasterConfig;
 use crate::limits::Rate;
 use crate::time::Nanos;
@@ -270,11 +271,11 @@ impl MasterState {
     /// Every tracked (account, op) that `keep(op, account)` selects, as it
     /// stands at `now`: limit, rates and factor. For introspection; the
     /// order is unspecified.
-    pub fn views(&self, now: Nanos, mut keep: impl FnMut(&str, &str) -> bool) -> Vec<KeyView> {
+    pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
         for key in self.entries.iter() {
             let (op, account) = (&*self.ops[key.op as usize].name, key.account.as_str());
-            if !keep(op, account) {
+            if !keep(Pair::new(account, op)) {
                 continue;
             }
             let limit = self.config.limits.lookup(account, op);

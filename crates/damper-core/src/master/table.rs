@@ -9,6 +9,7 @@ use foldhash::fast::RandomState;
 use hashbrown::hash_table;
 
 use super::MasterState;
+use crate::Pair;
 use crate::limits::LimitId;
 use crate::time::Nanos;
 use crate::window::DemandWindow;
@@ -200,10 +201,10 @@ impl MasterState {
     /// another in [`ingest`](Self::ingest). Changes nothing; a pure hint
     /// (worth about a third of ingest time with a million pairs, measured
     /// by the master's `ingest` benchmark).
-    pub fn warm<'a>(&self, keys: impl Iterator<Item = (&'a str, &'a str)>) {
+    pub fn warm<'a>(&self, pairs: impl Iterator<Item = Pair<'a>>) {
         let mut touched = 0u64;
         let mut last: Option<(&str, u32)> = None;
-        for (op, account) in keys {
+        for Pair { account, op } in pairs {
             let op = match last {
                 Some((name, id)) if name == op => id,
                 _ => match self.ops.iter().position(|o| *o.name == *op) {

@@ -584,7 +584,7 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
         };
         m.ingest(at(2_005), &report).unwrap();
     }
-    let mut views = m.views(at(2_005), |_, _| true);
+    let mut views = m.views(at(2_005), |_| true);
     views.sort_by(|a, b| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
     let acme = &views[0];
     assert_eq!(
@@ -605,8 +605,8 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
     );
     assert_eq!((presence.demand, presence.factor), (50.0, 0.0));
 
-    let only = m.views(at(2_005), |op, account| {
-        op == "messages" && account.starts_with('v')
+    let only = m.views(at(2_005), |pair| {
+        pair.op == "messages" && pair.account.starts_with('v')
     });
     assert_eq!(only.len(), 1);
     assert_eq!(only[0].account, "vip");

@@ -8,6 +8,7 @@ use crate::agent::{AgentState, Pending, agent_seed, send_spread};
 use crate::membership::{HealthConfig, Membership};
 use crate::time::Nanos;
 use crate::wire::{FactorsQuery, Reply, Rollup};
+use crate::{OwnedPair, Pair};
 
 /// A round cut and waiting for its send time.
 #[derive(Debug)]
@@ -31,7 +32,7 @@ enum InFlight {
         pending: Vec<Pending>,
     },
     Recheck {
-        keys: Vec<(String, String)>,
+        pairs: Vec<OwnedPair>,
     },
     Probe {
         master: String,
@@ -40,7 +41,7 @@ enum InFlight {
 
 /// A recheck a reply asked for: when, which master, which `(op, account)`
 /// pairs.
-type Recheck = (Nanos, String, Vec<(String, String)>);
+type Recheck = (Nanos, String, Vec<OwnedPair>);
 
 /// A round sent and not yet settled.
 #[derive(Debug, Default)]
@@ -202,23 +203,16 @@ impl AgentRound {
                         .get_or_insert((master.clone(), reply.foreign_entries));
                 }
                 if let Some(after) = reply.recheck_after {
-                    let keys: Vec<(String, String)> = reply
-                        .rechecks()
-                        .map(|(op, account)| (op.to_owned(), account.to_owned()))
-                        .collect();
-                    if !keys.is_empty() && !self.stopping {
-                        self.rechecks.push((now + after, master.clone(), keys));
+                    let pairs: Vec<OwnedPair> = reply.rechecks().map(Pair::to_owned).collect();
+                    if !pairs.is_empty() && !self.stopping {
+                        self.rechecks.push((now + after, master.clone(), pairs));
                     }
                 }
-                let asked = pending.iter().map(|p| (p.op.as_str(), p.account.as_str()));
-                state.apply_reply(now, reply, asked);
+                state.apply_reply(now, reply, pending.iter().map(Pending::pair));
                 self.finish_one(round, master, true, now, state);
             }
-            Some(InFlight::Recheck { keys }) => {
-                let asked = keys
-                    .iter()
-                    .map(|(op, account)| (op.as_str(), account.as_str()));
-                state.apply_reply(now, reply, asked);
+            Some(InFlight::Recheck { pairs }) => {
+                state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
             }
             Some(InFlight::Probe { master }) => {
                 self.membership.answered(&master, reply.started, now);
@@ -336,12 +330,10 @@ impl AgentRound {
             .into_iter()
             .partition(|r| r.0 <= now);
         self.rechecks = later;
-        for (_, master, keys) in due {
-            let asked = keys
-                .iter()
-                .map(|(op, account)| (op.as_str(), account.as_str()));
+        for (_, master, pairs) in due {
+            let asked = pairs.iter().map(OwnedPair::as_pair);
             let query = FactorsQuery::new(&self.config.agent_id, asked);
-            self.transmit(master, Message::Recheck(query), InFlight::Recheck { keys });
+            self.transmit(master, Message::Recheck(query), InFlight::Recheck { pairs });
         }
     }
 

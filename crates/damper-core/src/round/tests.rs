@@ -4,6 +4,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use super::*;
+use crate::Pair;
 use crate::agent::{AgentConfig, AgentState, Pending, send_spread};
 use crate::config::MasterConfig;
 use crate::master::MasterState;
@@ -192,7 +193,10 @@ fn a_recheck_asked_for_is_sent_when_the_round_is_whole_and_applied() {
     let Message::Recheck(query) = &t.message else {
         panic!("{t:?}")
     };
-    assert_eq!(query.keys().collect::<Vec<_>>(), [("messages", "flood")]);
+    assert_eq!(
+        query.pairs().collect::<Vec<_>>(),
+        [Pair::new("flood", "messages")]
+    );
     // The master's verdict changed meanwhile (another agent's report).
     let other = Rollup::from_pending(
         "edge-other",

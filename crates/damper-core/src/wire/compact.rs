@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::Pair;
 use crate::config::MasterConfig;
 use crate::master::Verdict;
 use crate::time::Nanos;
@@ -137,18 +138,17 @@ impl ReplyBuilder {
 
 impl Reply {
     /// Every verdict this reply gives: each listed one, and the op's
-    /// default for each pair of `asked` (`(op, account)`: those the request
-    /// named) that it does not list. Calls `visit(op, account, factor)`
-    /// once per pair.
+    /// default for each pair of `asked` (those the request named) that it
+    /// does not list. Calls `visit(pair, factor)` once per pair.
     pub fn expand<'a>(
         &self,
-        asked: impl IntoIterator<Item = (&'a str, &'a str)>,
-        mut visit: impl FnMut(&str, &str, Factor),
+        asked: impl IntoIterator<Item = Pair<'a>>,
+        mut visit: impl FnMut(Pair<'_>, Factor),
     ) {
         let mut defaults: Vec<(&str, Unlisted, HashSet<&str>)> = Vec::new();
         for op in &self.ops {
             for l in &op.listed {
-                visit(&op.op, &l.account, l.factor);
+                visit(Pair::new(&l.account, &op.op), l.factor);
             }
             if let Some(unlisted) = op.unlisted {
                 let listed = op.listed.iter().map(|l| l.account.as_str()).collect();
@@ -158,22 +158,22 @@ impl Reply {
         if defaults.is_empty() {
             return;
         }
-        for (op, account) in asked {
-            if let Some((_, unlisted, listed)) = defaults.iter().find(|(o, _, _)| *o == op)
-                && !listed.contains(account)
+        for pair in asked {
+            if let Some((_, unlisted, listed)) = defaults.iter().find(|(o, _, _)| *o == pair.op)
+                && !listed.contains(pair.account)
             {
-                visit(op, account, unlisted.factor());
+                visit(pair, unlisted.factor());
             }
         }
     }
 
-    /// The pairs marked for a recheck, as `(op, account)`.
-    pub fn rechecks(&self) -> impl Iterator<Item = (&str, &str)> {
+    /// The pairs marked for a recheck.
+    pub fn rechecks(&self) -> impl Iterator<Item = Pair<'_>> {
         self.ops.iter().flat_map(|op| {
             op.listed
                 .iter()
                 .filter(|l| l.recheck)
-                .map(move |l| (op.op.as_str(), l.account.as_str()))
+                .map(move |l| Pair::new(&l.account, &op.op))
         })
     }
 }

@@ -30,6 +30,7 @@ mod validate;
 
 use std::time::Duration;
 
+use crate::Pair;
 use crate::agent::Pending;
 use crate::time::Nanos;
 
@@ -253,10 +254,11 @@ impl Rollup {
 }
 
 impl FactorsQuery {
-    /// The query for `keys` (`(op, account)`, sorted by op).
-    pub fn new<'a>(agent_id: &str, keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+    /// The query for `pairs` (grouped by op: sorted, or as a reply
+    /// listed them).
+    pub fn new<'a>(agent_id: &str, pairs: impl IntoIterator<Item = Pair<'a>>) -> Self {
         let mut ops: Vec<OpAccounts> = Vec::new();
-        for (op, account) in keys {
+        for Pair { account, op } in pairs {
             match ops.last_mut() {
                 Some(last) if last.op == op => last.accounts.push(account.to_owned()),
                 _ => ops.push(OpAccounts {
@@ -276,13 +278,11 @@ impl FactorsQuery {
         self.ops.iter().map(|op| op.accounts.len()).sum()
     }
 
-    /// Every pair asked for, as `(op, account)`.
-    pub fn keys(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.ops.iter().flat_map(|op| {
-            op.accounts
-                .iter()
-                .map(move |a| (op.op.as_str(), a.as_str()))
-        })
+    /// Every pair asked for.
+    pub fn pairs(&self) -> impl Iterator<Item = Pair<'_>> {
+        self.ops
+            .iter()
+            .flat_map(|op| op.accounts.iter().map(move |a| Pair::new(a, &op.op)))
     }
 }
 

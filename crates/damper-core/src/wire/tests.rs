@@ -4,6 +4,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::Pair;
 use crate::config::MasterConfig;
 use crate::limits::Rate;
 use crate::master::Verdict;
@@ -75,7 +76,7 @@ proptest! {
         for (i, (&op, accounts_of)) in request.iter().enumerate() {
             for (&account, &(kind, factor)) in accounts_of {
                 let (op, account) = (ops[op], accounts[account]);
-                asked.push((op, account));
+                asked.push(Pair::new(account, op));
                 if let Some(v) = verdict(&config, account, op, kind, factor) {
                     builder.add(i, || account.to_owned(), &v);
                     given.insert((op.to_owned(), account.to_owned()), factor_of(&v));
@@ -85,9 +86,9 @@ proptest! {
         let header = ReplyHeader { rollup_interval: Duration::from_secs(2), ..ReplyHeader::default() };
         let reply = builder.finish(NOW, header);
         let mut expanded: BTreeMap<(String, String), Factor> = BTreeMap::new();
-        reply.expand(asked.iter().copied(), |op, account, f| {
-            let again = expanded.insert((op.to_owned(), account.to_owned()), f);
-            assert!(again.is_none(), "{op}/{account} expanded twice");
+        reply.expand(asked.iter().copied(), |pair, f| {
+            let again = expanded.insert((pair.op.to_owned(), pair.account.to_owned()), f);
+            assert!(again.is_none(), "{pair} expanded twice");
         });
         prop_assert_eq!(&expanded, &given);
         // Only what differs from its op's default is listed.
@@ -124,7 +125,7 @@ fn a_reply_lists_only_what_differs_and_asks_for_rechecks() {
     assert_eq!(reply.recheck_after, Some(Duration::from_millis(137)));
     assert_eq!(
         reply.rechecks().collect::<Vec<_>>(),
-        [("messages", "flood")]
+        [Pair::new("flood", "messages")]
     );
     assert_eq!(reply.started, None, "0 on the wire means not said");
     assert_eq!(Rate::per_second(1000.0).unwrap().get(), 1000.0);
@@ -169,7 +170,14 @@ fn rollups_group_by_op_and_validate_every_entry() {
         err.to_string(),
         "ops[1].accounts[0]: `admitted` (2) is more than `attempted` (1)"
     );
-    let query = FactorsQuery::new("edge-1", [("messages", "a"), ("messages", "b"), ("x", "")]);
+    let query = FactorsQuery::new(
+        "edge-1",
+        [
+            Pair::new("a", "messages"),
+            Pair::new("b", "messages"),
+            Pair::new("", "x"),
+        ],
+    );
     assert_eq!(query.ops.len(), 2);
     assert_eq!(
         query.validate(10).unwrap_err().to_string(),

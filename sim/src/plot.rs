@@ -100,6 +100,37 @@ where
     Ok(())
 }
 
+/// The top of a panel's cost axis: room for the limit and what was
+/// admitted, and for the demand unless it dwarfs them (it is then clipped
+/// and its peak given in the legend).
+fn y_max(s: &Series, peak_demand: f64) -> f64 {
+    let peak_admitted = s.seconds.iter().map(|x| x.admitted).max().unwrap_or(0) as f64;
+    match s.limit {
+        Some(l) => (2.5 * l)
+            .max(1.15 * peak_admitted)
+            .min(1.15 * peak_demand.max(l)),
+        None => 1.15 * peak_demand,
+    }
+    .max(1.0)
+}
+
+/// `op/account · policy · estimator · limit`.
+fn caption(run: &Run, s: &Series) -> String {
+    format!(
+        "{}/{} · {} · {}{}",
+        s.traffic.op,
+        s.traffic.account,
+        run.policy,
+        run.estimator,
+        s.limit.map_or(String::new(), |l| format!(" · limit {l}/s"))
+    )
+}
+
+/// A legend's sample line.
+fn legend_line(x: i32, y: i32, style: ShapeStyle) -> PathElement<(i32, i32)> {
+    PathElement::new(vec![(x, y), (x + 18, y)], style)
+}
+
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     run: &Run,
@@ -110,24 +141,9 @@ where
 {
     let duration = s.seconds.len().max(1) as f64;
     let peak_demand = s.seconds.iter().map(|x| x.attempted).max().unwrap_or(0) as f64;
-    let peak_admitted = s.seconds.iter().map(|x| x.admitted).max().unwrap_or(0) as f64;
-    let ymax = match s.limit {
-        Some(l) => (2.5 * l)
-            .max(1.15 * peak_admitted)
-            .min(1.15 * peak_demand.max(l)),
-        None => 1.15 * peak_demand,
-    }
-    .max(1.0);
-    let caption = format!(
-        "{}/{} · {} · {}{}",
-        s.traffic.op,
-        s.traffic.account,
-        run.policy,
-        run.estimator,
-        s.limit.map_or(String::new(), |l| format!(" · limit {l}/s"))
-    );
+    let ymax = y_max(s, peak_demand);
     let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 17))
+        .caption(caption(run, s), ("sans-serif", 17))
         .margin(10)
         .x_label_area_size(32)
         .y_label_area_size(60)
@@ -168,7 +184,7 @@ where
             red.stroke_width(2),
         ))?
         .label(demand_label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(2)));
+        .legend(move |(x, y)| legend_line(x, y, red.stroke_width(2)));
     chart
         .draw_series(LineSeries::new(
             s.seconds
@@ -178,7 +194,7 @@ where
             blue.stroke_width(2),
         ))?
         .label("admitted")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
+        .legend(move |(x, y)| legend_line(x, y, blue.stroke_width(2)));
     if let Some(l) = s.limit {
         chart
             .draw_series(LineSeries::new(
@@ -186,7 +202,7 @@ where
                 BLACK.stroke_width(1),
             ))?
             .label("limit")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+            .legend(|(x, y)| legend_line(x, y, BLACK.into()));
     }
     chart
         .draw_secondary_series(LineSeries::new(
@@ -197,7 +213,7 @@ where
             orange.stroke_width(2),
         ))?
         .label("factor (right axis)")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], orange.stroke_width(2)));
+        .legend(move |(x, y)| legend_line(x, y, orange.stroke_width(2)));
     chart
         .configure_series_labels()
         .label_font(("sans-serif", 13))

@@ -95,14 +95,12 @@ fn overload_stretches(demand: &[f64], limit: f64) -> Vec<(usize, usize)> {
 fn account(series: &Series, window_s: usize) -> AccountSummary {
     let demand: Vec<f64> = series.seconds.iter().map(|s| s.attempted as f64).collect();
     let admitted: Vec<f64> = series.seconds.iter().map(|s| s.admitted as f64).collect();
-    let attempted_total = series.seconds.iter().map(|s| s.attempted).sum();
-    let admitted_total = series.seconds.iter().map(|s| s.admitted).sum();
     let mut out = AccountSummary {
         account: series.traffic.account.clone(),
         op: series.traffic.op.clone(),
         limit: series.limit,
-        attempted: attempted_total,
-        admitted: admitted_total,
+        attempted: series.seconds.iter().map(|s| s.attempted).sum(),
+        admitted: series.seconds.iter().map(|s| s.admitted).sum(),
         steady_admitted_ratio: None,
         oscillation_p2p: None,
         reaction_s: None,
@@ -115,34 +113,65 @@ fn account(series: &Series, window_s: usize) -> AccountSummary {
         return out;
     };
     let stretches = overload_stretches(&demand, limit);
+    (out.steady_admitted_ratio, out.oscillation_p2p) = steady(&admitted, &stretches, limit);
+    out.reaction_s = reaction(&admitted, &stretches, limit);
+    out.release_s = release(series, &demand, &stretches, limit);
+    out.peak_6s_ratio = admitted
+        .chunks(6)
+        .filter(|c| c.len() == 6)
+        .map(|c| c.iter().sum::<f64>() / 6.0 / limit)
+        .reduce(f64::max);
+    for s in 0..demand.len() {
+        let from = s.saturating_sub(window_s);
+        let preceding = if s > from {
+            demand[from..s].iter().sum::<f64>() / (s - from) as f64
+        } else {
+            0.0
+        };
+        if preceding < limit {
+            out.false_rejections += series.seconds[s].attempted - series.seconds[s].admitted;
+        }
+        out.over_admitted += (admitted[s] - limit).max(0.0) as u64;
+    }
+    out
+}
 
-    // Steady seconds and 6 s buckets within them.
-    let (mut steady_sum, mut steady_n) = (0.0, 0usize);
+/// Over the steady part of each overload stretch (from its 10th second):
+/// the admitted rate over the limit, and the peak-to-peak of its 6 s
+/// buckets over the limit.
+fn steady(
+    admitted: &[f64],
+    stretches: &[(usize, usize)],
+    limit: f64,
+) -> (Option<f64>, Option<f64>) {
+    let (mut sum, mut n) = (0.0, 0usize);
     let mut buckets: Vec<f64> = Vec::new();
-    for &(start, end) in &stretches {
+    for &(start, end) in stretches {
         let from = start + 10;
         if from >= end {
             continue;
         }
-        steady_sum += admitted[from..end].iter().sum::<f64>();
-        steady_n += end - from;
+        sum += admitted[from..end].iter().sum::<f64>();
+        n += end - from;
         buckets.extend(
             admitted[from..end]
                 .chunks_exact(6)
                 .map(|c| c.iter().sum::<f64>() / 6.0),
         );
     }
-    if steady_n > 0 {
-        out.steady_admitted_ratio = Some(steady_sum / steady_n as f64 / limit);
-    }
-    if !buckets.is_empty() {
+    let ratio = (n > 0).then(|| sum / n as f64 / limit);
+    let p2p = (!buckets.is_empty()).then(|| {
         let max = buckets.iter().cloned().fold(f64::MIN, f64::max);
         let min = buckets.iter().cloned().fold(f64::MAX, f64::min);
-        out.oscillation_p2p = Some((max - min) / limit);
-    }
+        (max - min) / limit
+    });
+    (ratio, p2p)
+}
 
-    // Reaction: worst stretch.
-    out.reaction_s = stretches
+/// Seconds from the start of an overload stretch to its first second at
+/// most 1.1 × the limit, in the worst stretch.
+fn reaction(admitted: &[f64], stretches: &[(usize, usize)], limit: f64) -> Option<f64> {
+    stretches
         .iter()
         .map(|&(start, end)| {
             (start..end)
@@ -150,11 +179,20 @@ fn account(series: &Series, window_s: usize) -> AccountSummary {
                 .unwrap_or(end)
                 .saturating_sub(start) as f64
         })
-        .reduce(f64::max);
+        .reduce(f64::max)
+}
 
-    // Release: worst stretch that ends with demand below 0.95 × limit.
+/// Seconds from the end of an overload stretch (demand back below 0.95 ×
+/// the limit) until no agent applies a positive factor, in the worst
+/// stretch.
+fn release(
+    series: &Series,
+    demand: &[f64],
+    stretches: &[(usize, usize)],
+    limit: f64,
+) -> Option<f64> {
     let duration = demand.len() as f64;
-    out.release_s = stretches
+    stretches
         .iter()
         .filter(|&&(_, end)| end < demand.len() && demand[end] < 0.95 * limit)
         .map(|&(_, end)| {
@@ -174,27 +212,7 @@ fn account(series: &Series, window_s: usize) -> AccountSummary {
                 .find(|(t, p)| *t > e && !*p)
                 .map_or(duration - e, |(t, _)| t - e)
         })
-        .reduce(f64::max);
-
-    out.peak_6s_ratio = admitted
-        .chunks(6)
-        .filter(|c| c.len() == 6)
-        .map(|c| c.iter().sum::<f64>() / 6.0 / limit)
-        .reduce(f64::max);
-
-    for s in 0..demand.len() {
-        let from = s.saturating_sub(window_s);
-        let preceding = if s > from {
-            demand[from..s].iter().sum::<f64>() / (s - from) as f64
-        } else {
-            0.0
-        };
-        if preceding < limit {
-            out.false_rejections += series.seconds[s].attempted - series.seconds[s].admitted;
-        }
-        out.over_admitted += (admitted[s] - limit).max(0.0) as u64;
-    }
-    out
+        .reduce(f64::max)
 }
 
 #[cfg(test)]

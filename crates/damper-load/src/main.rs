@@ -88,36 +88,12 @@ fn main() -> std::process::ExitCode {
 
 fn load() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
-    if args.log_format == "json" {
-        logs.json().flatten_event(true).init();
-    } else {
-        logs.init();
-    }
-    let masters = &args.masters;
-
+    init_logs(&args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let agents: Vec<Arc<Agent>> = runtime.block_on(async {
-        (0..args.agents)
-            .map(|i| {
-                Agent::builder()
-                    .masters(masters.iter().cloned())
-                    .agent_id(format!("damper-load-{}-{i}", std::process::id()))
-                    .rollup_interval(args.rollup_interval)
-                    .start()
-                    .map(Arc::new)
-                    .context("--masters")
-            })
-            .collect::<anyhow::Result<_>>()
-    })?;
-
+    let agents = runtime.block_on(async { start_agents(&args) })?;
     // Each item expanded on its own, so --quiet knows which came from a
     // `{i}` template (and leaves them out of the summary).
     let (traffic, templated): (Vec<Traffic>, Vec<bool>) = args
@@ -149,13 +125,62 @@ fn load() -> anyhow::Result<()> {
             agent.shutdown().await;
         }
     });
+    print_agents_summary(&agents, traffic.len(), &totals);
+    for ((item, total), templated) in traffic.iter().zip(totals).zip(templated) {
+        if quiet && templated {
+            continue;
+        }
+        let secs = args.duration.as_secs_f64();
+        println!(
+            "{}",
+            json!({"summary": true, "account": item.account, "op": item.op,
+                   "seconds": secs, "attempted": total.attempted, "admitted": total.admitted,
+                   "attempted_per_sec": total.attempted as f64 / secs,
+                   "admitted_per_sec": total.admitted as f64 / secs})
+        );
+    }
+    Ok(())
+}
+
+/// The agents' logs on stderr, as text or JSON lines; `RUST_LOG` filters
+/// (default `warn`).
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    if format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.init();
+    }
+}
+
+/// `--agents` agents reporting to `--masters`; called within the runtime.
+fn start_agents(args: &Args) -> anyhow::Result<Vec<Arc<Agent>>> {
+    (0..args.agents)
+        .map(|i| {
+            Agent::builder()
+                .masters(args.masters.iter().cloned())
+                .agent_id(format!("damper-load-{}-{i}", std::process::id()))
+                .rollup_interval(args.rollup_interval)
+                .start()
+                .map(Arc::new)
+                .context("--masters")
+        })
+        .collect()
+}
+
+/// One JSON line with what the agents sent and how it went.
+fn print_agents_summary(agents: &[Arc<Agent>], items: usize, totals: &[damper_load::Tally]) {
     let stats: damper_agent::AgentStats = agents.iter().map(|a| a.stats()).sum();
     let (attempted, admitted) = totals
         .iter()
         .fold((0u64, 0u64), |(a, b), t| (a + t.attempted, b + t.admitted));
     println!(
         "{}",
-        json!({"agents_summary": true, "agents": agents.len(), "items": traffic.len(),
+        json!({"agents_summary": true, "agents": agents.len(), "items": items,
                "attempted": attempted, "admitted": admitted,
                "rollups_sent": stats.rollups_sent, "rollups_failed": stats.rollups_failed,
                "factors_expired": stats.factors_expired, "dropped_cost": stats.dropped_cost,
@@ -166,19 +191,6 @@ fn load() -> anyhow::Result<()> {
                "rollup_p50_ms": ms(stats.rollup_latency.quantile(0.5)),
                "rollup_p99_ms": ms(stats.rollup_latency.quantile(0.99))})
     );
-    for ((item, total), templated) in traffic.iter().zip(totals).zip(templated) {
-        if quiet && templated {
-            continue;
-        }
-        println!(
-            "{}",
-            json!({"summary": true, "account": item.account, "op": item.op,
-                   "seconds": args.duration.as_secs_f64(), "attempted": total.attempted, "admitted": total.admitted,
-                   "attempted_per_sec": total.attempted as f64 / args.duration.as_secs_f64(),
-                   "admitted_per_sec": total.admitted as f64 / args.duration.as_secs_f64()})
-        );
-    }
-    Ok(())
 }
 
 /// A latency in milliseconds for the JSON summary (`null` when none).

@@ -188,9 +188,9 @@ async fn serve() -> anyhow::Result<()> {
         tasks.spawn(metrics_upkeep(handle, stopped()));
     }
     let hup = sighup()?;
-    match (&args.config, &config_text) {
+    match (&args.config, config_text) {
         (Some(path), Some(text)) => {
-            let watcher = ConfigWatcher::new(master.clone(), path, text);
+            let watcher = ConfigWatcher::new(master.clone(), path, &text);
             let every = (!args.config_poll.is_zero()).then_some(args.config_poll);
             tasks.spawn(watcher.run(every, hup, stopped()));
         }
@@ -223,12 +223,7 @@ async fn serve() -> anyhow::Result<()> {
     while tasks.join_next().await.is_some() {}
     grpc?;
     if let Some(path) = &args.snapshot {
-        match master.write_snapshot(path) {
-            Ok(windows) => {
-                tracing::info!(snapshot = %path.display(), windows, "windows written to the snapshot")
-            }
-            Err(e) => tracing::error!(error = %e, "cannot write the snapshot"),
-        }
+        write_snapshot(&master, path);
     }
     tracing::info!("damper-master stopped");
     Ok(())
@@ -316,6 +311,16 @@ fn restore_snapshot(master: &Master, path: &std::path::Path, max_age: Duration) 
             tracing::info!(snapshot = %path.display(), "no snapshot to restore; starting empty")
         }
         Err(e) => tracing::warn!(error = %e, "ignoring the snapshot; starting empty"),
+    }
+}
+
+/// Writes the windows for the next start; a failure is logged, not fatal.
+fn write_snapshot(master: &Master, path: &std::path::Path) {
+    match master.write_snapshot(path) {
+        Ok(windows) => {
+            tracing::info!(snapshot = %path.display(), windows, "windows written to the snapshot")
+        }
+        Err(e) => tracing::error!(error = %e, "cannot write the snapshot"),
     }
 }
 

@@ -9,6 +9,7 @@ use damper_agent::Agent;
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_seconds};
 use damper_master::{Master, MasterOptions};
+use damper_tests::assert_held;
 use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 2_000.0;
@@ -100,10 +101,7 @@ async fn a_flood_is_held_at_its_limit_and_released_when_it_stops() {
     for start in 10..=flood.len() - 6 {
         let admitted: u64 = flood[start..start + 6].iter().map(|s| s[0].admitted).sum();
         let rate = admitted as f64 / 6.0;
-        assert!(
-            (rate - LIMIT).abs() <= 0.1 * LIMIT,
-            "6 s from {start} s: {rate}/s"
-        );
+        assert_held(&format!("6 s from {start} s"), rate, LIMIT, 0.1);
     }
     for (t, second) in flood.iter().enumerate() {
         assert_eq!(

@@ -14,6 +14,7 @@ use damper_agent::{Agent, AgentStats};
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_spread, expand};
 use damper_master::{Master, MasterOptions};
+use damper_tests::assert_held;
 use damper_tests::served::ServedMaster;
 
 const AGENTS: usize = 200;
@@ -99,10 +100,7 @@ async fn two_hundred_agents_three_masters_thirty_seconds() {
     // The flood is held near its limit over the last 10 s; every other
     // account, under its limit, was never suppressed.
     let held = flood[flood.len() - 10..].iter().sum::<u64>() as f64 / 10.0;
-    assert!(
-        (held - LIMIT).abs() <= 0.2 * LIMIT,
-        "flood admitted {held}/s"
-    );
+    assert_held("the flood over the last 10 s", held, LIMIT, 0.2);
     for (t, total) in traffic.iter().zip(first.iter().zip(&second)) {
         if t.account != "flood" {
             assert_eq!(

@@ -6,8 +6,15 @@
 //! cut, where each account goes, what to carry over, when to recheck or
 //! probe, when a master is down) is the round's, the same code the
 //! simulator runs.
+//!
+//! # Layout
+//! - this file: the loop, sending, answers, events.
+//! - `members`: the masters' addresses (static, or DNS re-resolved).
+//! - `clients`: one gRPC client per master.
 
-use std::collections::HashMap;
+mod clients;
+mod members;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -15,14 +22,14 @@ use std::time::Duration;
 use damper_core::round::{AgentRound, Message, RequestId, RoundConfig, RoundEvent, Transmit};
 use damper_core::time::{Clock, SystemClock};
 use damper_core::wire::{Reply, Rollup};
-use damper_proto::v1::master_client::MasterClient;
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
 use prost::Message as _;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::{Masters, Shared};
+use clients::Clients;
+use members::Members;
 
 pub(crate) struct Settings {
     pub(crate) masters: Masters,
@@ -314,133 +321,5 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
             metrics::gauge!("damper_agent_pairs").set(pairs as f64);
         }
         _ => {}
-    }
-}
-
-/// The configured masters: a fixed list, or a DNS name resolved again
-/// every so often.
-struct Members {
-    list: Vec<String>,
-    dns: Option<Dns>,
-}
-
-struct Dns {
-    host: String,
-    port: u16,
-    every: Duration,
-    next: tokio::time::Instant,
-}
-
-impl Members {
-    async fn new(masters: &Masters) -> Members {
-        match masters {
-            Masters::Static(list) => Members {
-                list: list.clone(),
-                dns: None,
-            },
-            Masters::Dns { host, port, every } => {
-                let mut members = Members {
-                    list: Vec::new(),
-                    dns: Some(Dns {
-                        host: host.clone(),
-                        port: *port,
-                        every: *every,
-                        next: tokio::time::Instant::now(),
-                    }),
-                };
-                if let Some(list) = members.refresh_if_due().await {
-                    members.list = list;
-                }
-                members
-            }
-        }
-    }
-
-    /// Resolves the DNS name again when due. Returns the new list if it
-    /// changed.
-    async fn refresh_if_due(&mut self) -> Option<Vec<String>> {
-        let dns = self.dns.as_mut()?;
-        if tokio::time::Instant::now() < dns.next {
-            return None;
-        }
-        dns.next = tokio::time::Instant::now() + dns.every;
-        let target = format!("{}:{}", dns.host, dns.port);
-        let resolved = tokio::time::timeout(
-            Duration::from_secs(2),
-            tokio::net::lookup_host(target.clone()),
-        )
-        .await;
-        let mut addresses: Vec<String> = match resolved {
-            Ok(Ok(addrs)) => addrs.map(|a| a.to_string()).collect(),
-            Ok(Err(e)) => {
-                tracing::warn!(%target, error = %e, "cannot resolve masters; keeping the last list");
-                return None;
-            }
-            Err(_) => {
-                tracing::warn!(%target, "resolving masters timed out; keeping the last list");
-                return None;
-            }
-        };
-        addresses.sort();
-        addresses.dedup();
-        if addresses == self.list {
-            return None;
-        }
-        tracing::info!(%target, masters = ?addresses, "master list changed");
-        self.list = addresses.clone();
-        Some(addresses)
-    }
-}
-
-/// One lazily connected gRPC client per master.
-struct Clients {
-    timeout: Duration,
-    tls: Option<tonic::transport::ClientTlsConfig>,
-    by_master: HashMap<String, MasterClient<Channel>>,
-}
-
-impl Clients {
-    fn new(timeout: Duration, tls: Option<crate::AgentTls>) -> Clients {
-        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-        let tls = tls.map(|t| {
-            let mut config =
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
-            if let Some((cert, key)) = &t.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            match t.domain {
-                Some(domain) => config.domain_name(domain),
-                None => config,
-            }
-        });
-        Clients {
-            timeout,
-            tls,
-            by_master: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, master: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
-        if let Some(client) = self.by_master.get(master) {
-            return Ok(client.clone());
-        }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{master}"))?;
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.clone())?;
-        }
-        let channel = endpoint
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
-        let client = MasterClient::new(channel);
-        self.by_master.insert(master.to_owned(), client.clone());
-        Ok(client)
-    }
-
-    /// Drops the clients of masters no longer configured.
-    fn retain(&mut self, members: &[String]) {
-        self.by_master.retain(|m, _| members.contains(m));
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use damper_core::config::MasterConfig;
 use damper_core::round::Message;
 use damper_core::time::{ManualClock, Nanos};
-use damper_core::wire::Reply;
+use damper_core::wire::{Reply, Rollup};
 use damper_master::{Master, MasterOptions};
 use damper_proto::v1::master_client::MasterClient;
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
@@ -34,7 +34,7 @@ enum Request {
 
 fn request(message: &Message) -> Request {
     match message {
-        Message::Rollup(r) => Request::Rollup(r.clone().into()),
+        Message::Rollup(r) => Request::Rollup(Rollup::clone(r).into()),
         Message::Recheck(q) | Message::Probe(q) => Request::Factors(q.clone().into()),
         _ => unreachable!("every message a round sends is handled"),
     }

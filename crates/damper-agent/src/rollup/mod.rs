@@ -144,7 +144,7 @@ fn dispatch(
             Message::Rollup(rollup) => {
                 let per_op = per_op(&rollup);
                 let entries = rollup.entries();
-                let request = RollupRequest::from(rollup);
+                let request = RollupRequest::from(Arc::unwrap_or_clone(rollup));
                 let bytes = request.encoded_len();
                 let result = client.rollup(request).await;
                 let sent = Sent::Rollup {

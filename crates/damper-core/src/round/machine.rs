@@ -1,6 +1,7 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
@@ -29,7 +30,7 @@ enum InFlight {
         master: String,
         start: Nanos,
         end: Nanos,
-        pending: Vec<Pending>,
+        rollup: Arc<Rollup>,
     },
     Recheck {
         pairs: Vec<OwnedPair>,
@@ -193,7 +194,7 @@ impl AgentRound {
             Some(InFlight::Rollup {
                 round,
                 master,
-                pending,
+                rollup,
                 ..
             }) => {
                 self.check_interval(&master, reply);
@@ -208,7 +209,7 @@ impl AgentRound {
                         self.rechecks.push((now + after, master.clone(), pairs));
                     }
                 }
-                state.apply_reply(now, reply, pending.iter().map(Pending::pair));
+                state.apply_reply(now, reply, rollup.pairs());
                 self.finish_one(round, master, true, now, state);
             }
             Some(InFlight::Recheck { pairs }) => {
@@ -232,9 +233,9 @@ impl AgentRound {
                 master,
                 start,
                 end,
-                pending,
+                rollup,
             }) => {
-                self.carry_over(pending, start, end, state);
+                self.carry_over(rollup.pending(), start, end, state);
                 self.finish_one(round, master, false, now, state);
             }
             // The factors in force stay until the next rollup's reply.
@@ -304,19 +305,19 @@ impl AgentRound {
         };
         self.open.insert(cut.round, open);
         for (master, pending) in cut.batches {
-            let rollup = Rollup::from_pending(
+            let rollup = Arc::new(Rollup::from_drain(
                 &self.config.agent_id,
                 cut.start,
                 cut.end,
                 cut.ring_version,
-                &pending,
-            );
+                pending,
+            ));
             let flight = InFlight::Rollup {
                 round: cut.round,
                 master: master.clone(),
                 start: cut.start,
                 end: cut.end,
-                pending,
+                rollup: rollup.clone(),
             };
             self.transmit(master, Message::Rollup(rollup), flight);
         }

@@ -47,6 +47,7 @@
 
 mod machine;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::membership::HealthConfig;
@@ -108,8 +109,9 @@ pub struct Transmit {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Message {
-    /// A round's counts (`Rollup`).
-    Rollup(Rollup),
+    /// A round's counts (`Rollup`). Shared with the round, which keeps it
+    /// until it is answered, to carry its counts over if it fails.
+    Rollup(Arc<Rollup>),
     /// A recheck of factors a reply marked (`Factors`).
     Recheck(FactorsQuery),
     /// Whether a down master answers again (`Factors` naming nothing).

@@ -214,9 +214,71 @@ impl Rollup {
         }
     }
 
+    /// [`from_pending`](Self::from_pending), moving the names out of
+    /// `pending` rather than copying them.
+    pub fn from_drain(
+        agent_id: &str,
+        start: Nanos,
+        end: Nanos,
+        ring_version: u64,
+        pending: Vec<Pending>,
+    ) -> Rollup {
+        let mut ops: Vec<OpCounts> = Vec::new();
+        for p in pending {
+            let counts = AccountCounts {
+                account: p.account,
+                attempted: p.delta.attempted,
+                admitted: p.delta.admitted,
+                since: p.delta.since.map(whole_millis),
+            };
+            match ops.last_mut() {
+                Some(last) if last.op == p.op => last.accounts.push(counts),
+                _ => ops.push(OpCounts {
+                    op: p.op,
+                    accounts: vec![counts],
+                }),
+            }
+        }
+        Rollup {
+            agent_id: agent_id.to_owned(),
+            start: whole_millis(start),
+            end: whole_millis(end),
+            ring_version,
+            ops,
+        }
+    }
+
     /// Number of (account, op) entries.
     pub fn entries(&self) -> usize {
         self.ops.iter().map(|op| op.accounts.len()).sum()
+    }
+
+    /// The (account, op) of every entry.
+    pub fn pairs(&self) -> impl Iterator<Item = Pair<'_>> {
+        self.ops.iter().flat_map(|op| {
+            op.accounts
+                .iter()
+                .map(move |c| Pair::new(&c.account, &op.op))
+        })
+    }
+
+    /// The entries as an agent's drained counts again: what a failed
+    /// rollup puts back.
+    pub fn pending(&self) -> Vec<Pending> {
+        self.ops
+            .iter()
+            .flat_map(|op| {
+                op.accounts.iter().map(move |c| Pending {
+                    account: c.account.clone(),
+                    op: op.op.clone(),
+                    delta: crate::agent::Delta {
+                        attempted: c.attempted,
+                        admitted: c.admitted,
+                        since: c.since,
+                    },
+                })
+            })
+            .collect()
     }
 
     /// Every entry as the master ingests it, with its op's and its own

@@ -189,29 +189,7 @@ impl Rollup {
         ring_version: u64,
         pending: &[Pending],
     ) -> Rollup {
-        let mut ops: Vec<OpCounts> = Vec::new();
-        for p in pending {
-            let counts = AccountCounts {
-                account: p.account.clone(),
-                attempted: p.delta.attempted,
-                admitted: p.delta.admitted,
-                since: p.delta.since.map(whole_millis),
-            };
-            match ops.last_mut() {
-                Some(last) if last.op == p.op => last.accounts.push(counts),
-                _ => ops.push(OpCounts {
-                    op: p.op.clone(),
-                    accounts: vec![counts],
-                }),
-            }
-        }
-        Rollup {
-            agent_id: agent_id.to_owned(),
-            start: whole_millis(start),
-            end: whole_millis(end),
-            ring_version,
-            ops,
-        }
+        Rollup::from_drain(agent_id, start, end, ring_version, pending.to_vec())
     }
 
     /// [`from_pending`](Self::from_pending), moving the names out of
@@ -285,19 +263,10 @@ impl Rollup {
     /// index: an entry's own start, when it has one, overrides the
     /// rollup's.
     pub fn reports(&self) -> impl Iterator<Item = (usize, usize, Report<'_>)> {
-        self.ops.iter().enumerate().flat_map(move |(i, op)| {
-            op.accounts.iter().enumerate().map(move |(j, counts)| {
-                let report = Report {
-                    account: &counts.account,
-                    op: &op.op,
-                    start: counts.since.unwrap_or(self.start),
-                    end: self.end,
-                    attempted: counts.attempted,
-                    admitted: counts.admitted,
-                };
-                (i, j, report)
-            })
-        })
+        self.ops
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, op)| (0..op.accounts.len()).map(move |j| (i, j, self.report(i, j))))
     }
 
     /// Entry `j` of op `i` as the master ingests it.

@@ -166,13 +166,6 @@ pub struct Pending {
     pub delta: Delta,
 }
 
-impl Pending {
-    /// Its (account, op).
-    pub fn pair(&self) -> Pair<'_> {
-        Pair::new(&self.account, &self.op)
-    }
-}
-
 /// A drain's counts, routed to masters by [`AgentState::drain_by_owner`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routed {

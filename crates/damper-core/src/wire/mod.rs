@@ -167,6 +167,20 @@ pub struct Unlisted {
     pub valid_for: Duration,
 }
 
+/// Groups `(op, item)` pairs that come grouped by op (sorted, or as a
+/// reply listed them): one entry per op, so each op name goes on the wire
+/// once.
+fn group_by_op<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for (op, item) in items {
+        match groups.last_mut() {
+            Some((last, group)) if *last == op => group.push(item),
+            _ => groups.push((op, vec![item])),
+        }
+    }
+    groups
+}
+
 /// A time as the wire carries it: whole milliseconds.
 pub(crate) fn whole_millis(t: Nanos) -> Nanos {
     Nanos::from_millis(t.as_millis())
@@ -201,22 +215,19 @@ impl Rollup {
         ring_version: u64,
         pending: Vec<Pending>,
     ) -> Rollup {
-        let mut ops: Vec<OpCounts> = Vec::new();
-        for p in pending {
+        let counts = pending.into_iter().map(|p| {
             let counts = AccountCounts {
                 account: p.account,
                 attempted: p.delta.attempted,
                 admitted: p.delta.admitted,
                 since: p.delta.since.map(whole_millis),
             };
-            match ops.last_mut() {
-                Some(last) if last.op == p.op => last.accounts.push(counts),
-                _ => ops.push(OpCounts {
-                    op: p.op,
-                    accounts: vec![counts],
-                }),
-            }
-        }
+            (p.op, counts)
+        });
+        let ops = group_by_op(counts)
+            .into_iter()
+            .map(|(op, accounts)| OpCounts { op, accounts })
+            .collect();
         Rollup {
             agent_id: agent_id.to_owned(),
             start: whole_millis(start),
@@ -288,16 +299,13 @@ impl FactorsQuery {
     /// The query for `pairs` (grouped by op: sorted, or as a reply
     /// listed them).
     pub fn new<'a>(agent_id: &str, pairs: impl IntoIterator<Item = Pair<'a>>) -> Self {
-        let mut ops: Vec<OpAccounts> = Vec::new();
-        for Pair { account, op } in pairs {
-            match ops.last_mut() {
-                Some(last) if last.op == op => last.accounts.push(account.to_owned()),
-                _ => ops.push(OpAccounts {
-                    op: op.to_owned(),
-                    accounts: vec![account.to_owned()],
-                }),
-            }
-        }
+        let accounts = pairs
+            .into_iter()
+            .map(|Pair { account, op }| (op.to_owned(), account.to_owned()));
+        let ops = group_by_op(accounts)
+            .into_iter()
+            .map(|(op, accounts)| OpAccounts { op, accounts })
+            .collect();
         FactorsQuery {
             agent_id: agent_id.to_owned(),
             ops,

@@ -35,6 +35,9 @@ enum Command {
         /// Overrides the scenario's estimator: latest-round or ably-mma.
         #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
         estimator: Option<String>,
+        /// Overrides the scenario's `cluster.fast_onset`: true or false.
+        #[arg(long, value_name = "BOOL")]
+        fast_onset: Option<bool>,
     },
     /// Runs the scenario under every policy and draws them in one figure.
     Compare {
@@ -47,6 +50,9 @@ enum Command {
         /// Overrides the scenario's estimator: latest-round or ably-mma.
         #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
         estimator: Option<String>,
+        /// Overrides the scenario's `cluster.fast_onset`: true or false.
+        #[arg(long, value_name = "BOOL")]
+        fast_onset: Option<bool>,
     },
 }
 
@@ -60,10 +66,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn load(path: &Path, estimator: Option<&str>) -> anyhow::Result<Scenario> {
+fn load(
+    path: &Path,
+    estimator: Option<&str>,
+    fast_onset: Option<bool>,
+) -> anyhow::Result<Scenario> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
+    let mut scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
+    if let Some(on) = fast_onset {
+        scenario = scenario.with_fast_onset(on);
+    }
     Ok(match estimator {
         Some("ably-mma") => scenario.with_estimator(EstimatorKind::AblyMma),
         Some(_) => scenario.with_estimator(EstimatorKind::LatestRound),
@@ -108,8 +121,9 @@ fn sim() -> anyhow::Result<()> {
             out,
             policy,
             estimator,
+            fast_onset,
         } => {
-            let mut s = load(&scenario, estimator.as_deref())?;
+            let mut s = load(&scenario, estimator.as_deref(), fast_onset)?;
             if let Some(policy) = policy {
                 s = s.with_policy(&policy).context("--policy")?;
             }
@@ -124,8 +138,9 @@ fn sim() -> anyhow::Result<()> {
             scenario,
             out,
             estimator,
+            fast_onset,
         } => {
-            let base = load(&scenario, estimator.as_deref())?;
+            let base = load(&scenario, estimator.as_deref(), fast_onset)?;
             let mut runs = Vec::new();
             let mut all = Vec::new();
             for policy in ["demand", "linear-ramp"] {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use damper_core::agent::{SurgeRule, SurgeRuleError};
 use damper_core::config::{
     ConfigError, EstimatorKind, LimitsSection, MasterConfig, PolicySection, WindowSection,
 };
@@ -91,6 +92,18 @@ pub struct ClusterSection {
     pub jitter_ms: f64,
     /// Probability that a rollup, or its reply, is lost.
     pub loss: f64,
+    /// Fast onset on the agents: early reports of surges and the local
+    /// guard's op defaults (default true). `false` runs rollups alone, as
+    /// before it existed.
+    pub fast_onset: bool,
+    /// The agents' surge sub-window, in milliseconds (default 200); must
+    /// divide the rollup interval.
+    pub surge_window_ms: u64,
+    /// The jump, either way, that makes a surge (default 4).
+    pub surge_jump: f64,
+    /// The least change that makes a surge, as a share of the limit
+    /// (default 0.125).
+    pub surge_floor: f64,
 }
 
 impl Default for ClusterSection {
@@ -102,7 +115,27 @@ impl Default for ClusterSection {
             latency_ms: 5.0,
             jitter_ms: 2.0,
             loss: 0.0,
+            fast_onset: true,
+            surge_window_ms: 200,
+            surge_jump: 4.0,
+            surge_floor: 0.125,
         }
+    }
+}
+
+impl ClusterSection {
+    /// The agents' surge rule, when fast onset is on.
+    pub fn surge_rule(&self) -> Result<Option<SurgeRule>, SurgeRuleError> {
+        if !self.fast_onset {
+            return Ok(None);
+        }
+        SurgeRule::new(
+            Duration::from_millis(self.surge_window_ms),
+            self.surge_jump,
+            self.surge_floor,
+            Duration::from_millis(self.rollup_interval_ms),
+        )
+        .map(Some)
     }
 }
 
@@ -319,6 +352,13 @@ impl Scenario {
         s
     }
 
+    /// The scenario with fast onset on or off on every agent.
+    pub fn with_fast_onset(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.fast_onset = on;
+        s
+    }
+
     /// The policy's name, as in the file.
     pub fn policy_name(&self) -> &str {
         &self.policy.kind
@@ -364,6 +404,14 @@ fn check_cluster(c: &ClusterSection, window: &WindowSection) -> Result<(), Scena
     }
     if !(0.0..=1.0).contains(&c.loss) {
         return Err(invalid("cluster.loss", "must be a probability, 0 to 1"));
+    }
+    if let Err(e) = c.surge_rule() {
+        let field = match e {
+            SurgeRuleError::Window { .. } => "cluster.surge_window_ms",
+            SurgeRuleError::Jump(_) => "cluster.surge_jump",
+            _ => "cluster.surge_floor",
+        };
+        return Err(invalid(field, e.to_string()));
     }
     if c.rollup_interval_ms != window.rollup_interval_ms {
         return Err(invalid(

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::engine::{Run, Series};
+use crate::engine::{Control, Run, Series};
 
 /// The figures of one run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -21,8 +21,25 @@ pub struct Summary {
     pub rollups_failed: u64,
     /// Cost dropped by agents for being carried too long.
     pub dropped_cost: u64,
+    /// Requests and bytes between agents and masters.
+    pub control: ControlSummary,
     /// Per (account, op).
     pub accounts: Vec<AccountSummary>,
+}
+
+/// Control traffic over the run, in total and per simulated second.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ControlSummary {
+    /// Every request agents sent.
+    pub rpcs: u64,
+    /// Bytes of requests and replies, as `damper.v1` encodes them.
+    pub bytes: u64,
+    /// `rpcs` per second.
+    pub rpcs_per_s: f64,
+    /// `bytes` per second.
+    pub bytes_per_s: f64,
+    /// The requests by kind.
+    pub by_kind: Control,
 }
 
 /// The figures of one (account, op).
@@ -68,7 +85,20 @@ pub fn summarize(run: &Run, window_s: usize) -> Summary {
         rollups_sent: run.rollups.0,
         rollups_failed: run.rollups.1,
         dropped_cost: run.dropped_cost,
+        control: control(run),
         accounts: run.series.iter().map(|s| account(s, window_s)).collect(),
+    }
+}
+
+fn control(run: &Run) -> ControlSummary {
+    let c = run.control;
+    let secs = run.series.first().map_or(0, |s| s.seconds.len()).max(1) as f64;
+    ControlSummary {
+        rpcs: c.rpcs(),
+        bytes: c.bytes(),
+        rpcs_per_s: c.rpcs() as f64 / secs,
+        bytes_per_s: c.bytes() as f64 / secs,
+        by_kind: c,
     }
 }
 

@@ -35,7 +35,9 @@ enum Request {
 fn request(message: &Message) -> Request {
     match message {
         Message::Rollup(r) => Request::Rollup(Rollup::clone(r).into()),
-        Message::Recheck(q) | Message::Probe(q) => Request::Factors(q.clone().into()),
+        Message::Recheck(q) | Message::Probe(q) | Message::Surge(q) => {
+            Request::Factors(q.clone().into())
+        }
         _ => unreachable!("every message a round sends is handled"),
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::agent::{AgentConfig, AgentState, SurgeRule};
 use damper_core::round::RoundConfig;
 use tokio::sync::watch;
 
@@ -67,6 +67,7 @@ pub struct AgentBuilder {
     masters: Option<Masters>,
     agent_id: Option<String>,
     rollup_interval: Duration,
+    fast_onset: bool,
     local_window: Duration,
     forget_after: Duration,
     request_timeout: Option<Duration>,
@@ -126,6 +127,7 @@ impl Default for AgentBuilder {
             masters: None,
             agent_id: None,
             rollup_interval: damper_core::DEFAULT_ROLLUP_INTERVAL,
+            fast_onset: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
@@ -178,6 +180,16 @@ impl AgentBuilder {
     /// memory for the cost of an insert when the account comes back.
     pub fn forget_after(mut self, idle: Duration) -> Self {
         self.forget_after = idle;
+        self
+    }
+
+    /// Fast onset (default on): early reports of pairs whose demand jumps
+    /// or falls within a 200 ms sub-window, and the local guard applying
+    /// each op's default limit, learned from the masters at start, to
+    /// accounts no master has answered for yet (`docs/design.md`). Off,
+    /// the agent reports in rollups alone, every interval.
+    pub fn fast_onset(mut self, on: bool) -> Self {
+        self.fast_onset = on;
         self
     }
 
@@ -247,6 +259,7 @@ impl AgentBuilder {
         config.rollup_interval = self.rollup_interval;
         config.local_window = self.local_window;
         config.forget_after = self.forget_after;
+        config.fast_onset = self.fast_onset;
         let state = self
             .fail_static
             .iter()
@@ -264,6 +277,9 @@ impl AgentBuilder {
         round.max_entries_per_request = self.max_entries_per_request;
         round.max_carry = self.max_carry;
         round.health.fail_after = self.fail_after;
+        round.fast_onset = self
+            .fast_onset
+            .then(|| SurgeRule::default_for(self.rollup_interval));
         let settings = rollup::Settings {
             masters,
             round,

@@ -190,6 +190,17 @@ pub struct PolicySection {
     /// How long agents may apply a factor without a fresher one, in
     /// milliseconds. Default: three rollup intervals.
     pub factor_validity_ms: Option<u64>,
+    /// After an early report (a surge), how soon the agent asks again, in
+    /// milliseconds: by then the other agents' early reports of the same
+    /// sub-window are in, so the first to report learn the whole estimate.
+    /// Default 100; at most one rollup interval.
+    pub surge_recheck_ms: Option<u64>,
+    /// The least time between two early reports from one agent, in
+    /// milliseconds: a faster agent is refused (RESOURCE_EXHAUSTED) and
+    /// counted, so a broken or hostile agent cannot make the master
+    /// re-estimate without end. Agents send at most one per sub-window
+    /// (250 ms by default). Default 100; at most 60000.
+    pub surge_min_gap_ms: Option<u64>,
 }
 
 impl Default for PolicySection {
@@ -198,6 +209,8 @@ impl Default for PolicySection {
             kind: "demand".into(),
             ramp: None,
             factor_validity_ms: None,
+            surge_recheck_ms: None,
+            surge_min_gap_ms: None,
         }
     }
 }
@@ -363,6 +376,10 @@ pub struct PolicyConfig {
     pub kind: PolicyKind,
     /// How long agents may apply a factor without a fresher one.
     pub factor_validity: Duration,
+    /// How soon an agent asks again after an early report.
+    pub surge_recheck: Duration,
+    /// The least time between two early reports from one agent.
+    pub surge_min_gap: Duration,
 }
 
 impl PolicyConfig {
@@ -406,9 +423,32 @@ impl PolicyConfig {
                 ));
             }
         };
+        let interval_ms = window.rollup_interval.as_millis() as u64;
+        let surge_recheck = match p.surge_recheck_ms.unwrap_or(100.min(interval_ms)) {
+            ms if (1..=interval_ms).contains(&ms) => Duration::from_millis(ms),
+            ms => {
+                return Err(ConfigError::invalid(
+                    "policy.surge_recheck_ms",
+                    format!(
+                        "must be between 1 and the rollup interval ({interval_ms}) milliseconds, got {ms}"
+                    ),
+                ));
+            }
+        };
+        let surge_min_gap = match p.surge_min_gap_ms.unwrap_or(100) {
+            ms if ms <= 60_000 => Duration::from_millis(ms),
+            ms => {
+                return Err(ConfigError::invalid(
+                    "policy.surge_min_gap_ms",
+                    format!("must be at most 60000 milliseconds, got {ms}"),
+                ));
+            }
+        };
         Ok(PolicyConfig {
             kind,
             factor_validity,
+            surge_recheck,
+            surge_min_gap,
         })
     }
 }

@@ -180,6 +180,15 @@ impl Limits {
         self.by_key.is_empty()
     }
 
+    /// The ops that have a limit of their own (a key with no account path),
+    /// in no particular order.
+    pub fn default_ops(&self) -> impl Iterator<Item = &str> {
+        self.entries
+            .iter()
+            .map(|(k, _)| &**k)
+            .filter(|k| !k.contains('/'))
+    }
+
     /// The configured `(key, rate)` pairs, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, Rate)> {
         self.entries.iter().map(|(k, r)| (&**k, *r))

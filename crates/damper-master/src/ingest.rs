@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
 use damper_core::master::{Transition, TransitionKind};
-use damper_core::wire::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
+use damper_core::wire::{
+    FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
+};
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
 use tonic::Status;
 
@@ -136,18 +138,49 @@ impl Master {
     }
 
     /// The verdicts in force for the pairs `query` names, counting nothing:
-    /// a recheck, or (naming nothing) a probe.
+    /// a recheck, or (naming nothing) a probe or a new agent's hello, told
+    /// every op's default limit. An early report (`surge_at`) is taken
+    /// first, within the agent's budget (`policy.surge_min_gap_ms`).
     pub fn answer_factors(&self, query: &FactorsQuery) -> Result<Reply, RollupError> {
         query.validate(self.shared.options.max_entries)?;
         let now = self.shared.clock.now();
-        let mut reply = ReplyBuilder::new(
-            self.lock(0).config(),
-            query.ops.iter().map(|o| o.op.as_str()),
-        );
+        let config = self.lock(0).config().clone();
+        if let Some(at) = query.surge_at {
+            let gap = config.policy.surge_min_gap;
+            let taken = self
+                .shared
+                .surge_budget
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(&query.agent_id, now, gap);
+            if let Err(refused) = taken {
+                metrics::counter!("damper_master_early_reports_refused_total").increment(1);
+                return Err(refused.into());
+            }
+            metrics::counter!("damper_master_early_reports_total").increment(1);
+            for (i, op) in query.ops.iter().enumerate() {
+                for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
+                    let mut state = self.lock(self.shard(account));
+                    state
+                        .surge(now, at, Pair::new(account, &op.op), *rates)
+                        .map_err(|error| RollupError::Entry {
+                            op: i,
+                            account: j,
+                            error,
+                        })?;
+                    let transitions = state.take_transitions();
+                    drop(state);
+                    log_transitions(transitions);
+                }
+            }
+        }
+        let mut reply = query_reply(&config, query);
+        let recheck_at = query.surge_at.map(|_| now + config.policy.surge_recheck);
         for (i, op) in query.ops.iter().enumerate() {
             for account in &op.accounts {
                 let verdict = self.lock(self.shard(account)).verdict(now, account, &op.op);
-                if let Some(v) = verdict {
+                if let Some(mut v) = verdict {
+                    v.recheck_at = recheck_at.or(v.recheck_at);
                     reply.add(i, || account.clone(), &v);
                 }
             }
@@ -157,6 +190,9 @@ impl Master {
 
     /// [`answer_factors`](Self::answer_factors) on the protobuf request.
     pub fn factors(&self, request: &FactorsRequest) -> Result<RollupReply, Status> {
+        if let Some(error) = damper_proto::convert::surge_lists_error(request) {
+            return Err(Status::invalid_argument(error));
+        }
         self.answer_factors(&FactorsQuery::from(request.clone()))
             .map(RollupReply::from)
             .map_err(crate::status)

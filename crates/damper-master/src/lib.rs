@@ -125,6 +125,9 @@ struct Shared {
     /// Every op the suppressed-accounts gauge was set for, so it is set
     /// back to 0 when none is suppressed any more.
     suppressed_ops: Mutex<std::collections::BTreeSet<String>>,
+    /// When each agent's last early report was taken: at most one per
+    /// `policy.surge_min_gap` each.
+    surge_budget: Mutex<damper_core::master::SurgeBudget>,
 }
 
 impl Master {
@@ -158,6 +161,7 @@ impl Master {
                 rollup_interval: w.rollup_interval,
                 started: clock.now(),
                 ingested: IngestedCounters::default(),
+                surge_budget: Mutex::default(),
                 ring: std::sync::OnceLock::new(),
                 suppressed_ops: Mutex::default(),
             }),

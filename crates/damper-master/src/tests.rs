@@ -254,7 +254,9 @@ fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
         ops: vec![OpAccounts {
             op: "messages".into(),
             accounts: vec!["flood".into(), "never-seen".into()],
+            ..OpAccounts::default()
         }],
+        ..FactorsRequest::default()
     };
     clock.set(Nanos::from_millis(end + 500));
     let reply = m.factors(&ask).unwrap();
@@ -274,7 +276,9 @@ fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
         ops: vec![OpAccounts {
             op: "messages".into(),
             accounts: vec![String::new()],
+            ..OpAccounts::default()
         }],
+        ..FactorsRequest::default()
     };
     let status = m.factors(&bad).unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);

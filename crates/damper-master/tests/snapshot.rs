@@ -35,7 +35,9 @@ async fn factor(address: &str) -> f64 {
             ops: vec![OpAccounts {
                 op: "messages".into(),
                 accounts: vec!["flood".into()],
+                ..OpAccounts::default()
             }],
+            ..FactorsRequest::default()
         })
         .await
         .expect("factors answers")

@@ -12,7 +12,7 @@ use std::time::Duration;
 use damper_core::time::Nanos;
 use damper_core::wire::{
     AccountCounts, Factor, FactorsQuery, Listed, OpAccounts, OpCounts, OpVerdicts, Reply, Rollup,
-    Unlisted, millis_u32,
+    SurgeRates, Unlisted, millis_u32,
 };
 
 use crate::v1;
@@ -92,8 +92,12 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                 .map(|op| v1::OpAccounts {
                     op: op.op,
                     accounts: op.accounts,
+                    rates: op.surges.iter().map(|s| s.rate).collect(),
+                    baselines: op.surges.iter().map(|s| s.baseline).collect(),
+                    surged: op.surges.iter().map(|s| s.surged).collect(),
                 })
                 .collect(),
+            surge_at_unix_ms: q.surge_at.map_or(0, |t| t.as_millis()),
         }
     }
 }
@@ -106,12 +110,47 @@ impl From<v1::FactorsRequest> for FactorsQuery {
                 .ops
                 .into_iter()
                 .map(|op| OpAccounts {
+                    surges: surges(&op),
                     op: op.op,
                     accounts: op.accounts,
                 })
                 .collect(),
+            surge_at: (q.surge_at_unix_ms != 0).then(|| Nanos::from_millis(q.surge_at_unix_ms)),
         }
     }
+}
+
+/// An op's surges from the three parallel lists. Lists of unequal length
+/// are a malformed request, which [`surge_lists_error`] names; converted
+/// anyway, they come out as long as `rates`, the missing values 0 or
+/// `false`.
+fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
+    op.rates
+        .iter()
+        .enumerate()
+        .map(|(i, &rate)| SurgeRates {
+            rate,
+            baseline: op.baselines.get(i).copied().unwrap_or(0.0),
+            surged: op.surged.get(i).copied().unwrap_or(false),
+        })
+        .collect()
+}
+
+/// Why an early report's parallel lists do not line up, naming the field;
+/// `None` when every op's `rates`, `baselines` and `surged` are as long as
+/// its `accounts` (or all empty).
+pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
+    request.ops.iter().enumerate().find_map(|(i, op)| {
+        let n = op.accounts.len();
+        let lens = [op.rates.len(), op.baselines.len(), op.surged.len()];
+        if lens == [0, 0, 0] || lens == [n, n, n] {
+            return None;
+        }
+        Some(format!(
+            "ops[{i}]: rates ({}), baselines ({}) and surged ({}) must each have one value per account ({n})",
+            lens[0], lens[1], lens[2]
+        ))
+    })
 }
 
 impl From<Reply> for v1::RollupReply {
@@ -254,9 +293,16 @@ mod tests {
             prop_assert_eq!(back, reply);
             let pairs = rollup.ops.iter()
                 .flat_map(|o| o.accounts.iter().map(move |a| damper_core::Pair::new(&a.account, &o.op)));
-            let query = FactorsQuery::new(&rollup.agent_id, pairs);
+            let query = FactorsQuery::new(&rollup.agent_id, pairs.clone());
             let back = FactorsQuery::from(v1::FactorsRequest::from(query.clone()));
             prop_assert_eq!(back, query);
+            let surges = pairs.enumerate().map(|(i, p)| {
+                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0 })
+            });
+            let query = FactorsQuery::surge(&rollup.agent_id, ms(1 << 40), surges);
+            let request = v1::FactorsRequest::from(query.clone());
+            prop_assert_eq!(surge_lists_error(&request), None);
+            prop_assert_eq!(FactorsQuery::from(request), query);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
-use damper_core::master::MasterState;
+use damper_core::master::{MasterState, SurgeBudget};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
 use damper_core::wire::{Reply, ReplyHeader};
@@ -36,6 +36,8 @@ const MAX_ENTRIES: usize = 100_000;
 pub struct SimMasters {
     config: MasterConfig,
     masters: Vec<Option<MasterState>>,
+    /// Each master's budget of early reports per agent.
+    budgets: Vec<SurgeBudget>,
     /// When each (last) started: a probe's answer says so.
     started: Vec<Nanos>,
 }
@@ -48,6 +50,7 @@ impl SimMasters {
             masters: (0..count)
                 .map(|_| Some(MasterState::new(config.clone())))
                 .collect(),
+            budgets: (0..count).map(|_| SurgeBudget::default()).collect(),
             started: vec![now - Duration::from_secs(3600); count],
         }
     }
@@ -74,6 +77,11 @@ impl Masters for SimMasters {
             Message::Recheck(query) | Message::Probe(query) => {
                 state.answer_factors(now, query, MAX_ENTRIES, header)
             }
+            Message::Surge(query) => {
+                let gap = self.config.policy.surge_min_gap;
+                self.budgets[m].take(&query.agent_id, now, gap).ok()?;
+                state.answer_surge(now, query, MAX_ENTRIES, header)
+            }
             _ => unreachable!("every message a round sends is answered"),
         };
         answered.ok()
@@ -86,6 +94,7 @@ impl Masters for SimMasters {
     fn restart(&mut self, m: usize, now: Nanos) {
         if self.masters[m].is_none() {
             self.masters[m] = Some(MasterState::new(self.config.clone()));
+            self.budgets[m] = SurgeBudget::default();
             self.started[m] = now;
         }
     }

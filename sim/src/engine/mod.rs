@@ -17,8 +17,10 @@
 //! # Layout
 //! - this file: the event loop, the agents' rounds and the network.
 //! - `masters`: [`Masters`], and [`SimMasters`], the simulated ones.
+//! - `control`: [`Control`], the control traffic counted on the way.
 //! - `traffic`: traffic steps and per-second records.
 
+mod control;
 mod masters;
 mod traffic;
 
@@ -35,6 +37,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::scenario::{Action, Scenario, Traffic};
 
+pub use control::Control;
 pub use masters::{Masters, SimMasters};
 use traffic::Item;
 
@@ -82,6 +85,8 @@ pub struct Run {
     pub rollups: (u64, u64),
     /// Cost dropped for being carried too long.
     pub dropped_cost: u64,
+    /// Requests and bytes between agents and masters.
+    pub control: Control,
 }
 
 enum Event {
@@ -134,6 +139,7 @@ pub struct Sim<M: Masters = SimMasters> {
     timeout: Duration,
     rollups: (u64, u64),
     dropped: u64,
+    control: Control,
 }
 
 impl Sim<SimMasters> {
@@ -149,12 +155,18 @@ impl<M: Masters> Sim<M> {
     pub fn with_masters(scenario: Scenario, masters: M) -> Sim<M> {
         let interval = Duration::from_millis(scenario.cluster.rollup_interval_ms);
         let names = masters.names();
+        let surge_rule = scenario
+            .cluster
+            .surge_rule()
+            .expect("validated with the scenario");
         let agents = (0..scenario.cluster.agents)
             .map(|a| {
                 let mut config = RoundConfig::new(format!("agent-{a}"));
                 config.rollup_interval = interval;
+                config.fast_onset = surge_rule;
                 let mut agent_config = AgentConfig::default();
                 agent_config.rollup_interval = interval;
+                agent_config.fast_onset = scenario.cluster.fast_onset;
                 Agent {
                     state: AgentState::new(agent_config),
                     round: AgentRound::new(config, &names, EPOCH),
@@ -198,6 +210,7 @@ impl<M: Masters> Sim<M> {
             timeout: (interval / 2).min(Duration::from_secs(1)),
             rollups: (0, 0),
             dropped: 0,
+            control: Control::default(),
             scenario,
         };
         sim.schedule(EPOCH, Event::Step);
@@ -297,6 +310,7 @@ impl<M: Masters> Sim<M> {
                 .collect(),
             rollups: self.rollups,
             dropped_cost: self.dropped,
+            control: self.control,
         }
     }
 
@@ -336,6 +350,7 @@ impl<M: Masters> Sim<M> {
     fn send(&mut self, a: usize, transmit: Transmit) {
         let rollup = matches!(transmit.message, Message::Rollup(_));
         self.rollups.0 += u64::from(rollup);
+        self.control.sent(&transmit.message);
         let master = self
             .names
             .iter()
@@ -408,7 +423,10 @@ impl<M: Masters> Sim<M> {
     fn answer(&mut self, a: usize, id: RequestId, rollup: bool, reply: Option<Reply>) {
         let agent = &mut self.agents[a];
         match reply {
-            Some(reply) => agent.round.on_reply(self.now, id, &reply, &agent.state),
+            Some(reply) => {
+                self.control.answered(&reply);
+                agent.round.on_reply(self.now, id, &reply, &agent.state);
+            }
             None => {
                 self.rollups.1 += u64::from(rollup);
                 agent.round.on_failure(self.now, id, &agent.state);

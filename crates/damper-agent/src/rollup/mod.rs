@@ -49,6 +49,7 @@ enum Sent {
     },
     Recheck,
     Probe,
+    Surge,
 }
 
 /// A request's outcome, back from its task.
@@ -162,6 +163,10 @@ fn dispatch(
                 let result = client.factors(FactorsRequest::from(query)).await;
                 (Sent::Probe, result)
             }
+            Message::Surge(query) => {
+                let result = client.factors(FactorsRequest::from(query)).await;
+                (Sent::Surge, result)
+            }
             _ => unreachable!("every message this round sends is handled"),
         };
         Answer {
@@ -238,6 +243,16 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
         }
         (Sent::Probe, Ok(reply)) => round.on_reply(now, id, &Reply::from(reply), &shared.state),
         (Sent::Probe, Err(_)) => round.on_failure(now, id, &shared.state),
+        (Sent::Surge, Ok(reply)) => {
+            metrics::counter!("damper_agent_early_reports_total", "result" => "ok").increment(1);
+            round.on_reply(now, id, &Reply::from(reply), &shared.state);
+        }
+        (Sent::Surge, Err(status)) => {
+            // Fails open: the factors in force stay, the rollups go on.
+            metrics::counter!("damper_agent_early_reports_total", "result" => "error").increment(1);
+            tracing::debug!(%master, code = ?status.code(), message = status.message(), "early report failed");
+            round.on_failure(now, id, &shared.state);
+        }
     }
 }
 
@@ -292,6 +307,10 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
                 "no master to send counts to; carrying them over"
             );
             *undelivered += RollupRequest::from(rollup).encoded_len();
+        }
+        RoundEvent::SurgeReported { master, pairs } => {
+            tracing::debug!(%master, pairs, "early report of surges");
+            metrics::counter!("damper_agent_early_report_pairs_total").increment(pairs as u64);
         }
         RoundEvent::Dropped { cost } => {
             shared.stats.dropped_cost.fetch_add(cost, Relaxed);

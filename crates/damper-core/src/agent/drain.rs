@@ -20,12 +20,21 @@ impl AgentState {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let guard = self.entries.guard();
         let mut visited = 0;
+        // The rate a master reads from each count (it spreads a report over
+        // at least one interval): the baseline of surges.
+        let interval = self.config.rollup_interval.as_secs_f64().max(1e-9);
         for (key, entry) in self.entries.iter(&guard) {
             let admitted = entry.admitted.load(Relaxed);
             let rejected = entry.rejected.load(Relaxed);
             let d_admitted = admitted.wrapping_sub(entry.drained_admitted.swap(admitted, Relaxed));
             let d_rejected = rejected.wrapping_sub(entry.drained_rejected.swap(rejected, Relaxed));
             let active = d_admitted != 0 || d_rejected != 0;
+            if entry.carried_since.load(Relaxed) == 0 {
+                // Counts carried over from failed rollups span more than
+                // an interval: the rate before them stays the baseline.
+                let rate = d_admitted.saturating_add(d_rejected) as f64 / interval;
+                entry.reported_rate.store((rate as f32).to_bits(), Relaxed);
+            }
             let idle = entry.idle_drains.load(Relaxed);
             entry
                 .idle_drains

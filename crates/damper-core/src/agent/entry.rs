@@ -5,7 +5,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64,
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed},
 };
 
@@ -17,6 +17,10 @@ use crate::time::{Nanos, duration_nanos};
 
 /// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
 pub(super) const ONE: u64 = 1 << 32;
+
+/// How much above an op's default limit the local guard lets a pair go
+/// before any master has answered for it (its own limit may be higher).
+pub(super) const UNCONFIRMED_ROOM: f64 = 2.0;
 
 /// What [`AgentState::forget_idle`] swaps into a forgotten entry's counters,
 /// after taking it out of the map. A check that found the entry just before
@@ -60,6 +64,30 @@ impl papaya::Equivalent<Key> for KeyRef<'_> {
     }
 }
 
+/// What the agent knows of an op: its interned name, and its default
+/// limit once a reply has said it.
+#[derive(Debug)]
+pub(super) struct OpInfo {
+    /// Shared by every key of the op.
+    pub(super) name: Arc<str>,
+    /// The limit of the op's accounts that no override names, cost per
+    /// second, as a master last said (`unlisted_limit`); `Some(0.0)` when
+    /// the op has none; `None` until a reply mentions the op.
+    pub(super) default_limit: Option<f64>,
+}
+
+impl OpInfo {
+    pub(super) fn new(op: &str) -> OpInfo {
+        OpInfo {
+            name: op.into(),
+            default_limit: None,
+        }
+    }
+}
+
+// Two cache lines: the check's, and the drains' and scans'.
+const _: () = assert!(std::mem::size_of::<Entry>() == 128);
+
 /// The state of one (account, op). Counters only grow; drains remember how
 /// far they have read, so a check never races a drain into losing or
 /// double-counting cost.
@@ -92,19 +120,43 @@ pub(super) struct Entry {
     pub(super) drained_rejected: AtomicU64,
     /// Start of the oldest interval of counts put back by `undrain`, or 0.
     pub(super) carried_since: AtomicU64,
-    /// Whether the last drain took anything: the next one reports a zero
-    /// once, so the master knows this agent went quiet.
-    pub(super) active_last_drain: AtomicBool,
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
     /// already counted, so each lapse is counted once.
     pub(super) expiry_counted: AtomicU64,
+    /// The attempted total at the last surge scan (scanner only).
+    pub(super) surge_total: AtomicU64,
+    /// The attempted rate the last drain reported, cost per second (`f32`
+    /// bits): what the master holds for this agent after a round, the
+    /// baseline a surge is measured against (drainer only).
+    pub(super) reported_rate: AtomicU32,
+    /// The attempted rate the last early report said (`f32` bits), the
+    /// baseline while the master's surge estimate lasts (scanner only).
+    pub(super) surge_rate: AtomicU32,
+    /// The rate over the last sub-window scanned (`f32` bits) (scanner
+    /// only).
+    pub(super) window_rate: AtomicU32,
+    /// How much the rate moves from one sub-window to the next when
+    /// nothing happens: a moving mean of the squared step (`f32` bits), so
+    /// only a change that stands out from the pair's own noise is a surge
+    /// (scanner only).
+    pub(super) surge_noise: AtomicU32,
     /// Drains in a row that took nothing from this entry (drainer only):
     /// how long it has been idle, for [`AgentState::forget_idle`].
-    pub(super) idle_drains: AtomicU32,
+    /// Saturates, far above any `forget_after`.
+    pub(super) idle_drains: AtomicU16,
+    /// The grid round (index of its end, modulo 2^16, never 0) the last
+    /// early report was sent in; 0 for none (scanner only).
+    pub(super) surge_round: AtomicU16,
+    /// Whether the last drain took anything: the next one reports a zero
+    /// once, so the master knows this agent went quiet.
+    pub(super) active_last_drain: AtomicBool,
 }
 
 impl Entry {
-    pub(super) fn new(now: Nanos) -> Entry {
+    /// A new entry at `now`; `limit` is the op's default limit when known
+    /// (0.0 otherwise), which the local guard applies until a master
+    /// answers for the pair.
+    pub(super) fn new(now: Nanos, limit: f64) -> Entry {
         Entry {
             admitted: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -114,12 +166,18 @@ impl Entry {
             active_last_drain: AtomicBool::new(false),
             master_threshold: AtomicU64::new(0),
             master_expires: AtomicU64::new(0),
-            limit: AtomicU64::new(0),
+            limit: AtomicU64::new(limit.to_bits()),
             local_threshold: AtomicU64::new(0),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
             expiry_counted: AtomicU64::new(0),
-            idle_drains: AtomicU32::new(0),
+            idle_drains: AtomicU16::new(0),
+            window_rate: AtomicU32::new(0),
+            reported_rate: AtomicU32::new(0),
+            surge_rate: AtomicU32::new(0),
+            surge_round: AtomicU16::new(0),
+            surge_noise: AtomicU32::new(0),
+            surge_total: AtomicU64::new(0),
         }
     }
 
@@ -137,14 +195,25 @@ impl Entry {
     pub(super) fn thresholds(&self, now: u64, config: &AgentConfig) -> (u64, u64, f64) {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // threshold stored before it, never an older one.
-        let (master, limit) = if now < self.master_expires.load(Acquire) {
+        let expires = self.master_expires.load(Acquire);
+        let (master, limit) = if now < expires {
             (
                 self.master_threshold.load(Relaxed),
                 f64::from_bits(self.limit.load(Relaxed)),
             )
+        } else if expires == 0 {
+            // No master has answered for this pair yet: the local guard
+            // applies its op's default limit, if the entry was made knowing
+            // it (0.0 otherwise: unknown), with room to spare, since the
+            // account may have an override above it: a flood is caught,
+            // a busy account is not refused before its master speaks.
+            (
+                0,
+                f64::from_bits(self.limit.load(Relaxed)) * UNCONFIRMED_ROOM,
+            )
         } else {
-            // Expired or never set: fail open, the local guard included,
-            // since the limit it enforces is only known while the master is.
+            // Expired: fail open, the local guard included, since the limit
+            // it enforces is only known while the master is.
             (0, 0.0)
         };
         let local = if limit > 0.0 {
@@ -216,7 +285,7 @@ impl Entry {
     /// idle for `idle_drains` drains, its zero report sent, nothing carried
     /// or counted since the last drain, and no factor in force (fail-static
     /// hold included). Then it is the same as no entry at all.
-    pub(super) fn forgettable(&self, now: Nanos, idle_drains: u32) -> bool {
+    pub(super) fn forgettable(&self, now: Nanos, idle_drains: u16) -> bool {
         let admitted = self.admitted.load(Relaxed);
         let rejected = self.rejected.load(Relaxed);
         self.idle_drains.load(Relaxed) >= idle_drains
@@ -280,24 +349,32 @@ impl AgentState {
     ) -> &'g Entry {
         match self.entries.get(&KeyRef { op, account }, guard) {
             Some(entry) => entry,
-            None => self.entries.get_or_insert_with(
-                self.new_key(account, op),
-                || Entry::new(now),
-                guard,
-            ),
+            None => {
+                let (key, limit) = self.new_key(account, op);
+                self.entries
+                    .get_or_insert_with(key, || Entry::new(now, limit), guard)
+            }
         }
     }
 
-    /// The owned key for a new (account, op), with the op interned.
-    pub(super) fn new_key(&self, account: &str, op: &str) -> Key {
+    /// The owned key for a new (account, op), with the op interned, and the
+    /// op's default limit for the local guard (0.0: unknown, none, or fast
+    /// onset off).
+    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, f64) {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
-        let op = match ops.get(op) {
-            Some(op) => op.clone(),
-            None => ops.entry(op.into()).or_insert_with(|| op.into()).clone(),
+        let known = match ops.get(op) {
+            Some(known) => known,
+            None => ops.entry(op.into()).or_insert_with(|| OpInfo::new(op)),
         };
-        Key {
-            op,
+        let limit = if self.config.fast_onset {
+            known.default_limit.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let key = Key {
+            op: known.name.clone(),
             account: CompactString::from(account),
-        }
+        };
+        (key, limit)
     }
 }

@@ -24,7 +24,7 @@ impl AgentState {
             .forget_after
             .as_nanos()
             .div_ceil(self.config.rollup_interval.as_nanos().max(1))
-            .clamp(1, u128::from(u32::MAX)) as u32;
+            .clamp(1, u128::from(u16::MAX)) as u16;
         let guard = self.entries.guard();
         let mut forgotten = 0;
         for (key, entry) in self.entries.iter(&guard) {

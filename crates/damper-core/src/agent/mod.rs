@@ -45,17 +45,20 @@
 //! - `entry`: one (account, op)'s state and its key.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
+//! - `surge`: finding the pairs whose demand jumped or fell since they
+//!   were last reported ([`AgentState::scan_surges`]).
 
 mod drain;
 mod entry;
 mod forget;
+mod surge;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
     fence,
 };
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
@@ -64,7 +67,8 @@ use rand::Rng;
 use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::Reply;
-use entry::{Entry, Key, KeyRef, ONE, RETIRED, threshold};
+use entry::{Entry, Key, KeyRef, ONE, OpInfo, RETIRED, threshold};
+pub use surge::{SurgeRule, SurgeRuleError};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +90,12 @@ pub struct AgentConfig {
     /// enough that an account active now and then keeps its entry rather
     /// than paying an insert each time. Default 60 s.
     pub forget_after: Duration,
+    /// Whether the local guard applies an op's default limit, learned from
+    /// any master's reply, to pairs no master has answered for yet: an
+    /// account never seen is guarded from its first check rather than from
+    /// its first reply. Part of fast onset (see `docs/design.md`); off, the
+    /// local guard waits for the pair's own reply. Default on.
+    pub fast_onset: bool,
 }
 
 impl Default for AgentConfig {
@@ -94,6 +104,7 @@ impl Default for AgentConfig {
             rollup_interval: crate::DEFAULT_ROLLUP_INTERVAL,
             local_window: Duration::from_millis(250),
             forget_after: Duration::from_secs(60),
+            fast_onset: true,
         }
     }
 }
@@ -198,9 +209,10 @@ pub fn agent_seed(agent_id: &str) -> u64 {
 pub struct AgentState {
     config: AgentConfig,
     entries: papaya::HashMap<Key, Entry, RandomState>,
-    /// One shared allocation per op name, for the keys. Taken only when a
-    /// new (account, op) is inserted, never on a known key's check.
-    ops: Mutex<HashMap<Box<str>, Arc<str>>>,
+    /// Per op name: one shared allocation for the keys, and the op's
+    /// default limit once learned. Taken only when a new (account, op) is
+    /// inserted or a reply teaches limits, never on a known key's check.
+    ops: Mutex<HashMap<Box<str>, OpInfo>>,
     /// Drains and undrains take this, so there is one drainer at a time.
     /// Never taken by `check`.
     drain_lock: Mutex<()>,
@@ -433,9 +445,77 @@ impl AgentState {
         reply: &Reply,
         asked: impl IntoIterator<Item = Pair<'a>>,
     ) {
+        self.learn_op_limits(reply);
+        let mut unmentioned: Vec<&str> = Vec::new();
+        let asked = asked.into_iter().inspect(|pair| {
+            if unmentioned.last() != Some(&pair.op) && !reply.ops.iter().any(|o| o.op == pair.op) {
+                unmentioned.push(pair.op);
+            }
+        });
         reply.expand(asked, |pair, f| {
             self.apply(now, pair.account, pair.op, f.factor, f.limit, f.valid_for);
         });
+        if !unmentioned.is_empty() {
+            // The master answered for these ops and had nothing to say:
+            // they have no default limit.
+            let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+            for op in unmentioned {
+                if let Some(known) = ops.get_mut(op) {
+                    known.default_limit = Some(0.0);
+                }
+            }
+        }
+    }
+
+    /// Forgets that `pair` was reported early (the report failed): its
+    /// baseline is its last rollup's again.
+    pub fn unmark_surge(&self, pair: Pair<'_>) {
+        let guard = self.entries.guard();
+        if let Some(entry) = self.entries.get(
+            &KeyRef {
+                op: pair.op,
+                account: pair.account,
+            },
+            &guard,
+        ) {
+            entry.surge_round.store(0, Relaxed);
+        }
+    }
+
+    /// Learns each op's default limit from a reply (its `unlisted` verdict;
+    /// none: the op has no default), for the local guard of pairs not yet
+    /// answered for. Ops the reply does not mention keep what is known.
+    pub fn learn_op_limits(&self, reply: &Reply) {
+        if reply.ops.is_empty() {
+            return;
+        }
+        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        for op in &reply.ops {
+            if !reportable(&op.op) {
+                continue;
+            }
+            let limit = op.unlisted.map_or(0.0, |u| u.limit);
+            let limit = if limit.is_finite() && limit > 0.0 {
+                limit
+            } else {
+                0.0
+            };
+            match ops.get_mut(op.op.as_str()) {
+                Some(known) => known.default_limit = Some(limit),
+                None => {
+                    let mut known = OpInfo::new(&op.op);
+                    known.default_limit = Some(limit);
+                    ops.insert(op.op.as_str().into(), known);
+                }
+            }
+        }
+    }
+
+    /// The default limit of `op` as learned from replies: `None` until a
+    /// reply mentions the op, `Some(0.0)` when it has none.
+    pub fn op_limit(&self, op: &str) -> Option<f64> {
+        let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        ops.get(op).and_then(|known| known.default_limit)
     }
 
     /// Counts the positive factors that lapsed (their validity, and any

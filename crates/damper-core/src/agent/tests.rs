@@ -475,7 +475,7 @@ proptest! {
 fn borrowed_and_owned_keys_hash_alike() {
     use std::hash::BuildHasher;
     let agent = AgentState::new(AgentConfig::default());
-    let owned = agent.new_key("account-000042", "messages");
+    let (owned, _) = agent.new_key("account-000042", "messages");
     let borrowed = KeyRef {
         op: "messages",
         account: "account-000042",

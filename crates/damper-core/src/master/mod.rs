@@ -30,7 +30,9 @@
 //! - this file: [`MasterState`]: ingest, verdicts, views, eviction,
 //!   snapshots.
 //! - `table`: where the pairs are kept and how one is found.
+//! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
 
+mod budget;
 mod table;
 
 use std::time::Duration;
@@ -44,8 +46,9 @@ use crate::limits::Rate;
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
 
-use crate::wire::validate_name;
 pub use crate::wire::{Report, ReportError};
+use crate::wire::{SurgeRates, validate_name};
+pub use budget::{SurgeBudget, SurgeRefused};
 use table::{Entries, Op};
 
 /// What the master tells agents about one limited (account, op).
@@ -235,12 +238,46 @@ impl MasterState {
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
         key.last_report = key.last_report.max(now);
+        Ok(self.conclude(i, report.account, report.op, now))
+    }
+
+    /// Takes one early report received at `now`: an agent's rate for an
+    /// (account, op) over the sub-window that ended at `at`, against the
+    /// rate it last reported (see [`DemandWindow::surge`]). Returns the
+    /// verdict, marked for a recheck after the policy's `surge_recheck`
+    /// (other agents' early reports of the same sub-window are still on
+    /// their way), or `None` when no limit applies.
+    pub fn surge(
+        &mut self,
+        now: Nanos,
+        at: Nanos,
+        pair: Pair<'_>,
+        rates: SurgeRates,
+    ) -> Result<Option<Verdict>, ReportError> {
+        validate_name("account", pair.account)?;
+        validate_name("op", pair.op)?;
+        let op = self.op_id(pair.op);
+        let i = self.find_or_insert(op, pair.account, now);
+        let key = self.entries.get_mut(i);
+        // An agent whose clock runs ahead: its sub-window ended by now.
+        key.window
+            .surge(&self.config.window, now, at.min(now), rates);
+        key.last_report = key.last_report.max(now);
+        let recheck_at = now + self.config.policy.surge_recheck;
+        Ok(self
+            .conclude(i, pair.account, pair.op, now)
+            .map(|v| Verdict {
+                recheck_at: Some(recheck_at),
+                ..v
+            }))
+    }
+
+    /// The verdict of entry `i` after a report, with its limit looked up
+    /// again if the config changed, and its transition noted.
+    fn conclude(&mut self, i: u32, account: &str, op: &str, now: Nanos) -> Option<Verdict> {
+        let key = self.entries.get_mut(i);
         if key.generation != self.generation {
-            key.limit = self
-                .config
-                .limits
-                .lookup(report.account, report.op)
-                .map(|m| m.id);
+            key.limit = self.config.limits.lookup(account, op).map(|m| m.id);
             key.generation = self.generation;
         }
         let verdict = key
@@ -252,8 +289,8 @@ impl MasterState {
             key.suppressed = suppressed;
             if let Some(transitions) = &mut self.transitions {
                 transitions.push(Transition {
-                    op: report.op.to_owned(),
-                    account: report.account.to_owned(),
+                    op: op.to_owned(),
+                    account: account.to_owned(),
                     kind: if suppressed {
                         TransitionKind::Started
                     } else {
@@ -265,7 +302,7 @@ impl MasterState {
                 });
             }
         }
-        Ok(verdict)
+        verdict
     }
 
     /// Every tracked (account, op) that `keep(op, account)` selects, as it
@@ -428,8 +465,18 @@ impl MasterState {
     }
 }
 
+/// How far above the limit a surge estimate must be before it suppresses:
+/// early reports measure short sub-windows, so an account at 0.9× its limit
+/// can read a few tenths above it. Between the limit and this multiple, a
+/// surge estimate reads as the limit (no suppression) until whole rounds
+/// confirm it; a deluge is far above.
+pub const SURGE_MARGIN: f64 = 1.15;
+
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
-    let estimate = window.estimate(&config.window, now);
+    let mut estimate = window.estimate(&config.window, now);
+    if estimate.surge && estimate.rates.demand <= limit.get() * SURGE_MARGIN {
+        estimate.rates.demand = estimate.rates.demand.min(limit.get());
+    }
     let factor = config.policy.kind.factor(limit, estimate.rates);
     Verdict {
         factor,

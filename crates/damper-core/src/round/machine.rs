@@ -1,6 +1,6 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
 use crate::agent::{AgentState, Pending, agent_seed, send_spread};
 use crate::membership::{HealthConfig, Membership};
 use crate::time::Nanos;
-use crate::wire::{FactorsQuery, Reply, Rollup};
+use crate::wire::{FactorsQuery, Reply, Rollup, SurgeRates};
 use crate::{OwnedPair, Pair};
 
 /// A round cut and waiting for its send time.
@@ -37,6 +37,11 @@ enum InFlight {
     },
     Probe {
         master: String,
+    },
+    Hello,
+    Surge {
+        master: String,
+        pairs: Vec<OwnedPair>,
     },
 }
 
@@ -75,6 +80,13 @@ pub struct AgentRound {
     next_id: u64,
     rounds: u64,
     stopping: bool,
+    /// When the next surge scan is due (fast onset only).
+    next_scan: Option<Nanos>,
+    /// When the last one ran: the next measures from here.
+    last_scan: Nanos,
+    /// Masters with an early report in flight: no second one until it is
+    /// answered.
+    surging: BTreeSet<String>,
 }
 
 impl AgentRound {
@@ -91,7 +103,10 @@ impl AgentRound {
             rollup_interval: interval,
             ..config.health
         };
-        AgentRound {
+        let next_scan = config
+            .fast_onset
+            .map(|rule| grid_floor(now, rule.window()) + rule.window());
+        let mut round = AgentRound {
             membership: Membership::new(members, health, agent_seed(&config.agent_id)),
             spread: send_spread(&config.agent_id, interval),
             start,
@@ -105,7 +120,23 @@ impl AgentRound {
             next_id: 0,
             rounds: 0,
             stopping: false,
+            next_scan,
+            last_scan: now,
+            surging: BTreeSet::new(),
             config,
+        };
+        if round.config.fast_onset.is_some() {
+            round.hello();
+        }
+        round
+    }
+
+    /// Asks every master for the ops' default limits, so the local guard
+    /// knows them before the first rollup is answered.
+    fn hello(&mut self) {
+        for master in self.live_members() {
+            let query = FactorsQuery::new(&self.config.agent_id, []);
+            self.transmit(master, Message::Probe(query), InFlight::Hello);
         }
     }
 
@@ -141,7 +172,8 @@ impl AgentRound {
         let cut = (!self.stopping).then_some(self.next_cut);
         let send = self.cuts.front().map(|c| c.send_at);
         let recheck = self.rechecks.iter().map(|r| r.0).min();
-        [cut, send, recheck].into_iter().flatten().min()
+        let scan = self.next_scan.filter(|_| !self.stopping);
+        [cut, send, recheck, scan].into_iter().flatten().min()
     }
 
     /// Does what is due at `now`: cutting the round, sending it, sending
@@ -156,6 +188,9 @@ impl AgentRound {
         while self.cuts.front().is_some_and(|c| c.send_at <= now) {
             let cut = self.cuts.pop_front().expect("a cut is waiting");
             self.send(cut, now, state);
+        }
+        if !self.stopping && self.next_scan.is_some_and(|at| now >= at) {
+            self.scan(now, state);
         }
         self.send_rechecks(now);
     }
@@ -203,12 +238,7 @@ impl AgentRound {
                     open.foreign
                         .get_or_insert((master.clone(), reply.foreign_entries));
                 }
-                if let Some(after) = reply.recheck_after {
-                    let pairs: Vec<OwnedPair> = reply.rechecks().map(Pair::to_owned).collect();
-                    if !pairs.is_empty() && !self.stopping {
-                        self.rechecks.push((now + after, master.clone(), pairs));
-                    }
-                }
+                self.schedule_recheck(now, &master, reply);
                 state.apply_reply(now, reply, rollup.pairs());
                 self.finish_one(round, master, true, now, state);
             }
@@ -216,12 +246,29 @@ impl AgentRound {
                 state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
             }
             Some(InFlight::Probe { master }) => {
+                state.learn_op_limits(reply);
                 self.membership.answered(&master, reply.started, now);
                 if !self.membership.is_up(&master) {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
+            Some(InFlight::Hello) => state.learn_op_limits(reply),
+            Some(InFlight::Surge { master, pairs }) => {
+                self.surging.remove(&master);
+                self.schedule_recheck(now, &master, reply);
+                state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
+            }
             None => {}
+        }
+    }
+
+    /// A recheck of the pairs `reply` marks, if it asks for one.
+    fn schedule_recheck(&mut self, now: Nanos, master: &str, reply: &Reply) {
+        if let Some(after) = reply.recheck_after {
+            let pairs: Vec<OwnedPair> = reply.rechecks().map(Pair::to_owned).collect();
+            if !pairs.is_empty() && !self.stopping {
+                self.rechecks.push((now + after, master.to_owned(), pairs));
+            }
         }
     }
 
@@ -239,10 +286,69 @@ impl AgentRound {
                 self.finish_one(round, master, false, now, state);
             }
             // The factors in force stay until the next rollup's reply.
-            Some(InFlight::Recheck { .. }) | None => {}
+            Some(InFlight::Recheck { .. } | InFlight::Hello) | None => {}
             Some(InFlight::Probe { master }) => {
                 self.membership.failed(&master, now);
             }
+            // The master may never have seen it: the pairs' baselines are
+            // their rollups' again, and the next scan finds them if they
+            // still surge. A failed early report says nothing of the
+            // master's health; the rollups do.
+            Some(InFlight::Surge { master, pairs }) => {
+                self.surging.remove(&master);
+                for pair in &pairs {
+                    state.unmark_surge(pair.as_pair());
+                }
+            }
+        }
+    }
+
+    /// Step 4: scans for surges and sends one early report per master.
+    fn scan(&mut self, now: Nanos, state: &AgentState) {
+        let Some(rule) = self.config.fast_onset else {
+            return;
+        };
+        let since = std::mem::replace(&mut self.last_scan, now);
+        self.next_scan = Some(grid_floor(now, rule.window()) + rule.window());
+        let max = self.config.max_entries_per_request.max(1);
+        let live = self.membership.live();
+        let busy = &self.surging;
+        let mut batches: BTreeMap<String, Vec<(OwnedPair, SurgeRates)>> = BTreeMap::new();
+        state.scan_surges(since, now, &rule, |pair, rates| {
+            let Some(master) = live.owner(pair.account) else {
+                return false;
+            };
+            if busy.contains(master) {
+                return false;
+            }
+            let batch = match batches.get_mut(master) {
+                Some(batch) => batch,
+                None => batches.entry(master.to_owned()).or_default(),
+            };
+            if batch.len() >= max {
+                return false;
+            }
+            batch.push((pair.to_owned(), rates));
+            true
+        });
+        for (master, mut batch) in batches {
+            batch.sort_unstable_by(|(a, _), (b, _)| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
+            let query = FactorsQuery::surge(
+                &self.config.agent_id,
+                now,
+                batch.iter().map(|(p, r)| (p.as_pair(), *r)),
+            );
+            let pairs: Vec<OwnedPair> = batch.into_iter().map(|(p, _)| p).collect();
+            self.events.push_back(RoundEvent::SurgeReported {
+                master: master.clone(),
+                pairs: pairs.len(),
+            });
+            self.surging.insert(master.clone());
+            let flight = InFlight::Surge {
+                master: master.clone(),
+                pairs,
+            };
+            self.transmit(master, Message::Surge(query), flight);
         }
     }
 
@@ -374,7 +480,7 @@ impl AgentRound {
         }
     }
 
-    /// Step 4: the round's consequences.
+    /// Step 5: the round's consequences.
     fn settle(&mut self, round: u64, now: Nanos, state: &AgentState) {
         let Some(open) = self.open.remove(&round) else {
             return;

@@ -19,7 +19,13 @@
 //!    A recheck it asks for is sent `recheck_after` later. A failed or
 //!    timed-out request has its counts carried over to the next round,
 //!    unless they are older than `max_carry`.
-//! 4. **Settle**, once every request of the round is answered or failed:
+//! 4. **Surges** (fast onset), between cuts: every sub-window the machine
+//!    scans the pairs ([`AgentState::scan_surges`](crate::agent::AgentState::scan_surges))
+//!    and sends those whose rate jumped or fell at once, one early report
+//!    per master (none to a master still answering the last one); the
+//!    reply's factors apply at once, and its recheck a moment later brings
+//!    the estimate with every agent's early report in.
+//! 5. **Settle**, once every request of the round is answered or failed:
 //!    masters that failed are counted towards going down ([`Membership`]),
 //!    a master that said the agent's ring differs brings the down masters'
 //!    probes forward, lapsed factors are counted, and idle pairs are
@@ -50,6 +56,7 @@ mod machine;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::agent::SurgeRule;
 use crate::membership::HealthConfig;
 use crate::time::Nanos;
 use crate::wire::{FactorsQuery, Rollup};
@@ -57,7 +64,7 @@ use crate::wire::{FactorsQuery, Rollup};
 pub use machine::AgentRound;
 
 /// How a round is run. Built with [`RoundConfig::new`], then adjusted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct RoundConfig {
     /// This agent's identity in rollups: it also seeds the send spread and
@@ -73,6 +80,12 @@ pub struct RoundConfig {
     pub max_carry: Duration,
     /// When a master counts as down, and how it is probed.
     pub health: HealthConfig,
+    /// Fast onset: what counts as a surge, found by a scan every
+    /// sub-window and sent at once as an early report (see `docs/design.md`);
+    /// with it, a new round also says hello to every master to learn the
+    /// ops' default limits. `None` turns it off: rollups alone, every
+    /// interval.
+    pub fast_onset: Option<SurgeRule>,
 }
 
 impl RoundConfig {
@@ -85,6 +98,7 @@ impl RoundConfig {
             max_entries_per_request: 10_000,
             max_carry: Duration::from_secs(30),
             health: HealthConfig::default(),
+            fast_onset: Some(SurgeRule::default_for(crate::DEFAULT_ROLLUP_INTERVAL)),
         }
     }
 }
@@ -114,8 +128,11 @@ pub enum Message {
     Rollup(Arc<Rollup>),
     /// A recheck of factors a reply marked (`Factors`).
     Recheck(FactorsQuery),
-    /// Whether a down master answers again (`Factors` naming nothing).
+    /// Whether a down master answers again (`Factors` naming nothing);
+    /// also a new round's hello, to learn the ops' default limits.
     Probe(FactorsQuery),
+    /// An early report of surges (`Factors` with rates).
+    Surge(FactorsQuery),
 }
 
 /// What the round did that a driver logs or counts.
@@ -156,6 +173,13 @@ pub enum RoundEvent {
     /// Counts no master could take (every master down): carried over. The
     /// request that would have carried them, for its size.
     Unroutable(Rollup),
+    /// An early report of surges went to a master.
+    SurgeReported {
+        /// The master.
+        master: String,
+        /// The (account, op) pairs it carries.
+        pairs: usize,
+    },
     /// Undelivered cost older than `max_carry`, dropped.
     Dropped {
         /// Attempted cost dropped.

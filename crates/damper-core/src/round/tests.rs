@@ -20,8 +20,11 @@ fn master() -> MasterState {
     MasterState::new(MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap())
 }
 
+/// A round without fast onset: rollups alone (see `surge_tests` for the rest).
 fn round(id: &str, members: &[&str]) -> AgentRound {
-    AgentRound::new(RoundConfig::new(id), members.iter().copied(), at(10))
+    let mut config = RoundConfig::new(id);
+    config.fast_onset = None;
+    AgentRound::new(config, members.iter().copied(), at(10))
 }
 
 /// Answers every transmit at once from `master` (probes say it started at
@@ -44,6 +47,7 @@ fn answer_all(
             Message::Recheck(q) | Message::Probe(q) => {
                 master.answer_factors(now, q, 100, header).unwrap()
             }
+            Message::Surge(q) => master.answer_surge(now, q, 100, header).unwrap(),
         };
         round.on_reply(now, t.id, &reply, state);
         sent.push(t);
@@ -229,6 +233,7 @@ fn large_rollups_are_split_and_stop_sends_everything_at_once() {
     let mut m = master();
     let mut config = RoundConfig::new("edge-3");
     config.max_entries_per_request = 40;
+    config.fast_onset = None;
     let mut r = AgentRound::new(config, ["m1"], at(0));
     let mut rng = SmallRng::seed_from_u64(3);
     for i in 0..100 {
@@ -257,4 +262,103 @@ fn large_rollups_are_split_and_stop_sends_everything_at_once() {
         0.0
     );
     assert_eq!(m.len(), 101);
+}
+
+/// Fast onset: the hello teaches the op's limit, a jump goes out as an
+/// early report within a sub-window, its reply applies at once and asks
+/// for a recheck; a sudden drop is reported the same way and releases.
+#[test]
+fn a_surge_is_reported_early_and_its_drop_releases() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = AgentRound::new(RoundConfig::new("edge-9"), ["m1"], at(10));
+    // The hello: the op's default limit, before any rollup.
+    let hello = answer_all(&mut r, &state, &mut m, at(10));
+    assert!(
+        matches!(&hello[..], [Transmit { message: Message::Probe(q), .. }] if q.ops.is_empty())
+    );
+    assert_eq!(state.op_limit("messages"), Some(1000.0));
+    // Quiet for a round at 100/s, reported.
+    let mut now = at(10);
+    let mut step = |state: &AgentState, r: &mut AgentRound, m: &mut MasterState, to, rate| {
+        drive(state, r, m, &mut now, to, rate)
+    };
+    let sent = step(&state, &mut r, &mut m, 2_600, 100);
+    assert!(
+        sent.iter().all(|t| !matches!(t.message, Message::Surge(_))),
+        "{sent:?}"
+    );
+    // A 50× jump: reported within a sub-window (200 ms), and suppressed
+    // at once.
+    let sent = step(&state, &mut r, &mut m, 2_800, 5_000);
+    let surge = sent
+        .iter()
+        .find_map(|t| match &t.message {
+            Message::Surge(q) => Some(q.clone()),
+            _ => None,
+        })
+        .expect("an early report");
+    let (pair, rates) = surge.surges().next().unwrap();
+    assert_eq!(pair, Pair::new("flood", "messages"));
+    assert!(rates.rate > 4_000.0 && rates.baseline < 200.0, "{rates:?}");
+    let factor = state.factor(at(2_800), "flood", "messages").unwrap();
+    assert!(factor > 0.7, "{factor}");
+    assert!(
+        events(&mut r)
+            .iter()
+            .any(|e| matches!(e, RoundEvent::SurgeReported { pairs: 1, .. }))
+    );
+    // The flood stops: the drop goes out early too and the factor is 0
+    // within a sub-window or two, not a round.
+    let _ = step(&state, &mut r, &mut m, 3_200, 5_000);
+    let sent = step(&state, &mut r, &mut m, 3_700, 100);
+    assert!(sent.iter().any(|t| matches!(t.message, Message::Surge(_))));
+    assert_eq!(state.factor(at(3_700), "flood", "messages"), Some(0.0));
+}
+
+/// Checks `rate` per second of `flood` at 10 ms steps from `now` to `to`
+/// ms, waking the round and answering it; returns what it sent.
+fn drive(
+    state: &AgentState,
+    r: &mut AgentRound,
+    m: &mut MasterState,
+    now: &mut Nanos,
+    to: u64,
+    rate: u64,
+) -> Vec<Transmit> {
+    let mut rng = SmallRng::seed_from_u64(now.as_nanos());
+    let mut sent = Vec::new();
+    while *now < at(to) {
+        let next = r
+            .poll_timeout()
+            .unwrap()
+            .min(*now + Duration::from_millis(10));
+        for _ in 0..rate / 100 {
+            state.check(*now, "flood", "messages", 1, &mut rng);
+        }
+        *now = next;
+        r.handle_timeout(*now, state);
+        sent.extend(answer_all(r, state, m, *now));
+    }
+    sent
+}
+
+/// Without fast onset, the same jump waits for the round.
+#[test]
+fn without_fast_onset_a_jump_waits_for_the_round() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-9", &["m1"]);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut now = at(10);
+    while now < at(1_900) {
+        for _ in 0..50 {
+            state.check(now, "flood", "messages", 1, &mut rng);
+        }
+        now = now + Duration::from_millis(10);
+        r.handle_timeout(now, &state);
+        let sent = answer_all(&mut r, &state, &mut m, now);
+        assert!(sent.is_empty(), "{sent:?}");
+    }
+    assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
 }

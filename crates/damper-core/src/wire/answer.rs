@@ -3,6 +3,8 @@
 //! The master service runs the same steps over its shards: validate the
 //! whole request, ingest each entry, compact the verdicts.
 
+use crate::Pair;
+use crate::config::MasterConfig;
 use crate::master::MasterState;
 use crate::time::Nanos;
 
@@ -33,7 +35,8 @@ impl MasterState {
     }
 
     /// The verdicts in force at `now` for the pairs `query` names, counting
-    /// nothing, as a compact reply.
+    /// nothing, as a compact reply. A query naming nothing (a probe, or a
+    /// new agent's hello) is told every op's default limit.
     pub fn answer_factors(
         &self,
         now: Nanos,
@@ -42,7 +45,7 @@ impl MasterState {
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
         query.validate(max_entries)?;
-        let mut reply = ReplyBuilder::new(self.config(), query.ops.iter().map(|o| o.op.as_str()));
+        let mut reply = query_reply(self.config(), query);
         for (i, op) in query.ops.iter().enumerate() {
             for account in &op.accounts {
                 if let Some(v) = self.verdict(now, account, &op.op) {
@@ -51,5 +54,47 @@ impl MasterState {
             }
         }
         Ok(reply.finish(now, header))
+    }
+
+    /// Takes an early report (`query` with surges) at `now`, and answers
+    /// with the verdicts of its pairs, marked for a recheck. The budget per
+    /// agent is the caller's ([`SurgeBudget`](crate::master::SurgeBudget)).
+    pub fn answer_surge(
+        &mut self,
+        now: Nanos,
+        query: &FactorsQuery,
+        max_entries: usize,
+        header: ReplyHeader,
+    ) -> Result<Reply, RollupError> {
+        query.validate(max_entries)?;
+        let at = query.surge_at.unwrap_or(now);
+        let mut reply = query_reply(self.config(), query);
+        for (i, op) in query.ops.iter().enumerate() {
+            for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
+                let verdict = self
+                    .surge(now, at, Pair::new(account, &op.op), *rates)
+                    .map_err(|error| RollupError::Entry {
+                        op: i,
+                        account: j,
+                        error,
+                    })?;
+                if let Some(v) = verdict {
+                    reply.add(i, || account.clone(), &v);
+                }
+            }
+        }
+        Ok(reply.finish(now, header))
+    }
+}
+
+/// The reply being built for `query`: for its ops, or, when it names none,
+/// for every op with a default limit, so a new agent learns them all.
+pub fn query_reply(config: &MasterConfig, query: &FactorsQuery) -> ReplyBuilder {
+    if query.ops.is_empty() {
+        let mut ops: Vec<&str> = config.limits.default_ops().collect();
+        ops.sort_unstable();
+        ReplyBuilder::new(config, ops)
+    } else {
+        ReplyBuilder::new(config, query.ops.iter().map(|o| o.op.as_str()))
     }
 }

@@ -34,6 +34,7 @@ use crate::Pair;
 use crate::agent::Pending;
 use crate::time::Nanos;
 
+pub use answer::query_reply;
 pub use compact::{ReplyBuilder, ReplyHeader};
 pub use validate::{
     MAX_CLOCK_AHEAD, MAX_REPORT_SPAN, Report, ReportError, RollupError, validate_name,
@@ -81,23 +82,46 @@ pub struct AccountCounts {
 }
 
 /// The (account, op) pairs whose factors an agent asks for without
-/// reporting counts (`FactorsRequest`): a recheck, or, naming nothing, a
-/// probe of a master that is down.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// reporting counts (`FactorsRequest`): a recheck; naming nothing, a probe
+/// of a master that is down (or a new agent's hello); with `surge_at`, an
+/// early report of surges.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FactorsQuery {
     /// The asking agent.
     pub agent_id: String,
     /// The pairs, grouped by op.
     pub ops: Vec<OpAccounts>,
+    /// For an early report: the end of the sub-window its rates were
+    /// measured over (whole milliseconds). Every op then carries one
+    /// [`SurgeRates`] per account.
+    pub surge_at: Option<Nanos>,
 }
 
 /// One op's accounts in a [`FactorsQuery`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpAccounts {
     /// The op.
     pub op: String,
     /// Its accounts.
     pub accounts: Vec<String>,
+    /// In an early report, each account's surge, in the same order; empty
+    /// otherwise.
+    pub surges: Vec<SurgeRates>,
+}
+
+/// One pair's surge, as an early report carries it: this agent's attempted
+/// rate over the last sub-window, and the rate it last told the master.
+/// The master moves its estimate of the account by the difference.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SurgeRates {
+    /// Attempted cost per second over the sub-window.
+    pub rate: f32,
+    /// What the master holds for this agent: the rate of its last early
+    /// report of the pair (`surged`), or of its last rollup.
+    pub baseline: f32,
+    /// Whether `baseline` is an early report's, still in the master's
+    /// surge estimate, rather than a rollup's.
+    pub surged: bool,
 }
 
 /// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).
@@ -304,12 +328,56 @@ impl FactorsQuery {
             .map(|Pair { account, op }| (op.to_owned(), account.to_owned()));
         let ops = group_by_op(accounts)
             .into_iter()
-            .map(|(op, accounts)| OpAccounts { op, accounts })
+            .map(|(op, accounts)| OpAccounts {
+                op,
+                accounts,
+                surges: Vec::new(),
+            })
             .collect();
         FactorsQuery {
             agent_id: agent_id.to_owned(),
             ops,
+            surge_at: None,
         }
+    }
+
+    /// The early report of `surges` (grouped by op) measured over the
+    /// sub-window that ends at `at`.
+    pub fn surge<'a>(
+        agent_id: &str,
+        at: Nanos,
+        surges: impl IntoIterator<Item = (Pair<'a>, SurgeRates)>,
+    ) -> Self {
+        let entries = surges
+            .into_iter()
+            .map(|(Pair { account, op }, rates)| (op.to_owned(), (account.to_owned(), rates)));
+        let ops = group_by_op(entries)
+            .into_iter()
+            .map(|(op, entries)| {
+                let (accounts, surges) = entries.into_iter().unzip();
+                OpAccounts {
+                    op,
+                    accounts,
+                    surges,
+                }
+            })
+            .collect();
+        FactorsQuery {
+            agent_id: agent_id.to_owned(),
+            ops,
+            surge_at: Some(whole_millis(at)),
+        }
+    }
+
+    /// Every surge an early report carries, with its pair (none for
+    /// other queries).
+    pub fn surges(&self) -> impl Iterator<Item = (Pair<'_>, SurgeRates)> {
+        self.ops.iter().flat_map(|op| {
+            op.accounts
+                .iter()
+                .zip(&op.surges)
+                .map(move |(a, s)| (Pair::new(a, &op.op), *s))
+        })
     }
 
     /// Number of (account, op) pairs asked for.

@@ -148,7 +148,7 @@ fn ms(d: Duration) -> u64 {
 
 /// Why a whole rollup or factors query was refused. Nothing of it is
 /// counted, so the agent may fix it and send it again.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RollupError {
     /// More entries than the master accepts in one call: the agent splits
@@ -170,6 +170,32 @@ pub enum RollupError {
         /// End, in milliseconds since the epoch.
         end_ms: u64,
     },
+    /// An op of an early report carries not one surge per account (or an
+    /// op of another query carries any).
+    #[error("ops[{op}] carries {surges} surge rates for {expected} accounts")]
+    Surges {
+        /// Index of the op.
+        op: usize,
+        /// Surge rates it carries.
+        surges: usize,
+        /// How many it should.
+        expected: usize,
+    },
+    /// A surge rate is negative or not a number.
+    #[error("ops[{op}].{field}s[{account}] is {rate}; a rate is a finite number of at least 0")]
+    SurgeRate {
+        /// Index of the op.
+        op: usize,
+        /// Index of the account within it.
+        account: usize,
+        /// `rate` or `baseline`.
+        field: &'static str,
+        /// The value.
+        rate: f32,
+    },
+    /// An early report from an agent over its budget.
+    #[error(transparent)]
+    SurgeBudget(#[from] crate::master::SurgeRefused),
     /// One entry is malformed.
     #[error("ops[{op}].accounts[{account}]: {error}")]
     Entry {
@@ -183,10 +209,14 @@ pub enum RollupError {
 }
 
 impl RollupError {
-    /// Whether the request was too big rather than malformed
+    /// Whether the request was too big (or, an early report, too soon)
+    /// rather than malformed
     /// (RESOURCE_EXHAUSTED rather than INVALID_ARGUMENT on the wire).
     pub fn is_too_big(&self) -> bool {
-        matches!(self, RollupError::TooManyEntries { .. })
+        matches!(
+            self,
+            RollupError::TooManyEntries { .. } | RollupError::SurgeBudget(_)
+        )
     }
 }
 
@@ -217,7 +247,8 @@ impl Rollup {
 }
 
 impl FactorsQuery {
-    /// Checks every name and the number of pairs asked for.
+    /// Checks every name and the number of pairs asked for; in an early
+    /// report, one surge per account, each with finite rates of at least 0.
     pub fn validate(&self, max_entries: usize) -> Result<(), RollupError> {
         let entries = self.entries();
         if entries > max_entries {
@@ -235,6 +266,30 @@ impl FactorsQuery {
                         account: j,
                         error,
                     })?;
+            }
+            let expected = if self.surge_at.is_some() {
+                op.accounts.len()
+            } else {
+                0
+            };
+            if op.surges.len() != expected {
+                return Err(RollupError::Surges {
+                    op: i,
+                    surges: op.surges.len(),
+                    expected,
+                });
+            }
+            for (j, s) in op.surges.iter().enumerate() {
+                for (field, rate) in [("rate", s.rate), ("baseline", s.baseline)] {
+                    if !(rate.is_finite() && rate >= 0.0) {
+                        return Err(RollupError::SurgeRate {
+                            op: i,
+                            account: j,
+                            field,
+                            rate,
+                        });
+                    }
+                }
             }
         }
         Ok(())

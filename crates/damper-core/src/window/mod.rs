@@ -23,7 +23,14 @@
 //!
 //! [`EstimatorKind::AblyMma`] reads the sub-intervals;
 //! [`EstimatorKind::LatestRound`] reads the rounds. See `docs/design.md` for
-//! why the default is the latter.
+//! why the default is the latter. Either way, early reports of a surge
+//! override the estimate until a round shows it whole.
+//!
+//! # Layout
+//! - this file: the window, its rounds and sub-intervals, the estimators.
+//! - `surge`: the surge estimate from early reports.
+
+mod surge;
 
 use std::time::Duration;
 
@@ -71,6 +78,9 @@ pub struct Estimate {
     /// reports for (after a quiet spell, or for an account new to this
     /// master): early reporters then see only part of the demand.
     pub first_round: bool,
+    /// Whether the demand comes from early reports (a surge) rather than
+    /// whole rounds: measured over short sub-windows, so noisier.
+    pub surge: bool,
 }
 
 /// Cost that arrived too late to fit in the window, so was not counted.
@@ -106,6 +116,10 @@ pub struct DemandWindow {
     reports: [u32; 2],
     /// The sub-interval counts, for the `ably-mma` estimator only.
     sub_intervals: Option<Box<SubIntervals>>,
+    /// What early reports say, while it stands (`surge`): boxed, as few
+    /// windows surge at once. Not kept across a restart.
+    #[serde(skip)]
+    surge: Option<Box<surge::Surge>>,
 }
 
 /// A round's summed rates as a window stores them.
@@ -147,6 +161,7 @@ impl DemandWindow {
             round: 0,
             rates: [RoundRates::default(); 2],
             reports: [0; 2],
+            surge: None,
             sub_intervals: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
                 Box::new(SubIntervals {
                     head: 0,
@@ -323,8 +338,26 @@ impl DemandWindow {
     }
 
     /// The estimated rates at `now`, and whether the round they come from
-    /// is still being reported.
+    /// is still being reported. While early reports' surge estimate stands
+    /// (see `surge`), its demand replaces the rounds'.
     pub fn estimate(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
+        let estimate = self.round_estimate(cfg, now);
+        match self.surge_demand(cfg, now, estimate.rates.demand) {
+            Some(demand) => Estimate {
+                rates: Rates {
+                    demand,
+                    admitted: estimate.rates.admitted,
+                },
+                whole_by: None,
+                first_round: false,
+                surge: true,
+            },
+            None => estimate,
+        }
+    }
+
+    /// The estimate from the reports alone, early reports aside.
+    fn round_estimate(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         match cfg.estimator {
             EstimatorKind::LatestRound => self.latest_round(cfg, now),
             EstimatorKind::AblyMma => Estimate {
@@ -336,6 +369,7 @@ impl DemandWindow {
                     .map_or_else(Rates::default, |s| s.ably_mma(cfg, now)),
                 whole_by: None,
                 first_round: false,
+                surge: false,
             },
         }
     }
@@ -367,18 +401,21 @@ impl DemandWindow {
                 rates: self.rates[0].into(),
                 whole_by: (now < whole_by).then_some(whole_by),
                 first_round: true,
+                surge: false,
             }
         } else if self.reports[0] >= self.reports[1] {
             Estimate {
                 rates: self.rates[0].into(),
                 whole_by: None,
                 first_round: false,
+                surge: false,
             }
         } else {
             Estimate {
                 rates: Rates::from(self.rates[0]).max(self.rates[1].into()),
                 whole_by: Some(whole_by),
                 first_round: false,
+                surge: false,
             }
         }
     }

@@ -1,0 +1,215 @@
+//! Finding surges: the (account, op) pairs whose attempted rate over the
+//! last sub-window jumped to many times, or fell to a fraction of, what
+//! this agent last told their master. The round sends those early, so a
+//! deluge is seen within a sub-window rather than a round (fast onset, see
+//! `docs/design.md`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use super::AgentState;
+use crate::Pair;
+use crate::time::{Nanos, duration_nanos};
+use crate::wire::SurgeRates;
+
+/// How many standard deviations of a pair's own sub-window noise a change
+/// must exceed to be a surge. An account of costly operations spread over
+/// many agents sees a few operations per sub-window, so single sub-windows
+/// jump several-fold by chance; a deluge stands far out.
+pub const NOISE_SIGMAS: f64 = 4.0;
+
+/// The weight of each sub-window in the moving mean of the noise.
+const NOISE_WEIGHT: f64 = 0.1;
+
+/// What counts as a surge. Valid by construction ([`SurgeRule::new`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SurgeRule {
+    window: Duration,
+    jump: f64,
+    floor: f64,
+}
+
+/// Why a [`SurgeRule`] cannot be made, naming the setting.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SurgeRuleError {
+    /// The sub-window is zero or does not divide the rollup interval.
+    #[error(
+        "surge window must be positive and divide the rollup interval ({interval:?}), got {window:?}"
+    )]
+    Window {
+        /// The window asked for.
+        window: Duration,
+        /// The rollup interval.
+        interval: Duration,
+    },
+    /// The jump is not a finite number above 1.
+    #[error("surge jump must be a finite number above 1, got {0}")]
+    Jump(f64),
+    /// The floor is not in (0, 1].
+    #[error("surge floor must be in (0, 1], got {0}")]
+    Floor(f64),
+}
+
+impl SurgeRule {
+    /// The default rule for `interval`: sub-windows of 200 ms (or the
+    /// nearest length above that divides the interval), a jump of 4×
+    /// either way, a floor of 1/8 of the limit.
+    pub fn default_for(interval: Duration) -> SurgeRule {
+        let i = duration_nanos(interval).max(1);
+        let target = duration_nanos(Duration::from_millis(200));
+        let parts = (i / target).max(1);
+        let parts = (1..=parts).rev().find(|n| i % n == 0).unwrap_or(1);
+        SurgeRule {
+            window: Duration::from_nanos(i / parts),
+            jump: 4.0,
+            floor: 0.125,
+        }
+    }
+
+    /// A rule that scans every `window` (which divides `interval`, so the
+    /// scans of every agent fall on one grid), and calls a pair's rate a
+    /// surge when it is `jump` times its baseline or more, or `1 / jump`
+    /// of it or less, by a change of at least `floor` times its limit.
+    pub fn new(
+        window: Duration,
+        jump: f64,
+        floor: f64,
+        interval: Duration,
+    ) -> Result<SurgeRule, SurgeRuleError> {
+        let (w, i) = (duration_nanos(window), duration_nanos(interval));
+        if w == 0 || i % w != 0 {
+            return Err(SurgeRuleError::Window { window, interval });
+        }
+        if !(jump.is_finite() && jump > 1.0) {
+            return Err(SurgeRuleError::Jump(jump));
+        }
+        if !(floor > 0.0 && floor <= 1.0) {
+            return Err(SurgeRuleError::Floor(floor));
+        }
+        Ok(SurgeRule {
+            window,
+            jump,
+            floor,
+        })
+    }
+
+    /// The sub-window: how often pairs are scanned.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The factor a rate must move by.
+    pub fn jump(&self) -> f64 {
+        self.jump
+    }
+
+    /// The least change, as a share of the limit.
+    pub fn floor(&self) -> f64 {
+        self.floor
+    }
+
+    /// Whether `rate` against `baseline` is a surge for a pair limited to
+    /// `limit` (`None`: its limit is not known yet, so any jump counts)
+    /// whose sub-window rates move by `noise` (a standard deviation) when
+    /// nothing happens. Either way the change must be a jump of the rule's
+    /// factor and at least its floor; a rise must also stand
+    /// [`NOISE_SIGMAS`] times the noise above the baseline, since a chance
+    /// spike would make the master suppress. A fall need not: a chance dip
+    /// of a pair busy enough to pass the floor is rare, costs only a
+    /// moment's lower estimate, and the release of a flood must not wait.
+    pub fn is_surge(&self, rate: f64, baseline: f64, limit: Option<f64>, noise: f64) -> bool {
+        let floor = limit.map_or(0.0, |l| l * self.floor);
+        let change = (rate - baseline).abs();
+        let up = rate > baseline && rate >= self.jump * baseline && change > NOISE_SIGMAS * noise;
+        let down = rate < baseline && rate * self.jump <= baseline;
+        (up || down) && change >= floor
+    }
+}
+
+impl AgentState {
+    /// Measures every pair's attempted rate over `[since, now)` and offers
+    /// each surge (by `rule`) to `report`, with the baseline it is measured
+    /// against: the rate this agent's last early report said, while the
+    /// master may still be counting it (that round or the next), or else
+    /// the rate of the last rollup. When `report` takes it (returns
+    /// `true`), that rate becomes the pair's baseline. Pairs of ops known
+    /// to have no limit are skipped. Returns how many were taken.
+    ///
+    /// Off the hot path: one pass over the pairs per sub-window, by the
+    /// round; it reads the counters `check` adds to and never writes them.
+    pub fn scan_surges(
+        &self,
+        since: Nanos,
+        now: Nanos,
+        rule: &SurgeRule,
+        mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+    ) -> usize {
+        let secs = now.since(since).as_secs_f64();
+        if secs <= 0.0 {
+            return 0;
+        }
+        let r = duration_nanos(self.config.rollup_interval).max(1);
+        // The round whose reports will carry the sub-window that ends now,
+        // as the entry keeps it (never 0, which means none).
+        let round = ((now.as_nanos().saturating_sub(1) / r + 1) as u16).max(1);
+        let op_limits: HashMap<Box<str>, Option<f64>> = {
+            let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+            ops.iter()
+                .map(|(k, v)| (k.clone(), v.default_limit))
+                .collect()
+        };
+        let guard = self.entries.guard();
+        let mut taken = 0;
+        for (key, entry) in self.entries.iter(&guard) {
+            let total = entry.attempted_total();
+            let before = entry.surge_total.swap(total, Relaxed);
+            let rate = total.wrapping_sub(before) as f64 / secs;
+            let own = f64::from_bits(entry.limit.load(Relaxed));
+            let limit = if own > 0.0 {
+                Some(own)
+            } else {
+                match op_limits.get(&*key.op).copied().flatten() {
+                    // The op has no default, and no master gave this pair
+                    // a limit: unlimited.
+                    Some(0.0) => continue,
+                    known => known,
+                }
+            };
+            let surge_round = entry.surge_round.load(Relaxed);
+            let (baseline, surged) = if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
+                (f32::from_bits(entry.surge_rate.load(Relaxed)), true)
+            } else {
+                (f32::from_bits(entry.reported_rate.load(Relaxed)), false)
+            };
+            let previous = f64::from(f32::from_bits(
+                entry.window_rate.swap((rate as f32).to_bits(), Relaxed),
+            ));
+            // The mean squared step between sub-windows is twice their
+            // variance.
+            let steps = f64::from(f32::from_bits(entry.surge_noise.load(Relaxed)));
+            let noise = (steps / 2.0).sqrt();
+            // Every step counts, surges too: a rate that keeps jumping
+            // back and forth is noise however large, and one real jump
+            // raises the bar only for a second or two.
+            let step = rate - previous;
+            let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
+            entry.surge_noise.store((steps as f32).to_bits(), Relaxed);
+            if !rule.is_surge(rate, f64::from(baseline), limit, noise) {
+                continue;
+            }
+            let rates = SurgeRates {
+                rate: rate as f32,
+                baseline,
+                surged,
+            };
+            if report(Pair::new(key.account.as_str(), &key.op), rates) {
+                entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
+                entry.surge_round.store(round, Relaxed);
+                taken += 1;
+            }
+        }
+        taken
+    }
+}

@@ -1,0 +1,199 @@
+//! The window's surge estimate: what early reports say about an account's
+//! demand before the round that shows it is whole.
+//!
+//! Each early report moves one agent's rate: from its `baseline` (what the
+//! master last had from that agent) to `rate`. Two bounds follow:
+//! - `base + delta`: the estimate when the surge began, moved by every
+//!   reported change, with the agents that did not report assumed
+//!   unchanged. Right for a flood that stops (every agent reports its
+//!   drop), too high when traffic only moves (agents it left may be too
+//!   small to report their drop).
+//! - `up`: the rates of the agents that reported a jump, alone. Right for a
+//!   deluge (the agents it hits report it), a lower bound always, and
+//!   never above what those agents really see: movement cannot raise it
+//!   past the account's own demand.
+//!
+//! The estimate is `min(base + delta, max(base, up))`: a jump counts only
+//! as far as the agents that saw it prove it, a drop counts in full. Where
+//! the rounds say more, they win unless drops were reported, and then
+//! they are moved down by the net change. It
+//! stands until the first round wholly after the first early report is
+//! whole, and then the rounds speak again.
+
+use serde::{Deserialize, Serialize};
+
+use super::DemandWindow;
+use crate::config::WindowConfig;
+use crate::time::{Nanos, duration_nanos};
+use crate::wire::SurgeRates;
+
+/// A window's surge estimate while it stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct Surge {
+    /// The window's demand estimate when the first early report came.
+    base: f32,
+    /// The sum of the reported changes, `rate − baseline`.
+    delta: f32,
+    /// The sum of the reported rates of the agents that jumped (less their
+    /// own earlier early reports, which `up` already holds).
+    up: f32,
+    /// The round the first early report was measured in: the estimate
+    /// stands until the round after it is whole, however many more come
+    /// (so chance spikes of a sparse account cannot pile up in it for
+    /// ever); a surge that outlasts it is in the rounds by then.
+    round: u64,
+}
+
+impl Surge {
+    /// The demand it estimates, cost per second, given the rounds' estimate
+    /// `rounds` now: its own when above the rounds' (a jump); below them,
+    /// the rounds' moved by the net change reported, so only reported drops
+    /// bring the estimate down (not a base taken before this master had
+    /// heard of the account, say).
+    fn demand(&self, rounds: f64) -> f64 {
+        let (base, delta, up) = (
+            f64::from(self.base),
+            f64::from(self.delta),
+            f64::from(self.up),
+        );
+        let own = (base + delta).min(base.max(up));
+        let demand = if own >= rounds {
+            own
+        } else {
+            own.max(rounds + delta.min(0.0))
+        };
+        demand.max(0.0)
+    }
+}
+
+impl DemandWindow {
+    /// Takes one early report at `now`: the agent's rate over the
+    /// sub-window that ended at `at`. Returns `false` when it describes a
+    /// round already reported (it came too late to matter).
+    pub fn surge(&mut self, cfg: &WindowConfig, now: Nanos, at: Nanos, rates: SurgeRates) -> bool {
+        let r = duration_nanos(cfg.rollup_interval).max(1);
+        let round = at.as_nanos().saturating_sub(1) / r + 1;
+        if round < self.round {
+            return false;
+        }
+        if self.surge_at(cfg, now).is_none() {
+            let base = self.round_estimate(cfg, now).rates.demand as f32;
+            self.surge = Some(Box::new(Surge {
+                base,
+                round,
+                ..Surge::default()
+            }));
+        }
+        let surge = self.surge.as_deref_mut().expect("made above");
+        let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
+        surge.delta += rate - baseline;
+        surge.up += rate - if rates.surged { baseline } else { 0.0 };
+        true
+    }
+
+    /// The surge estimate's demand, while it stands at `now`, given the
+    /// rounds' estimate of it.
+    pub(super) fn surge_demand(&self, cfg: &WindowConfig, now: Nanos, rounds: f64) -> Option<f64> {
+        self.surge_at(cfg, now).map(|s| s.demand(rounds))
+    }
+
+    fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
+        let surge = self.surge.as_deref()?;
+        let r = duration_nanos(cfg.rollup_interval).max(1);
+        let after = surge.round + 1;
+        let whole = self.round > after
+            || (self.round == after && self.reports[1] > 0 && self.reports[0] >= self.reports[1]);
+        // Reports lost or agents gone: the estimate lapses all the same
+        // once the round after it should have been whole.
+        let lapsed = now >= Nanos::from_nanos(after.saturating_mul(r)) + cfg.settle();
+        (!whole && !lapsed).then_some(surge)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{WindowConfig, WindowSection};
+
+    const R: u64 = 2_000;
+
+    fn cfg() -> WindowConfig {
+        WindowConfig::try_from(WindowSection::default()).unwrap()
+    }
+
+    fn ms(t: u64) -> Nanos {
+        Nanos::from_secs(1_800_000_000) + Duration::from_millis(t)
+    }
+
+    fn rates(rate: f32, baseline: f32, surged: bool) -> SurgeRates {
+        SurgeRates {
+            rate,
+            baseline,
+            surged,
+        }
+    }
+
+    /// 20 agents at `per_agent` each, reported for the round ending at `end`.
+    fn round(w: &mut DemandWindow, end: u64, per_agent: u64) {
+        for _ in 0..20 {
+            w.record(&cfg(), ms(end - R), ms(end), per_agent * 2, per_agent * 2);
+        }
+    }
+
+    #[test]
+    fn a_deluge_counts_as_its_reporters_prove_it() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 25);
+        assert_eq!(w.estimate(&c, ms(2_400)).rates.demand, 500.0);
+        for _ in 0..20 {
+            assert!(w.surge(&c, ms(2_800), ms(2_800), rates(500.0, 25.0, false)));
+        }
+        let e = w.estimate(&c, ms(2_810));
+        assert!(e.surge);
+        assert_eq!(e.rates.demand, 10_000.0);
+        // The round that holds the onset reads low; the surge stands.
+        round(&mut w, 4_000, 350);
+        assert_eq!(w.estimate(&c, ms(4_400)).rates.demand, 10_000.0);
+        // The first round wholly after it, once whole, speaks again.
+        round(&mut w, 6_000, 500);
+        let e = w.estimate(&c, ms(6_400));
+        assert!(!e.surge);
+        assert_eq!(e.rates.demand, 10_000.0);
+    }
+
+    #[test]
+    fn traffic_that_only_moves_is_not_a_surge() {
+        // 0.8× a 1 000/s limit over 20 agents moves onto 2 of them; the 18
+        // it left are too small to report their drop.
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 40);
+        for _ in 0..2 {
+            w.surge(&c, ms(2_800), ms(2_800), rates(400.0, 40.0, false));
+        }
+        let demand = w.estimate(&c, ms(2_810)).rates.demand;
+        assert!(demand <= 800.0, "{demand}");
+    }
+
+    #[test]
+    fn reported_drops_release_within_the_round() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 500);
+        for _ in 0..20 {
+            w.surge(&c, ms(2_600), ms(2_600), rates(25.0, 500.0, false));
+        }
+        assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 500.0);
+        // A late early report, for a round already reported, is refused.
+        round(&mut w, 4_000, 25);
+        assert!(!w.surge(&c, ms(4_100), ms(1_900), rates(9.0, 1.0, false)));
+    }
+
+    #[test]
+    fn the_surge_lapses_when_no_round_comes() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        w.surge(&c, ms(2_800), ms(2_800), rates(5_000.0, 0.0, false));
+        assert_eq!(w.estimate(&c, ms(2_810)).rates.demand, 5_000.0);
+        assert!(w.estimate(&c, ms(9_000)).rates.demand == 0.0);
+    }
+}

@@ -1,0 +1,68 @@
+//! Control traffic: the requests agents send to masters, by kind, and the
+//! bytes they and their replies take as the services encode them
+//! (`damper.v1`). What fast onset must not add to when nothing surges.
+
+use damper_core::round::Message;
+use damper_core::wire::{Reply, Rollup};
+use damper_proto::v1;
+use prost::Message as _;
+use serde::Serialize;
+
+/// Requests and bytes over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Control {
+    /// Rollups sent.
+    pub rollups: u64,
+    /// Rechecks (`Factors` a reply asked for).
+    pub rechecks: u64,
+    /// Probes of down masters and new rounds' hellos.
+    pub probes: u64,
+    /// Early reports of surges.
+    pub surges: u64,
+    /// Bytes of the requests, encoded.
+    pub request_bytes: u64,
+    /// Bytes of the replies that came back, encoded.
+    pub reply_bytes: u64,
+}
+
+impl Control {
+    /// Every request sent.
+    pub fn rpcs(&self) -> u64 {
+        self.rollups + self.rechecks + self.probes + self.surges
+    }
+
+    /// Bytes both ways.
+    pub fn bytes(&self) -> u64 {
+        self.request_bytes + self.reply_bytes
+    }
+
+    /// Counts a request leaving an agent.
+    pub(super) fn sent(&mut self, message: &Message) {
+        let (count, bytes) = match message {
+            Message::Rollup(r) => (
+                &mut self.rollups,
+                v1::RollupRequest::from(Rollup::clone(r)).encoded_len(),
+            ),
+            Message::Recheck(q) => (
+                &mut self.rechecks,
+                v1::FactorsRequest::from(q.clone()).encoded_len(),
+            ),
+            Message::Probe(q) => (
+                &mut self.probes,
+                v1::FactorsRequest::from(q.clone()).encoded_len(),
+            ),
+            Message::Surge(q) => (
+                &mut self.surges,
+                v1::FactorsRequest::from(q.clone()).encoded_len(),
+            ),
+            _ => unreachable!("every message a round sends is counted"),
+        };
+        *count += 1;
+        self.request_bytes += bytes as u64;
+    }
+
+    /// Counts a reply reaching an agent.
+    pub(super) fn answered(&mut self, reply: &Reply) {
+        self.reply_bytes += v1::RollupReply::from(reply.clone()).encoded_len() as u64;
+    }
+}

@@ -116,14 +116,14 @@ impl SurgeRule {
     /// nothing happens. Either way the change must be a jump of the rule's
     /// factor and at least its floor; a rise must also stand
     /// [`NOISE_SIGMAS`] times the noise above the baseline, since a chance
-    /// spike would make the master suppress. A fall need not: a chance dip
-    /// of a pair busy enough to pass the floor is rare, costs only a
-    /// moment's lower estimate, and the release of a flood must not wait.
+    /// spike would make the master suppress; a fall, twice the noise: a
+    /// chance dip of bursty traffic would release a flood, but the release
+    /// of a flood that stops must not wait.
     pub fn is_surge(&self, rate: f64, baseline: f64, limit: Option<f64>, noise: f64) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
         let up = rate > baseline && rate >= self.jump * baseline && change > NOISE_SIGMAS * noise;
-        let down = rate < baseline && rate * self.jump <= baseline;
+        let down = rate < baseline && rate * self.jump <= baseline && change > 2.0 * noise;
         (up || down) && change >= floor
     }
 }

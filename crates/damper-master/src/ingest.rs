@@ -145,47 +145,69 @@ impl Master {
         query.validate(self.shared.options.max_entries)?;
         let now = self.shared.clock.now();
         let config = self.lock(0).config().clone();
-        if let Some(at) = query.surge_at {
-            let gap = config.policy.surge_min_gap;
-            let taken = self
-                .shared
-                .surge_budget
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(&query.agent_id, now, gap);
-            if let Err(refused) = taken {
-                metrics::counter!("damper_master_early_reports_refused_total").increment(1);
-                return Err(refused.into());
-            }
-            metrics::counter!("damper_master_early_reports_total").increment(1);
-            for (i, op) in query.ops.iter().enumerate() {
-                for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
-                    let mut state = self.lock(self.shard(account));
-                    state
-                        .surge(now, at, Pair::new(account, &op.op), *rates)
-                        .map_err(|error| RollupError::Entry {
-                            op: i,
-                            account: j,
-                            error,
-                        })?;
-                    let transitions = state.take_transitions();
-                    drop(state);
-                    log_transitions(transitions);
+        let mut reply = query_reply(&config, query);
+        match query.surge_at {
+            Some(at) => {
+                self.take_surge_budget(&query.agent_id, now, &config)?;
+                for (i, op) in query.ops.iter().enumerate() {
+                    for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
+                        // The verdict after the early report, marked for
+                        // the recheck ([`MasterState::surge`]).
+                        let mut state = self.lock(self.shard(account));
+                        let verdict = state
+                            .surge(now, at, Pair::new(account, &op.op), *rates)
+                            .map_err(|error| RollupError::Entry {
+                                op: i,
+                                account: j,
+                                error,
+                            })?;
+                        let transitions = state.take_transitions();
+                        drop(state);
+                        log_transitions(transitions);
+                        if let Some(v) = verdict {
+                            reply.add(i, || account.clone(), &v);
+                        }
+                    }
                 }
             }
-        }
-        let mut reply = query_reply(&config, query);
-        let recheck_at = query.surge_at.map(|_| now + config.policy.surge_recheck);
-        for (i, op) in query.ops.iter().enumerate() {
-            for account in &op.accounts {
-                let verdict = self.lock(self.shard(account)).verdict(now, account, &op.op);
-                if let Some(mut v) = verdict {
-                    v.recheck_at = recheck_at.or(v.recheck_at);
-                    reply.add(i, || account.clone(), &v);
+            None => {
+                for (i, op) in query.ops.iter().enumerate() {
+                    for account in &op.accounts {
+                        let verdict = self.lock(self.shard(account)).verdict(now, account, &op.op);
+                        if let Some(v) = verdict {
+                            reply.add(i, || account.clone(), &v);
+                        }
+                    }
                 }
             }
         }
         Ok(reply.finish(now, self.header(0)))
+    }
+
+    /// Takes one early report from `agent` out of its budget, or refuses
+    /// it; counted either way.
+    fn take_surge_budget(
+        &self,
+        agent: &str,
+        now: damper_core::time::Nanos,
+        config: &damper_core::config::MasterConfig,
+    ) -> Result<(), RollupError> {
+        let taken = self
+            .shared
+            .surge_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(agent, now, config.policy.surge_min_gap);
+        match taken {
+            Ok(()) => {
+                metrics::counter!("damper_master_early_reports_total").increment(1);
+                Ok(())
+            }
+            Err(refused) => {
+                metrics::counter!("damper_master_early_reports_refused_total").increment(1);
+                Err(refused.into())
+            }
+        }
     }
 
     /// [`answer_factors`](Self::answer_factors) on the protobuf request.

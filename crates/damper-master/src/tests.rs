@@ -2,7 +2,7 @@ use super::*;
 use damper_core::ring::Ring;
 use damper_core::time::ManualClock;
 use damper_proto::v1::{AccountCounts, OpCounts};
-use damper_proto::v1::{OpFactors, RollupRequest};
+use damper_proto::v1::{FactorsRequest, OpAccounts, OpFactors, RollupRequest};
 use tonic::Code;
 
 const T0_MS: u64 = 1_800_000_000_000;
@@ -218,7 +218,6 @@ fn accounts_spread_over_shards_and_idle_ones_are_evicted() {
 
 #[test]
 fn early_reporters_are_asked_to_recheck_and_factors_counts_nothing() {
-    use damper_proto::v1::{FactorsRequest, OpAccounts};
     let clock = clock();
     let m = master(clock.clone());
     // Two agents flood for a few rounds; each reports half.
@@ -339,3 +338,51 @@ fn accounts_owned_elsewhere_are_counted_and_reported_as_foreign() {
 }
 
 mod ops;
+
+/// An early report, as the service takes it: the estimate moves at once,
+/// the verdict comes back marked for the recheck, a second report from the
+/// same agent within the budget is refused (another agent's is not), and
+/// lists that do not line up are refused naming the op.
+#[test]
+fn early_reports_move_the_estimate_within_a_budget() {
+    let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 300)));
+    let m = master(clock.clone());
+    // The hello: every op's default limit.
+    let hello = m.factors(&FactorsRequest::default()).unwrap();
+    assert_eq!(
+        (hello.ops[0].op.as_str(), hello.ops[0].unlisted_limit),
+        ("messages", 1000.0)
+    );
+    let early = |agent: &str, rate: f32| FactorsRequest {
+        agent_id: agent.into(),
+        ops: vec![OpAccounts {
+            op: "messages".into(),
+            accounts: vec!["flood".into()],
+            rates: vec![rate],
+            baselines: vec![0.0],
+            surged: vec![false],
+        }],
+        surge_at_unix_ms: T0_MS + 200,
+    };
+    let reply = m.factors(&early("a", 2_500.0)).unwrap();
+    let flood = &reply.ops[0].accounts[0];
+    assert!((flood.factor - 0.6).abs() < 1e-6, "{reply:?}");
+    assert!(flood.recheck);
+    assert_eq!(reply.recheck_after_ms, 100);
+    let refused = m.factors(&early("a", 2_500.0)).unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("policy.surge_min_gap_ms"),
+        "{refused:?}"
+    );
+    let reply = m.factors(&early("b", 2_500.0)).unwrap();
+    assert!(
+        (reply.ops[0].accounts[0].factor - 0.8).abs() < 1e-6,
+        "{reply:?}"
+    );
+    let mut bad = early("c", 1.0);
+    bad.ops[0].baselines.clear();
+    let status = m.factors(&bad).unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("ops[0]"), "{status:?}");
+}

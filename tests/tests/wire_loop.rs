@@ -90,10 +90,12 @@ profile = [ { at_s = 0, rate = 3000 } ]
     }
 }
 
-/// Demand falls to half the limit at 30 s. The master releases as soon as
-/// the round that carries the drop is whole: the round's last reporter is
-/// told 0 in its reply, and the agents that reported earlier in that round
-/// ask again (the recheck their reply marked) once it is whole.
+/// Demand falls to half the limit at 30 s. With rollups alone (fast onset
+/// off), the master releases as soon as the round that carries the drop is
+/// whole: the round's last reporter is told 0 in its reply, and the agents
+/// that reported earlier in that round ask again (the recheck their reply
+/// marked) once it is whole. With fast onset, the drop's early reports
+/// release it within the first second.
 #[test]
 fn a_stopped_deluge_is_released_within_the_round_that_shows_the_drop() {
     let traffic = r#"
@@ -104,7 +106,8 @@ cost = 11
 profile = [ { at_s = 0, rate = 910 }, { at_s = 30, rate = 45 } ]
 "#;
     let mut masters = WireMasters::new(LIMITS, 3);
-    let run = Sim::with_masters(scenario(&cluster(traffic, 40, 5)), &mut masters).run(|_| {});
+    let rollups_alone = scenario(&cluster(traffic, 40, 5)).with_fast_onset(false);
+    let run = Sim::with_masters(rollups_alone, &mut masters).run(|_| {});
     let flood = series(&run, "flood", "messages");
     // From the second round on, every agent holds the flood's factor.
     for (t, s) in flood.seconds.iter().enumerate().take(30).skip(4) {
@@ -124,4 +127,14 @@ profile = [ { at_s = 0, rate = 910 }, { at_s = 30, rate = 45 } ]
     for s in &flood.seconds[34..] {
         assert_eq!(s.admitted, s.attempted);
     }
+
+    let mut masters = WireMasters::new(LIMITS, 3);
+    let run = Sim::with_masters(scenario(&cluster(traffic, 40, 5)), &mut masters).run(|_| {});
+    let released = series(&run, "flood", "messages")
+        .factor_changes
+        .iter()
+        .find(|(t, positive)| !positive && *t >= 30.0)
+        .expect("released")
+        .0;
+    assert!(released < 31.0, "fast onset released at {released} s");
 }

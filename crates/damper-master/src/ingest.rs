@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
-use damper_core::master::{Transition, TransitionKind};
+use damper_core::master::{SurgeTaken, Transition, TransitionKind};
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -146,9 +146,17 @@ impl Master {
         let now = self.shared.clock.now();
         let config = self.lock(0).config().clone();
         let mut reply = query_reply(&config, query);
-        match query.surge_at {
+        // A repeat (the agent never heard the answer) is answered as a
+        // recheck: counted once is enough.
+        let surge = match query.surge_at {
+            Some(at) => match self.take_surge_budget(&query.agent_id, now, at, &config)? {
+                SurgeTaken::Repeat => None,
+                _ => Some(at),
+            },
+            None => None,
+        };
+        match surge {
             Some(at) => {
-                self.take_surge_budget(&query.agent_id, now, &config)?;
                 for (i, op) in query.ops.iter().enumerate() {
                     for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
                         // The verdict after the early report, marked for
@@ -184,24 +192,29 @@ impl Master {
         Ok(reply.finish(now, self.header(0)))
     }
 
-    /// Takes one early report from `agent` out of its budget, or refuses
-    /// it; counted either way.
+    /// Takes one early report from `agent`, measured over the sub-window
+    /// that ended at `at`, out of its budget, or refuses it; counted
+    /// either way.
     fn take_surge_budget(
         &self,
         agent: &str,
         now: damper_core::time::Nanos,
+        at: damper_core::time::Nanos,
         config: &damper_core::config::MasterConfig,
-    ) -> Result<(), RollupError> {
+    ) -> Result<SurgeTaken, RollupError> {
         let taken = self
             .shared
             .surge_budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take(agent, now, config.policy.surge_min_gap);
+            .take(agent, now, at, config.policy.surge_min_gap);
         match taken {
-            Ok(()) => {
+            Ok(taken) => {
                 metrics::counter!("damper_master_early_reports_total").increment(1);
-                Ok(())
+                if taken == SurgeTaken::Repeat {
+                    metrics::counter!("damper_master_early_reports_repeated_total").increment(1);
+                }
+                Ok(taken)
             }
             Err(refused) => {
                 metrics::counter!("damper_master_early_reports_refused_total").increment(1);

@@ -123,8 +123,10 @@ pub(super) struct Entry {
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
     /// already counted, so each lapse is counted once.
     pub(super) expiry_counted: AtomicU64,
-    /// The attempted total at the last surge scan (scanner only).
-    pub(super) surge_total: AtomicU64,
+    /// The attempted total at the last surge scan, its low 32 bits: a
+    /// sub-window's cost is the wrapping difference, right below 2^32 cost
+    /// per sub-window (scanner only).
+    pub(super) surge_total: AtomicU32,
     /// The attempted rate the last drain reported, cost per second (`f32`
     /// bits): what the master holds for this agent after a round, the
     /// baseline a surge is measured against (drainer only).
@@ -135,8 +137,13 @@ pub(super) struct Entry {
     /// The rate over the last sub-window scanned (`f32` bits) (scanner
     /// only).
     pub(super) window_rate: AtomicU32,
-    /// How much the rate moves from one sub-window to the next when
-    /// nothing happens: a moving mean of the squared step (`f32` bits), so
+    /// The higher of the rates over the two sub-windows before the last
+    /// scan's end (`f32` bits): the previous value of the series whose
+    /// noise is measured (scanner only).
+    pub(super) held_rate: AtomicU32,
+    /// How much the rate (the higher of two sub-windows' rates) moves from
+    /// one sub-window to the next when nothing happens: a moving mean of
+    /// the squared step (`f32` bits), so
     /// only a change that stands out from the pair's own noise is a surge
     /// (scanner only).
     pub(super) surge_noise: AtomicU32,
@@ -173,11 +180,12 @@ impl Entry {
             expiry_counted: AtomicU64::new(0),
             idle_drains: AtomicU16::new(0),
             window_rate: AtomicU32::new(0),
+            held_rate: AtomicU32::new(0),
             reported_rate: AtomicU32::new(0),
             surge_rate: AtomicU32::new(0),
             surge_round: AtomicU16::new(0),
             surge_noise: AtomicU32::new(0),
-            surge_total: AtomicU64::new(0),
+            surge_total: AtomicU32::new(0),
         }
     }
 

@@ -118,7 +118,10 @@ impl SurgeRule {
     /// [`NOISE_SIGMAS`] times the noise above the baseline, since a chance
     /// spike would make the master suppress; a fall, twice the noise: a
     /// chance dip of bursty traffic would release a flood, but the release
-    /// of a flood that stops must not wait.
+    /// of a flood that stops must not wait. (The caller passes as a fall's
+    /// `rate` the higher of the last two sub-windows, so a fall must hold
+    /// for two: traffic that comes in bursts a little longer apart than a
+    /// sub-window leaves single sub-windows empty.)
     pub fn is_surge(&self, rate: f64, baseline: f64, limit: Option<f64>, noise: f64) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
@@ -163,9 +166,9 @@ impl AgentState {
         let guard = self.entries.guard();
         let mut taken = 0;
         for (key, entry) in self.entries.iter(&guard) {
-            let total = entry.attempted_total();
+            let total = entry.attempted_total() as u32;
             let before = entry.surge_total.swap(total, Relaxed);
-            let rate = total.wrapping_sub(before) as f64 / secs;
+            let rate = f64::from(total.wrapping_sub(before)) / secs;
             let own = f64::from_bits(entry.limit.load(Relaxed));
             let limit = if own > 0.0 {
                 Some(own)
@@ -186,6 +189,16 @@ impl AgentState {
             let previous = f64::from(f32::from_bits(
                 entry.window_rate.swap((rate as f32).to_bits(), Relaxed),
             ));
+            // The noise is measured on the higher of each two sub-windows'
+            // rates, the series a fall is judged on: traffic in bursts a
+            // little longer apart than a sub-window (a client that
+            // publishes every 250 ms) leaves single sub-windows empty, and
+            // measured on them alone it would read as noise so large that
+            // a flood that really stops is not seen until its round.
+            let held = rate.max(previous);
+            let held_before = f64::from(f32::from_bits(
+                entry.held_rate.swap((held as f32).to_bits(), Relaxed),
+            ));
             // The mean squared step between sub-windows is twice their
             // variance.
             let steps = f64::from(f32::from_bits(entry.surge_noise.load(Relaxed)));
@@ -193,9 +206,15 @@ impl AgentState {
             // Every step counts, surges too: a rate that keeps jumping
             // back and forth is noise however large, and one real jump
             // raises the bar only for a second or two.
-            let step = rate - previous;
+            let step = held - held_before;
             let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
             entry.surge_noise.store((steps as f32).to_bits(), Relaxed);
+            // A fall must hold for two sub-windows (see `is_surge`).
+            let rate = if rate < f64::from(baseline) {
+                held
+            } else {
+                rate
+            };
             if !rule.is_surge(rate, f64::from(baseline), limit, noise) {
                 continue;
             }
@@ -211,5 +230,70 @@ impl AgentState {
             }
         }
         taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    use super::*;
+    use crate::agent::AgentConfig;
+
+    const T0: Nanos = Nanos::from_secs(1_800_000_000);
+
+    fn at(ms: u64) -> Nanos {
+        T0 + Duration::from_millis(ms)
+    }
+
+    /// Scans every 200 ms from `from` to `to` ms, calling `traffic(ms)` at
+    /// each 10-ms step before; returns the rates taken as surges.
+    fn scan(
+        state: &AgentState,
+        from: u64,
+        to: u64,
+        mut traffic: impl FnMut(u64) -> u64,
+    ) -> Vec<(u64, SurgeRates)> {
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut rng = SmallRng::seed_from_u64(from);
+        let mut taken = Vec::new();
+        for ms in (from..to).step_by(10) {
+            for _ in 0..traffic(ms) {
+                state.check(at(ms), "acme", "messages", 1, &mut rng);
+            }
+            if (ms + 10) % 200 == 0 {
+                let end = ms + 10;
+                state.scan_surges(at(end - 200), at(end), &rule, |_, rates| {
+                    taken.push((end, rates));
+                    true
+                });
+            }
+        }
+        taken
+    }
+
+    /// A client that sends a burst every 250 ms leaves every fifth
+    /// 200-ms sub-window empty: no fall is reported for it, but when the
+    /// bursts stop the fall is, two sub-windows later.
+    #[test]
+    fn a_fall_must_hold_for_two_sub_windows() {
+        let state = AgentState::new(AgentConfig::default());
+        let bursts = |ms: u64| if ms % 250 == 0 { 500 } else { 0 };
+        // The onset is a jump (no limit is known yet, so any jump counts).
+        assert_eq!(scan(&state, 0, 2_000, bursts).len(), 1);
+        // The round's rollup: 2 000/s, the baseline.
+        state.drain(|_, _, _| {});
+        assert_eq!(scan(&state, 2_000, 10_000, bursts), vec![]);
+        let taken = scan(&state, 10_000, 10_600, |_| 0);
+        let [(end, rates)] = &taken[..] else {
+            panic!("{taken:?}")
+        };
+        // The last burst was at 9 750: the sub-windows ending at 10 000 and
+        // 10 200 are empty.
+        assert_eq!(*end, 10_200);
+        assert_eq!((rates.rate, rates.baseline), (0.0, 2_000.0));
     }
 }

@@ -48,7 +48,7 @@ use crate::window::{DemandWindow, Dropped, Rates};
 
 pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, validate_name};
-pub use budget::{SurgeBudget, SurgeRefused};
+pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 use table::{Entries, Op};
 
 /// What the master tells agents about one limited (account, op).

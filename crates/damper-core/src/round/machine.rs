@@ -1,6 +1,6 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,12 @@ struct Cut {
     batches: Vec<(String, Vec<Pending>)>,
 }
 
+/// How many sub-windows an early report may go unanswered before the round
+/// gives up on it and lets the next scan report its pairs again. Two: a
+/// round trip to a master is a few milliseconds to tens of them, far below
+/// a 200-ms sub-window, and a deluge gets through while it waits.
+const SURGE_PATIENCE: u32 = 2;
+
 /// A request sent and not yet answered.
 #[derive(Debug)]
 enum InFlight {
@@ -42,6 +48,9 @@ enum InFlight {
     Surge {
         master: String,
         pairs: Vec<OwnedPair>,
+        /// The report, kept to be sent once more if no answer comes in
+        /// time; `None` once it has been.
+        again: Option<FactorsQuery>,
     },
 }
 
@@ -84,9 +93,10 @@ pub struct AgentRound {
     next_scan: Option<Nanos>,
     /// When the last one ran: the next measures from here.
     last_scan: Nanos,
-    /// Masters with an early report in flight: no second one until it is
-    /// answered.
-    surging: BTreeSet<String>,
+    /// Masters with an early report in flight, the request and when it was
+    /// sent: no second one until it is answered, or given up on
+    /// ([`SURGE_PATIENCE`] sub-windows later).
+    surging: BTreeMap<String, (RequestId, Nanos)>,
 }
 
 impl AgentRound {
@@ -122,7 +132,7 @@ impl AgentRound {
             stopping: false,
             next_scan,
             last_scan: now,
-            surging: BTreeSet::new(),
+            surging: BTreeMap::new(),
             config,
         };
         if round.config.fast_onset.is_some() {
@@ -253,7 +263,7 @@ impl AgentRound {
                 }
             }
             Some(InFlight::Hello) => state.learn_op_limits(reply),
-            Some(InFlight::Surge { master, pairs }) => {
+            Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);
                 state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
@@ -290,16 +300,60 @@ impl AgentRound {
             Some(InFlight::Probe { master }) => {
                 self.membership.failed(&master, now);
             }
-            // The master may never have seen it: the pairs' baselines are
-            // their rollups' again, and the next scan finds them if they
-            // still surge. A failed early report says nothing of the
-            // master's health; the rollups do.
-            Some(InFlight::Surge { master, pairs }) => {
-                self.surging.remove(&master);
-                for pair in &pairs {
-                    state.unmark_surge(pair.as_pair());
-                }
+            // A failed early report says nothing of the master's health;
+            // the rollups do.
+            Some(InFlight::Surge { master, pairs, .. }) => {
+                self.forget_surge(&master, &pairs, state);
             }
+        }
+    }
+
+    /// Early reports unanswered for [`SURGE_PATIENCE`] sub-windows: each is
+    /// sent once more, unchanged (the master answers a report it already
+    /// counted without counting it again), and after that given up on as
+    /// if it had failed. A lost early report must not leave its master
+    /// deaf to this agent's surges until the driver's request timeout,
+    /// sized for rollups (up to a second), while the deluge gets through;
+    /// nor can the next scan simply report the pairs again, since the
+    /// jump itself has raised their noise for a second or two.
+    fn give_up_surges(&mut self, now: Nanos, window: Duration, state: &AgentState) {
+        let patience = window * SURGE_PATIENCE;
+        let late: Vec<RequestId> = self
+            .surging
+            .values()
+            .filter(|(_, sent)| now.since(*sent) >= patience)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            match self.in_flight.remove(&id) {
+                Some(InFlight::Surge {
+                    master,
+                    pairs,
+                    again: Some(query),
+                }) if self.membership.is_up(&master) => {
+                    let flight = InFlight::Surge {
+                        master: master.clone(),
+                        pairs,
+                        again: None,
+                    };
+                    let id = self.transmit(master.clone(), Message::Surge(query), flight);
+                    self.surging.insert(master, (id, now));
+                }
+                Some(InFlight::Surge { master, pairs, .. }) => {
+                    self.forget_surge(&master, &pairs, state);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// An early report that failed or was given up on: its master may
+    /// never have seen it, so the pairs' baselines are their rollups'
+    /// again, and the next scan finds them if they still surge.
+    fn forget_surge(&mut self, master: &str, pairs: &[OwnedPair], state: &AgentState) {
+        self.surging.remove(master);
+        for pair in pairs {
+            state.unmark_surge(pair.as_pair());
         }
     }
 
@@ -308,6 +362,7 @@ impl AgentRound {
         let Some(rule) = self.config.fast_onset else {
             return;
         };
+        self.give_up_surges(now, rule.window(), state);
         let since = std::mem::replace(&mut self.last_scan, now);
         self.next_scan = Some(grid_floor(now, rule.window()) + rule.window());
         let max = self.config.max_entries_per_request.max(1);
@@ -318,7 +373,7 @@ impl AgentRound {
             let Some(master) = live.owner(pair.account) else {
                 return false;
             };
-            if busy.contains(master) {
+            if busy.contains_key(master) {
                 return false;
             }
             let batch = match batches.get_mut(master) {
@@ -343,12 +398,13 @@ impl AgentRound {
                 master: master.clone(),
                 pairs: pairs.len(),
             });
-            self.surging.insert(master.clone());
             let flight = InFlight::Surge {
                 master: master.clone(),
                 pairs,
+                again: Some(query.clone()),
             };
-            self.transmit(master, Message::Surge(query), flight);
+            let id = self.transmit(master.clone(), Message::Surge(query), flight);
+            self.surging.insert(master, (id, now));
         }
     }
 
@@ -444,7 +500,7 @@ impl AgentRound {
         }
     }
 
-    fn transmit(&mut self, master: String, message: Message, flight: InFlight) {
+    fn transmit(&mut self, master: String, message: Message, flight: InFlight) -> RequestId {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         self.in_flight.insert(id, flight);
@@ -453,6 +509,7 @@ impl AgentRound {
             master,
             message,
         });
+        id
     }
 
     /// Puts back counts that could not be delivered; what is too old to

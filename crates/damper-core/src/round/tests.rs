@@ -362,3 +362,66 @@ fn without_fast_onset_a_jump_waits_for_the_round() {
     }
     assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
 }
+
+/// An early report that gets no answer (lost on the way, or its answer is)
+/// is sent again, unchanged, two sub-windows later; the master knows it
+/// by its sub-window and does not count it twice.
+#[test]
+fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut budget = crate::master::SurgeBudget::default();
+    let mut r = AgentRound::new(RoundConfig::new("edge-9"), ["m1"], at(10));
+    let mut now = at(10);
+    answer_all(&mut r, &state, &mut m, now);
+    drive(&state, &mut r, &mut m, &mut now, 2_600, 100);
+    // The jump: the master counts the early report, but its answer is lost.
+    let mut rng = SmallRng::seed_from_u64(3);
+    let header = ReplyHeader {
+        rollup_interval: Duration::from_secs(2),
+        started: T0,
+        ..ReplyHeader::default()
+    };
+    let mut reports = Vec::new();
+    while now < at(3_400) {
+        for _ in 0..50 {
+            state.check(now, "flood", "messages", 1, &mut rng);
+        }
+        now = now + Duration::from_millis(10);
+        r.handle_timeout(now, &state);
+        while let Some(t) = r.poll_transmit() {
+            let reply = match &t.message {
+                Message::Surge(q) => {
+                    reports.push((now, q.clone()));
+                    let gap = Duration::from_millis(100);
+                    match budget.take(&q.agent_id, now, q.surge_at.unwrap(), gap) {
+                        Ok(crate::master::SurgeTaken::New) => {
+                            m.answer_surge(now, q, 100, header).unwrap()
+                        }
+                        Ok(_) => m.answer_factors(now, q, 100, header).unwrap(),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                Message::Rollup(x) => m.answer_rollup(now, x, 100, header).unwrap(),
+                Message::Recheck(q) | Message::Probe(q) => {
+                    m.answer_factors(now, q, 100, header).unwrap()
+                }
+            };
+            if reports.len() == 1 && matches!(t.message, Message::Surge(_)) {
+                continue; // the first answer is lost
+            }
+            r.on_reply(now, t.id, &reply, &state);
+        }
+        if reports.len() == 1 {
+            assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
+        }
+    }
+    let [(first_at, first), (again_at, again), ..] = &reports[..] else {
+        panic!("sent once more: {reports:?}");
+    };
+    assert_eq!(first, again);
+    assert_eq!(again_at.since(*first_at), Duration::from_millis(400));
+    // Counted once: 5 000/s against the 1 000/s limit, not twice that.
+    let factor = state.factor(now, "flood", "messages").unwrap();
+    assert!((0.7..0.85).contains(&factor), "{factor}");
+}

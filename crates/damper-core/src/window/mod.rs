@@ -348,7 +348,9 @@ impl DemandWindow {
                     demand,
                     admitted: estimate.rates.admitted,
                 },
-                whole_by: None,
+                // The surge estimate leans on the rounds', so it may change
+                // when their round is whole: agents ask again then.
+                whole_by: estimate.whole_by,
                 first_round: false,
                 surge: true,
             },

@@ -57,10 +57,14 @@ impl Surge {
             f64::from(self.up),
         );
         let own = (base + delta).min(base.max(up));
-        let demand = if own >= rounds {
-            own
+        let demand = if own >= base {
+            // A jump: it counts until the rounds show more.
+            own.max(rounds)
         } else {
-            own.max(rounds + delta.min(0.0))
+            // A fall: the rounds moved down by it, or the rounds alone once
+            // they show less (the agents that have not reported their drop
+            // yet will by then have sent a round that says it).
+            own.min(rounds).max(rounds + delta)
         };
         demand.max(0.0)
     }
@@ -187,6 +191,22 @@ mod tests {
         // A late early report, for a round already reported, is refused.
         round(&mut w, 4_000, 25);
         assert!(!w.surge(&c, ms(4_100), ms(1_900), rates(9.0, 1.0, false)));
+    }
+
+    #[test]
+    fn after_a_drop_rounds_that_say_less_win() {
+        // Half the agents report the flood's end early; the round that
+        // holds the end shows all of it before the surge estimate lapses.
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 500);
+        for _ in 0..10 {
+            w.surge(&c, ms(2_600), ms(2_600), rates(25.0, 500.0, false));
+        }
+        assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 5_250.0);
+        round(&mut w, 4_000, 25);
+        let e = w.estimate(&c, ms(4_400));
+        assert!(e.surge);
+        assert_eq!(e.rates.demand, 500.0);
     }
 
     #[test]

@@ -154,6 +154,13 @@ pub(super) struct Entry {
     /// The grid round (index of its end, modulo 2^16, never 0) the last
     /// early report was sent in; 0 for none (scanner only).
     pub(super) surge_round: AtomicU16,
+    /// The cost of one operation as far as the scans can tell, packed by
+    /// [`Quantum`](super::surge::Quantum): the greatest common divisor of
+    /// the costs of sub-windows that followed an empty one, and how many
+    /// there were. An account whose operations all cost 51 moves in steps
+    /// of 51, so a sub-window's count of operations, and its chance
+    /// noise, are known (scanner only).
+    pub(super) quantum: AtomicU16,
     /// Whether the last drain took anything: the next one reports a zero
     /// once, so the master knows this agent went quiet.
     pub(super) active_last_drain: AtomicBool,
@@ -184,6 +191,7 @@ impl Entry {
             reported_rate: AtomicU32::new(0),
             surge_rate: AtomicU32::new(0),
             surge_round: AtomicU16::new(0),
+            quantum: AtomicU16::new(0),
             surge_noise: AtomicU32::new(0),
             surge_total: AtomicU32::new(0),
         }

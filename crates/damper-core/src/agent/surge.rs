@@ -131,6 +131,74 @@ impl SurgeRule {
     }
 }
 
+/// The least noise of a sub-window's rate, cost per second, for a pair
+/// whose operations cost `quantum` each and come at `baseline` cost per
+/// second, over sub-windows of `secs`: operations arrive one by one, so a
+/// sub-window expecting `m` of them sees about `m ± √m` (Poisson), plus
+/// one operation, since few of them have a far longer tail than the
+/// normal law (at `m` = 1, [`NOISE_SIGMAS`] of this is 8 operations, which
+/// chance reaches once in 10^5 sub-windows). Sparse costly operations
+/// (cost 51, under one per sub-window) jump from nothing to 255/s by
+/// chance all the time; the noise measured over a few sub-windows often
+/// misses that, this never does.
+pub fn counting_noise(quantum: u32, baseline: f64, secs: f64) -> f64 {
+    if quantum == 0 || secs <= 0.0 {
+        return 0.0;
+    }
+    let per_op = f64::from(quantum) / secs;
+    per_op * ((baseline / per_op).max(1.0).sqrt() + 1.0)
+}
+
+/// What the scans know of a pair's cost per operation, packed in 16 bits:
+/// the greatest common divisor of the costs of sub-windows that followed
+/// an empty one (14 bits; a lower bound beyond), and how many such
+/// sub-windows there were (2 bits, saturating).
+///
+/// Only sub-windows after an empty one teach it: those of sparse traffic
+/// hold one or a few operations, so their divisor is soon the cost of one;
+/// dense traffic is never empty and teaches nothing (a steady publisher
+/// sending exactly 20 operations per sub-window would read as one
+/// operation of cost 20). It is trusted from the second such sub-window,
+/// since the first may be a deluge's first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Quantum(pub(super) u16);
+
+impl Quantum {
+    const COST_BITS: u32 = 14;
+    const MAX_COST: u32 = (1 << Self::COST_BITS) - 1;
+
+    /// Learns from a sub-window of `cost` (non-zero) that followed an
+    /// empty one.
+    pub(super) fn learn(self, cost: u32) -> Quantum {
+        let seen = (self.0 >> Self::COST_BITS).saturating_add(1).min(3);
+        let known = u32::from(self.0) & Self::MAX_COST;
+        // Saturated: a cost beyond 14 bits stays the lower bound.
+        let divisor = if known == Self::MAX_COST && cost >= known {
+            known
+        } else {
+            gcd(known, cost).min(Self::MAX_COST)
+        };
+        Quantum((seen << Self::COST_BITS) | divisor as u16)
+    }
+
+    /// The cost of one operation, once two sub-windows have taught it; 0
+    /// before.
+    pub(super) fn cost(self) -> u32 {
+        if self.0 >> Self::COST_BITS >= 2 {
+            u32::from(self.0) & Self::MAX_COST
+        } else {
+            0
+        }
+    }
+}
+
+fn gcd(mut a: u32, mut b: u32) -> u32 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 impl AgentState {
     /// Measures every pair's attempted rate over `[since, now)` and offers
     /// each surge (by `rule`) to `report`, with the baseline it is measured
@@ -168,7 +236,8 @@ impl AgentState {
         for (key, entry) in self.entries.iter(&guard) {
             let total = entry.attempted_total() as u32;
             let before = entry.surge_total.swap(total, Relaxed);
-            let rate = f64::from(total.wrapping_sub(before)) / secs;
+            let cost = total.wrapping_sub(before);
+            let rate = f64::from(cost) / secs;
             let own = f64::from_bits(entry.limit.load(Relaxed));
             let limit = if own > 0.0 {
                 Some(own)
@@ -189,6 +258,11 @@ impl AgentState {
             let previous = f64::from(f32::from_bits(
                 entry.window_rate.swap((rate as f32).to_bits(), Relaxed),
             ));
+            let mut quantum = Quantum(entry.quantum.load(Relaxed));
+            if previous == 0.0 && cost > 0 {
+                quantum = quantum.learn(cost);
+                entry.quantum.store(quantum.0, Relaxed);
+            }
             // The noise is measured on the higher of each two sub-windows'
             // rates, the series a fall is judged on: traffic in bursts a
             // little longer apart than a sub-window (a client that
@@ -202,7 +276,10 @@ impl AgentState {
             // The mean squared step between sub-windows is twice their
             // variance.
             let steps = f64::from(f32::from_bits(entry.surge_noise.load(Relaxed)));
-            let noise = (steps / 2.0).sqrt();
+            let noise =
+                (steps / 2.0)
+                    .sqrt()
+                    .max(counting_noise(quantum.cost(), f64::from(baseline), secs));
             // Every step counts, surges too: a rate that keeps jumping
             // back and forth is noise however large, and one real jump
             // raises the bar only for a second or two.
@@ -281,7 +358,9 @@ mod tests {
     #[test]
     fn a_fall_must_hold_for_two_sub_windows() {
         let state = AgentState::new(AgentConfig::default());
-        let bursts = |ms: u64| if ms % 250 == 0 { 500 } else { 0 };
+        // Bursts of 500 or so: of single operations (bursts all of one
+        // size would look like sparse operations of that cost).
+        let bursts = |ms: u64| if ms % 250 == 0 { 497 + ms / 250 % 7 } else { 0 };
         // The onset is a jump (no limit is known yet, so any jump counts).
         assert_eq!(scan(&state, 0, 2_000, bursts).len(), 1);
         // The round's rollup: 2 000/s, the baseline.
@@ -294,6 +373,58 @@ mod tests {
         // The last burst was at 9 750: the sub-windows ending at 10 000 and
         // 10 200 are empty.
         assert_eq!(*end, 10_200);
-        assert_eq!((rates.rate, rates.baseline), (0.0, 2_000.0));
+        assert_eq!(rates.rate, 0.0);
+        assert!((1_990.0..2_030.0).contains(&rates.baseline), "{rates:?}");
+    }
+
+    /// Sparse operations of cost 51 (under one per sub-window) jump from
+    /// nothing to 255/s by chance; once the scans have learnt that the
+    /// account moves in steps of 51, such a jump is not a surge, while a
+    /// deluge of the same operations is.
+    #[test]
+    fn sparse_costly_operations_are_counted_not_measured() {
+        let state = AgentState::new(AgentConfig::default());
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut rng = SmallRng::seed_from_u64(9);
+        // Quantum learnt from single operations after empty sub-windows.
+        let mut taken = 0;
+        for window in 0..40u64 {
+            if window % 4 == 1 {
+                state.check(at(window * 200 + 50), "acme", "messages", 51, &mut rng);
+            }
+            let end = at(window * 200 + 200);
+            taken += state.scan_surges(end - Duration::from_millis(200), end, &rule, |_, _| true);
+        }
+        // A quiet minute: the measured noise fades, the quantum stays.
+        for window in 40..340u64 {
+            let end = at(window * 200 + 200);
+            state.scan_surges(end - Duration::from_millis(200), end, &rule, |_, _| true);
+        }
+        // Two operations in a sub-window: 510/s against a baseline of 0.
+        state.check(at(68_050), "acme", "messages", 51, &mut rng);
+        state.check(at(68_060), "acme", "messages", 51, &mut rng);
+        let two = state.scan_surges(at(68_000), at(68_200), &rule, |_, _| true);
+        assert_eq!(two, 0, "two operations of 51 are chance");
+        // Forty: a deluge.
+        for i in 0..40 {
+            state.check(at(68_210 + i), "acme", "messages", 51, &mut rng);
+        }
+        let deluge = state.scan_surges(at(68_200), at(68_400), &rule, |_, _| true);
+        assert_eq!(deluge, 1);
+        // Without the learnt quantum the first chance single operation
+        // after the first onset would have been a surge too.
+        assert!(taken <= 2, "{taken}");
+    }
+
+    #[test]
+    fn the_quantum_is_trusted_from_the_second_sub_window_after_an_empty_one() {
+        let q = Quantum::default().learn(75);
+        assert_eq!(q.cost(), 0, "the first may be a deluge's first");
+        assert_eq!(q.learn(51).cost(), 3);
+        assert_eq!(q.learn(150).cost(), 75);
+        assert_eq!(
+            Quantum::default().learn(1 << 20).learn(1 << 20).cost(),
+            (1 << 14) - 1
+        );
     }
 }

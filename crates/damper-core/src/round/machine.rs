@@ -44,7 +44,9 @@ enum InFlight {
     Probe {
         master: String,
     },
-    Hello,
+    Hello {
+        tried: usize,
+    },
     Surge {
         master: String,
         pairs: Vec<OwnedPair>,
@@ -136,18 +138,25 @@ impl AgentRound {
             config,
         };
         if round.config.fast_onset.is_some() {
-            round.hello();
+            round.hello(0);
         }
         round
     }
 
-    /// Asks every master for the ops' default limits, so the local guard
-    /// knows them before the first rollup is answered.
-    fn hello(&mut self) {
-        for master in self.live_members() {
-            let query = FactorsQuery::new(&self.config.agent_id, []);
-            self.transmit(master, Message::Probe(query), InFlight::Hello);
+    /// Asks one master (each agent its own, so a fleet starting together
+    /// spreads its hellos) for the ops' default limits, so the local guard
+    /// knows them before the first rollup is answered; every master holds
+    /// the same limits. After `tried` failures, the next master; once
+    /// every one has failed, the rollups' replies teach them instead.
+    fn hello(&mut self, tried: usize) {
+        let live = self.live_members();
+        if tried >= live.len() {
+            return;
         }
+        let first = agent_seed(&self.config.agent_id) as usize;
+        let master = live[(first + tried) % live.len()].clone();
+        let query = FactorsQuery::new(&self.config.agent_id, []);
+        self.transmit(master, Message::Probe(query), InFlight::Hello { tried });
     }
 
     /// The settings.
@@ -262,7 +271,7 @@ impl AgentRound {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
-            Some(InFlight::Hello) => state.learn_op_limits(reply),
+            Some(InFlight::Hello { .. }) => state.learn_op_limits(reply),
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);
@@ -296,7 +305,9 @@ impl AgentRound {
                 self.finish_one(round, master, false, now, state);
             }
             // The factors in force stay until the next rollup's reply.
-            Some(InFlight::Recheck { .. } | InFlight::Hello) | None => {}
+            Some(InFlight::Recheck { .. }) | None => {}
+            Some(InFlight::Hello { tried }) if !self.stopping => self.hello(tried + 1),
+            Some(InFlight::Hello { .. }) => {}
             Some(InFlight::Probe { master }) => {
                 self.membership.failed(&master, now);
             }

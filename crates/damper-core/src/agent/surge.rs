@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::AgentState;
+use super::entry::Entry;
 use crate::Pair;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -18,6 +19,10 @@ use crate::wire::SurgeRates;
 /// many agents sees a few operations per sub-window, so single sub-windows
 /// jump several-fold by chance; a deluge stands far out.
 pub const NOISE_SIGMAS: f64 = 4.0;
+
+/// How far a rate must rise above what this agent's last early report
+/// said to be reported again (see [`SurgeRule::is_surge`]).
+pub const FOLLOW_UP_JUMP: f64 = 1.5;
 
 /// The weight of each sub-window in the moving mean of the noise.
 const NOISE_WEIGHT: f64 = 0.1;
@@ -122,10 +127,23 @@ impl SurgeRule {
     /// `rate` the higher of the last two sub-windows, so a fall must hold
     /// for two: traffic that comes in bursts a little longer apart than a
     /// sub-window leaves single sub-windows empty.)
-    pub fn is_surge(&self, rate: f64, baseline: f64, limit: Option<f64>, noise: f64) -> bool {
+    ///
+    /// A rise from a `surged` baseline (what this agent's last early
+    /// report said) needs only a [`FOLLOW_UP_JUMP`]: the sub-window that
+    /// saw a deluge begin often held only its start, and the master should
+    /// hear its full size before the round.
+    pub fn is_surge(
+        &self,
+        rate: f64,
+        baseline: f64,
+        surged: bool,
+        limit: Option<f64>,
+        noise: f64,
+    ) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
-        let up = rate > baseline && rate >= self.jump * baseline && change > NOISE_SIGMAS * noise;
+        let jump = if surged { FOLLOW_UP_JUMP } else { self.jump };
+        let up = rate > baseline && rate >= jump * baseline && change > NOISE_SIGMAS * noise;
         let down = rate < baseline && rate * self.jump <= baseline && change > 2.0 * noise;
         (up || down) && change >= floor
     }
@@ -199,6 +217,17 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
     a
 }
 
+/// What one pass over the pairs does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// At a sub-window's end: measures it, learns its noise, finds rises
+    /// and falls.
+    Close,
+    /// Halfway through a sub-window: finds rises in its first half only,
+    /// learning nothing, so a deluge is reported half a sub-window sooner.
+    Peek,
+}
+
 impl AgentState {
     /// Measures every pair's attempted rate over `[since, now)` and offers
     /// each surge (by `rule`) to `report`, with the baseline it is measured
@@ -215,12 +244,40 @@ impl AgentState {
         since: Nanos,
         now: Nanos,
         rule: &SurgeRule,
+        report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+    ) -> usize {
+        self.pass(Pass::Close, since, now, rule, report)
+    }
+
+    /// Halfway through the sub-window that began at `since` (the last
+    /// [`scan_surges`](Self::scan_surges)), offers the pairs whose rate
+    /// over its first half already rose to a surge, against that half's
+    /// larger noise; changes nothing else, so the sub-window's own scan
+    /// measures it whole. Falls wait for the whole sub-windows.
+    pub fn peek_surges(
+        &self,
+        since: Nanos,
+        now: Nanos,
+        rule: &SurgeRule,
+        report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+    ) -> usize {
+        self.pass(Pass::Peek, since, now, rule, report)
+    }
+
+    fn pass(
+        &self,
+        pass: Pass,
+        since: Nanos,
+        now: Nanos,
+        rule: &SurgeRule,
         mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
     ) -> usize {
         let secs = now.since(since).as_secs_f64();
         if secs <= 0.0 {
             return 0;
         }
+        // A half sub-window's rate moves √2 times as much by chance.
+        let scale = (rule.window().as_secs_f64() / secs).max(1.0).sqrt();
         let r = duration_nanos(self.config.rollup_interval).max(1);
         // The round whose reports will carry the sub-window that ends now,
         // as the entry keeps it (never 0, which means none).
@@ -235,9 +292,15 @@ impl AgentState {
         let mut taken = 0;
         for (key, entry) in self.entries.iter(&guard) {
             let total = entry.attempted_total() as u32;
-            let before = entry.surge_total.swap(total, Relaxed);
+            let before = match pass {
+                Pass::Close => entry.surge_total.swap(total, Relaxed),
+                Pass::Peek => entry.surge_total.load(Relaxed),
+            };
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
+            if pass == Pass::Peek && cost == 0 {
+                continue;
+            }
             let own = f64::from_bits(entry.limit.load(Relaxed));
             let limit = if own > 0.0 {
                 Some(own)
@@ -255,44 +318,19 @@ impl AgentState {
             } else {
                 (f32::from_bits(entry.reported_rate.load(Relaxed)), false)
             };
-            let previous = f64::from(f32::from_bits(
-                entry.window_rate.swap((rate as f32).to_bits(), Relaxed),
-            ));
-            let mut quantum = Quantum(entry.quantum.load(Relaxed));
-            if previous == 0.0 && cost > 0 {
-                quantum = quantum.learn(cost);
-                entry.quantum.store(quantum.0, Relaxed);
-            }
-            // The noise is measured on the higher of each two sub-windows'
-            // rates, the series a fall is judged on: traffic in bursts a
-            // little longer apart than a sub-window (a client that
-            // publishes every 250 ms) leaves single sub-windows empty, and
-            // measured on them alone it would read as noise so large that
-            // a flood that really stops is not seen until its round.
-            let held = rate.max(previous);
-            let held_before = f64::from(f32::from_bits(
-                entry.held_rate.swap((held as f32).to_bits(), Relaxed),
-            ));
-            // The mean squared step between sub-windows is twice their
-            // variance.
-            let steps = f64::from(f32::from_bits(entry.surge_noise.load(Relaxed)));
-            let noise =
-                (steps / 2.0)
-                    .sqrt()
-                    .max(counting_noise(quantum.cost(), f64::from(baseline), secs));
-            // Every step counts, surges too: a rate that keeps jumping
-            // back and forth is noise however large, and one real jump
-            // raises the bar only for a second or two.
-            let step = held - held_before;
-            let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
-            entry.surge_noise.store((steps as f32).to_bits(), Relaxed);
-            // A fall must hold for two sub-windows (see `is_surge`).
-            let rate = if rate < f64::from(baseline) {
-                held
-            } else {
-                rate
+            let (rate, noise) = match pass {
+                Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
+                Pass::Peek => {
+                    let quantum = Quantum(entry.quantum.load(Relaxed)).cost();
+                    let noise = entry.measured_noise() * scale;
+                    let noise = noise.max(counting_noise(quantum, f64::from(baseline), secs));
+                    if rate <= f64::from(baseline) {
+                        continue;
+                    }
+                    (rate, noise)
+                }
             };
-            if !rule.is_surge(rate, f64::from(baseline), limit, noise) {
+            if !rule.is_surge(rate, f64::from(baseline), surged, limit, noise) {
                 continue;
             }
             let rates = SurgeRates {
@@ -307,6 +345,54 @@ impl AgentState {
             }
         }
         taken
+    }
+}
+
+impl Entry {
+    /// The noise measured so far: a standard deviation of the sub-window
+    /// rate, cost per second.
+    fn measured_noise(&self) -> f64 {
+        // The mean squared step between sub-windows is twice their
+        // variance.
+        (f64::from(f32::from_bits(self.surge_noise.load(Relaxed))) / 2.0).sqrt()
+    }
+
+    /// Closes a sub-window of `cost` (`rate` per second over `secs`):
+    /// learns its noise and cost per operation, and returns the rate to
+    /// judge against `baseline` (for a fall, the higher of the last two
+    /// sub-windows') with the noise to judge it by.
+    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64, secs: f64) -> (f64, f64) {
+        let previous = f64::from(f32::from_bits(
+            self.window_rate.swap((rate as f32).to_bits(), Relaxed),
+        ));
+        let mut quantum = Quantum(self.quantum.load(Relaxed));
+        if previous == 0.0 && cost > 0 {
+            quantum = quantum.learn(cost);
+            self.quantum.store(quantum.0, Relaxed);
+        }
+        // The noise is measured on the higher of each two sub-windows'
+        // rates, the series a fall is judged on: traffic in bursts a
+        // little longer apart than a sub-window (a client that publishes
+        // every 250 ms) leaves single sub-windows empty, and measured on
+        // them alone it would read as noise so large that a flood that
+        // really stops is not seen until its round.
+        let held = rate.max(previous);
+        let held_before = f64::from(f32::from_bits(
+            self.held_rate.swap((held as f32).to_bits(), Relaxed),
+        ));
+        let noise = self
+            .measured_noise()
+            .max(counting_noise(quantum.cost(), baseline, secs));
+        // Every step counts, surges too: a rate that keeps jumping back
+        // and forth is noise however large, and one real jump raises the
+        // bar only for a second or two.
+        let step = held - held_before;
+        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
+        let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
+        self.surge_noise.store((steps as f32).to_bits(), Relaxed);
+        // A fall must hold for two sub-windows (see `is_surge`).
+        let rate = if rate < baseline { held } else { rate };
+        (rate, noise)
     }
 }
 
@@ -425,6 +511,56 @@ mod tests {
         assert_eq!(
             Quantum::default().learn(1 << 20).learn(1 << 20).cost(),
             (1 << 14) - 1
+        );
+    }
+
+    /// Halfway through a sub-window, a deluge that began in it is found
+    /// and reported; the sub-window's own scan then measures it whole and,
+    /// having found it larger than the first half said, reports it again
+    /// (a follow-up needs only a 1.5x rise), so the master hears its size.
+    #[test]
+    fn a_peek_finds_a_deluge_half_a_sub_window_sooner_and_a_follow_up_its_size() {
+        let state = AgentState::new(AgentConfig::default());
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        // Quiet at 100/s for two rounds, rolled up.
+        let quiet = |ms: u64| u64::from(ms % 100 == 0) * 10;
+        scan(&state, 0, 2_000, quiet);
+        state.drain(|_, _, _| {});
+        assert_eq!(scan(&state, 2_000, 4_000, quiet), vec![]);
+        // 5 000/s from 4 050: the peek at 4 100 sees 50 ms of it.
+        let mut rng = SmallRng::seed_from_u64(4);
+        for ms in (4_050..4_100).step_by(10) {
+            for _ in 0..50 {
+                state.check(at(ms), "acme", "messages", 1, &mut rng);
+            }
+        }
+        let mut peeked = Vec::new();
+        state.peek_surges(at(4_000), at(4_100), &rule, |_, rates| {
+            peeked.push(rates);
+            true
+        });
+        let [first] = &peeked[..] else {
+            panic!("{peeked:?}")
+        };
+        assert_eq!(first.rate, 2_500.0);
+        assert!(!first.surged);
+        // The rest of the sub-window: the close measures 4 000 to 4 200.
+        for ms in (4_100..4_200).step_by(10) {
+            for _ in 0..50 {
+                state.check(at(ms), "acme", "messages", 1, &mut rng);
+            }
+        }
+        let mut closed = Vec::new();
+        state.scan_surges(at(4_000), at(4_200), &rule, |_, rates| {
+            closed.push(rates);
+            true
+        });
+        let [follow_up] = &closed[..] else {
+            panic!("{closed:?}")
+        };
+        assert_eq!(
+            (follow_up.rate, follow_up.baseline, follow_up.surged),
+            (3_750.0, 2_500.0, true)
         );
     }
 }

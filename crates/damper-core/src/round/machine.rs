@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
+use crate::agent::SurgeRule;
 use crate::agent::{AgentState, Pending, agent_seed, send_spread};
 use crate::membership::{HealthConfig, Membership};
 use crate::time::Nanos;
@@ -20,6 +21,14 @@ struct Cut {
     end: Nanos,
     ring_version: u64,
     batches: Vec<(String, Vec<Pending>)>,
+}
+
+/// When the scan after `now` is due: every half sub-window, on the grid
+/// (so every agent's sub-windows line up), the ends of sub-windows closing
+/// them and the halves between peeking at rises.
+fn next_scan_after(now: Nanos, rule: &SurgeRule) -> Nanos {
+    let step = (rule.window() / 2).max(Duration::from_nanos(1));
+    grid_floor(now, step) + step
 }
 
 /// How many sub-windows an early report may go unanswered before the round
@@ -115,9 +124,7 @@ impl AgentRound {
             rollup_interval: interval,
             ..config.health
         };
-        let next_scan = config
-            .fast_onset
-            .map(|rule| grid_floor(now, rule.window()) + rule.window());
+        let next_scan = config.fast_onset.map(|rule| next_scan_after(now, &rule));
         let mut round = AgentRound {
             membership: Membership::new(members, health, agent_seed(&config.agent_id)),
             spread: send_spread(&config.agent_id, interval),
@@ -373,14 +380,23 @@ impl AgentRound {
         let Some(rule) = self.config.fast_onset else {
             return;
         };
-        self.give_up_surges(now, rule.window(), state);
-        let since = std::mem::replace(&mut self.last_scan, now);
-        self.next_scan = Some(grid_floor(now, rule.window()) + rule.window());
+        self.next_scan = Some(next_scan_after(now, &rule));
+        // Halfway through a sub-window (its start already scanned), a peek
+        // at its first half; otherwise it closes.
+        let peek = self.last_scan >= grid_floor(now, rule.window());
+        if !peek {
+            self.give_up_surges(now, rule.window(), state);
+        }
+        let since = if peek {
+            self.last_scan
+        } else {
+            std::mem::replace(&mut self.last_scan, now)
+        };
         let max = self.config.max_entries_per_request.max(1);
         let live = self.membership.live();
         let busy = &self.surging;
         let mut batches: BTreeMap<String, Vec<(OwnedPair, SurgeRates)>> = BTreeMap::new();
-        state.scan_surges(since, now, &rule, |pair, rates| {
+        let offer = |pair: Pair<'_>, rates: SurgeRates| {
             let Some(master) = live.owner(pair.account) else {
                 return false;
             };
@@ -396,7 +412,12 @@ impl AgentRound {
             }
             batch.push((pair.to_owned(), rates));
             true
-        });
+        };
+        if peek {
+            state.peek_surges(since, now, &rule, offer);
+        } else {
+            state.scan_surges(since, now, &rule, offer);
+        }
         for (master, mut batch) in batches {
             batch.sort_unstable_by(|(a, _), (b, _)| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
             let query = FactorsQuery::surge(

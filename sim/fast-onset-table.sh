@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Fast onset, before and after: runs every shipped scenario with
+# `--fast-onset false` and `true` and prints the tables of
+# docs/simulation.md ("Fast onset, before and after").
+#
+#   sim/fast-onset-table.sh            # each scenario's own seed
+#   sim/fast-onset-table.sh --seeds 7  # medians over seeds 1..7
+#
+# Needs jq and python3; builds damper-sim in release mode first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=0
+if [[ "${1:-}" == "--seeds" ]]; then
+    seeds=${2:?--seeds needs a count}
+fi
+cargo build -q --release -p damper-sim
+bin=${CARGO_TARGET_DIR:-target}/release/damper-sim
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One run: prints the worst account's figures as one JSON line.
+run() { # scenario-file fast-onset out-dir
+    "$bin" run "$1" --fast-onset "$2" --out "$3" >/dev/null
+    jq -c '
+      ([.accounts[] | select(.limit != null)] | max_by(.over_admitted)) as $w
+      | { account: $w.account, reaction: $w.reaction_s, release: $w.release_s,
+          peak: ([.accounts[].peak_6s_ratio | select(. != null)] | max),
+          over: ([.accounts[].over_admitted] | add),
+          false_rej: ([.accounts[].false_rejections] | add),
+          rpcs: .control.rpcs_per_s, bytes: .control.bytes_per_s }' "$3/summary.json"
+}
+
+for file in sim/scenarios/*.toml; do
+    name=$(basename "$file" .toml)
+    for on in false true; do
+        if [[ $seeds -eq 0 ]]; then
+            run "$file" "$on" "$work/out" >"$work/$name-$on.jsonl"
+        else
+            : >"$work/$name-$on.jsonl"
+            for seed in $(seq 1 "$seeds"); do
+                sed "s/^seed = .*/seed = $seed/" "$file" >"$work/s.toml"
+                grep -q '^seed' "$work/s.toml" || sed -i "1a seed = $seed" "$work/s.toml"
+                run "$work/s.toml" "$on" "$work/out" >>"$work/$name-$on.jsonl"
+            done
+        fi
+    done
+done
+
+python3 - "$work" "$seeds" <<'PY'
+import json, os, statistics, sys
+work, seeds = sys.argv[1], int(sys.argv[2])
+def med(rows, key):
+    xs = [r[key] for r in rows if r[key] is not None]
+    return statistics.median(xs) if xs else None
+def fmt(x, digits):
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}".replace(",", " ")
+print("| scenario | fast onset | account (worst) | reaction s | release s | peak 6 s | over-admitted | false rej. (all accounts) | RPC/s | bytes/s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+names = sorted({f.rsplit("-", 1)[0] for f in os.listdir(work) if f.endswith(".jsonl")})
+for name in names:
+    for on in ("false", "true"):
+        rows = [json.loads(l) for l in open(f"{work}/{name}-{on}.jsonl")]
+        print(f"| {name} | {'on' if on == 'true' else 'off'} | {rows[0]['account']} | "
+              f"{fmt(med(rows, 'reaction'), 1)} | {fmt(med(rows, 'release'), 2)} | "
+              f"{fmt(med(rows, 'peak'), 2)} | {fmt(med(rows, 'over'), 0)} | "
+              f"{fmt(med(rows, 'false_rej'), 0)} | {fmt(med(rows, 'rpcs'), 1)} | "
+              f"{fmt(med(rows, 'bytes'), 0)} |")
+if seeds:
+    print(f"\nMedians over seeds 1..{seeds}.")
+PY

@@ -18,6 +18,9 @@
 //! - `tests/wire_loop.rs`: the proto carries the loop; the calm account is
 //!   never touched while a deluge is held at its limit, and a stopped
 //!   deluge is released within the round.
+//! - `tests/compat.rs`: agents that predate fast onset against today's
+//!   masters, and today's agents against masters that predate it
+//!   ([`masters::WireMasters::predating_fast_onset`]).
 //! - `tests/policies.rs`: the demand policy holds a deluge steadily; Ably's
 //!   linear ramp on the admitted rate oscillates.
 //! - `tests/grpc.rs`: the loop over real gRPC on loopback, at full scale.

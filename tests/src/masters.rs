@@ -4,6 +4,8 @@
 //! - [`WireMasters`]: [`Master`]s in-process on a manual clock, every
 //!   message encoded to `damper.v1` bytes and decoded back exactly as gRPC
 //!   carries it. Fast enough for simulated minutes.
+//!   [`WireMasters::predating_fast_onset`] makes them masters as they were
+//!   before fast onset, for the compatibility tests.
 //! - [`GrpcMasters`]: [`Master`]s served over real gRPC on `127.0.0.1:0`,
 //!   called with tonic's client, their clocks set to the simulated time of
 //!   each call.
@@ -46,8 +48,41 @@ fn request(message: &Message) -> Request {
 pub struct WireMasters {
     masters: Vec<Master>,
     clock: Arc<ManualClock>,
+    /// Whether they behave as masters before fast onset did.
+    old: bool,
     /// Bytes of requests and replies carried so far.
     pub wire_bytes: usize,
+}
+
+/// `FactorsRequest` as `damper.v1` had it before fast onset: what a master
+/// built then decodes from a new agent's request (protobuf drops the
+/// fields it does not know).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FactorsRequestV0 {
+    /// Field 1.
+    #[prost(string, tag = "1")]
+    pub agent_id: String,
+    /// Field 2.
+    #[prost(message, repeated, tag = "2")]
+    pub ops: Vec<OpAccountsV0>,
+}
+
+/// `OpAccounts` before fast onset.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OpAccountsV0 {
+    /// Field 1.
+    #[prost(string, tag = "1")]
+    pub op: String,
+    /// Field 2.
+    #[prost(string, repeated, tag = "2")]
+    pub accounts: Vec<String>,
+}
+
+/// What a master that predates fast onset sees of `bytes`, a
+/// `FactorsRequest`: the old fields alone, as today's type.
+pub fn as_seen_before_fast_onset(bytes: &[u8]) -> FactorsRequest {
+    let old = FactorsRequestV0::decode(bytes).expect("a FactorsRequest decodes as the old one");
+    FactorsRequest::decode(old.encode_to_vec().as_slice()).expect("old fields decode")
 }
 
 impl WireMasters {
@@ -63,7 +98,19 @@ impl WireMasters {
                 })
                 .collect(),
             clock,
+            old: false,
             wire_bytes: 0,
+        }
+    }
+
+    /// Masters as they were before fast onset: they decode only the old
+    /// fields of `Factors` (an early report reads as a recheck, answered
+    /// with the factors in force and counting nothing), and answer a
+    /// request naming nothing (a new agent's hello) with no ops at all.
+    pub fn predating_fast_onset(config: &str, count: usize) -> WireMasters {
+        WireMasters {
+            old: true,
+            ..WireMasters::new(config, count)
         }
     }
 }
@@ -91,8 +138,17 @@ impl Masters for WireMasters {
             Request::Factors(q) => {
                 let bytes = q.encode_to_vec();
                 self.wire_bytes += bytes.len();
-                let decoded = FactorsRequest::decode(bytes.as_slice()).expect("encoded above");
-                master.factors(&decoded).ok()?
+                if self.old {
+                    let seen = as_seen_before_fast_onset(&bytes);
+                    let mut reply = master.factors(&seen).ok()?;
+                    if seen.ops.is_empty() {
+                        reply.ops.clear();
+                    }
+                    reply
+                } else {
+                    let decoded = FactorsRequest::decode(bytes.as_slice()).expect("encoded above");
+                    master.factors(&decoded).ok()?
+                }
             }
         };
         let bytes = reply.encode_to_vec();

@@ -52,3 +52,75 @@ async fn a_flood_gets_a_factor_over_grpc_and_shutdown_flushes() {
     assert!(served.master.len() >= 2);
     served.stop().await;
 }
+
+/// Fast onset over real gRPC at the production time scale (2-s rounds): a
+/// flood spread over four agents is reported early and suppressed long
+/// before the first round could say anything; with fast onset off, the
+/// same flood is still admitted whole at that point. Generous bounds: the
+/// early report goes out within 200 ms of the flood, and the check is at
+/// 1.5 s, before the first round's reply (2 s plus its send spread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_reported_early_and_suppressed_within_the_first_round() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let address = served.address.to_string();
+    let agents = |fast_onset: bool| -> Vec<Agent> {
+        (0..4)
+            .map(|i| {
+                Agent::builder()
+                    .masters([address.as_str()])
+                    .agent_id(format!("edge-{fast_onset}-{i}"))
+                    .fast_onset(fast_onset)
+                    .start()
+                    .unwrap()
+            })
+            .collect()
+    };
+    for fast_onset in [true, false] {
+        // Start just after a round's grid boundary, so the first round
+        // closes about 2 s later, after the check below.
+        let ms =
+            damper_core::time::Clock::now(&damper_core::time::SystemClock).as_nanos() / 1_000_000;
+        let to_boundary = 2_000 - ms % 2_000;
+        tokio::time::sleep(Duration::from_millis(to_boundary + 50)).await;
+        let agents = agents(fast_onset);
+        let account = format!("flood-{fast_onset}");
+        // 10 000/s in all, 2 500/s per agent, in 10 ms steps, for 1.5 s.
+        let start = tokio::time::Instant::now();
+        let mut admitted_last_half_second = 0u64;
+        while start.elapsed() < Duration::from_millis(1_500) {
+            let late = start.elapsed() >= Duration::from_secs(1);
+            for agent in &agents {
+                for _ in 0..25 {
+                    if agent.check(&account, "messages", 1).is_admit() && late {
+                        admitted_last_half_second += 1;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats: damper_agent::AgentStats = agents.iter().map(Agent::stats).sum();
+        let factors: Vec<f64> = agents
+            .iter()
+            .map(|a| a.factor(&account, "messages").unwrap_or(0.0))
+            .collect();
+        if fast_onset {
+            assert!(stats.early_reports >= 4, "{stats:?}");
+            assert_eq!(stats.early_reports_failed, 0, "{stats:?}");
+            assert!(factors.iter().all(|f| *f > 0.7), "{factors:?}");
+            // 10 000/s for half a second at a factor near 0.9: ~500, and
+            // never near the 5 000 of no suppression.
+            assert!(
+                admitted_last_half_second < 1_500,
+                "{admitted_last_half_second}"
+            );
+        } else {
+            assert_eq!(stats.early_reports, 0, "{stats:?}");
+            assert!(factors.iter().all(|f| *f == 0.0), "{factors:?}");
+        }
+        for agent in agents {
+            agent.shutdown().await;
+        }
+    }
+    served.stop().await;
+}

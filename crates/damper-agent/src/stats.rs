@@ -14,6 +14,8 @@ pub(crate) struct Stats {
     pub(crate) entries_sent: AtomicU64,
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) bytes_received: AtomicU64,
+    pub(crate) early_reports: AtomicU64,
+    pub(crate) early_reports_failed: AtomicU64,
     pub(crate) latency: [AtomicU64; LATENCY_BUCKETS],
 }
 
@@ -28,6 +30,8 @@ impl Default for Stats {
             entries_sent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
+            early_reports: AtomicU64::new(0),
+            early_reports_failed: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -46,6 +50,8 @@ impl Stats {
             entries_sent: s.entries_sent.load(Relaxed),
             bytes_sent: s.bytes_sent.load(Relaxed),
             bytes_received: s.bytes_received.load(Relaxed),
+            early_reports: s.early_reports.load(Relaxed),
+            early_reports_failed: s.early_reports_failed.load(Relaxed),
             rollup_latency: LatencyHistogram {
                 counts: std::array::from_fn(|i| s.latency[i].load(Relaxed)),
             },
@@ -148,6 +154,11 @@ pub struct AgentStats {
     pub bytes_sent: u64,
     /// Encoded size of the replies: the control traffic.
     pub bytes_received: u64,
+    /// Early reports of surges a master answered (fast onset).
+    pub early_reports: u64,
+    /// Early reports that failed (refused by the master's budget, timed
+    /// out, unreachable); the rollups carry the counts all the same.
+    pub early_reports_failed: u64,
     /// Their round trips.
     pub rollup_latency: LatencyHistogram,
 }
@@ -165,6 +176,8 @@ impl std::iter::Sum for AgentStats {
             entries_sent: s.entries_sent + a.entries_sent,
             bytes_sent: s.bytes_sent + a.bytes_sent,
             bytes_received: s.bytes_received + a.bytes_received,
+            early_reports: s.early_reports + a.early_reports,
+            early_reports_failed: s.early_reports_failed + a.early_reports_failed,
             rollup_latency: LatencyHistogram {
                 counts: std::array::from_fn(|i| {
                     s.rollup_latency.counts[i] + a.rollup_latency.counts[i]

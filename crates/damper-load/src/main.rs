@@ -186,6 +186,8 @@ fn print_agents_summary(agents: &[Arc<Agent>], items: usize, totals: &[damper_lo
                "factors_expired": stats.factors_expired, "dropped_cost": stats.dropped_cost,
                "entries_sent": stats.entries_sent, "bytes_sent": stats.bytes_sent,
                "bytes_received": stats.bytes_received,
+               "early_reports": stats.early_reports,
+               "early_reports_failed": stats.early_reports_failed,
                "bytes_per_entry": stats.bytes_sent as f64 / stats.entries_sent.max(1) as f64,
                "control_share": stats.bytes_received as f64 / stats.bytes_sent.max(1) as f64,
                "rollup_p50_ms": ms(stats.rollup_latency.quantile(0.5)),

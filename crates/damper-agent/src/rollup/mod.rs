@@ -244,11 +244,13 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
         (Sent::Probe, Ok(reply)) => round.on_reply(now, id, &Reply::from(reply), &shared.state),
         (Sent::Probe, Err(_)) => round.on_failure(now, id, &shared.state),
         (Sent::Surge, Ok(reply)) => {
+            shared.stats.early_reports.fetch_add(1, Relaxed);
             metrics::counter!("damper_agent_early_reports_total", "result" => "ok").increment(1);
             round.on_reply(now, id, &Reply::from(reply), &shared.state);
         }
         (Sent::Surge, Err(status)) => {
             // Fails open: the factors in force stay, the rollups go on.
+            shared.stats.early_reports_failed.fetch_add(1, Relaxed);
             metrics::counter!("damper_agent_early_reports_total", "result" => "error").increment(1);
             tracing::debug!(%master, code = ?status.code(), message = status.message(), "early report failed");
             round.on_failure(now, id, &shared.state);

@@ -128,21 +128,25 @@ impl SurgeRule {
     /// for two: traffic that comes in bursts a little longer apart than a
     /// sub-window leaves single sub-windows empty.)
     ///
-    /// A rise from a `surged` baseline (what this agent's last early
-    /// report said) needs only a [`FOLLOW_UP_JUMP`]: the sub-window that
-    /// saw a deluge begin often held only its start, and the master should
-    /// hear its full size before the round.
+    /// A `follow_up` rise (from what this agent's last early report said,
+    /// of a pair its master now suppresses) needs only a
+    /// [`FOLLOW_UP_JUMP`]: the sub-window that saw a deluge begin often
+    /// held only its start, and the master should hear its full size
+    /// before the round. Only for suppressed pairs: an account under its
+    /// limit, reported at start (every new pair jumps from nothing), would
+    /// otherwise ratchet its estimate up on chance rises, since only
+    /// 4× falls bring it down.
     pub fn is_surge(
         &self,
         rate: f64,
         baseline: f64,
-        surged: bool,
+        follow_up: bool,
         limit: Option<f64>,
         noise: f64,
     ) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
-        let jump = if surged { FOLLOW_UP_JUMP } else { self.jump };
+        let jump = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
         let up = rate > baseline && rate >= jump * baseline && change > NOISE_SIGMAS * noise;
         let down = rate < baseline && rate * self.jump <= baseline && change > 2.0 * noise;
         (up || down) && change >= floor
@@ -330,7 +334,8 @@ impl AgentState {
                     (rate, noise)
                 }
             };
-            if !rule.is_surge(rate, f64::from(baseline), surged, limit, noise) {
+            let follow_up = surged && entry.master_threshold.load(Relaxed) > 0;
+            if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
                 continue;
             }
             let rates = SurgeRates {
@@ -544,6 +549,15 @@ mod tests {
         };
         assert_eq!(first.rate, 2_500.0);
         assert!(!first.surged);
+        // The master's answer suppresses it (1 000/s against 2 500/s so far).
+        state.apply(
+            at(4_105),
+            "acme",
+            "messages",
+            0.6,
+            1_000.0,
+            Duration::from_secs(6),
+        );
         // The rest of the sub-window: the close measures 4 000 to 4 200.
         for ms in (4_100..4_200).step_by(10) {
             for _ in 0..50 {
@@ -561,6 +575,30 @@ mod tests {
         assert_eq!(
             (follow_up.rate, follow_up.baseline, follow_up.surged),
             (3_750.0, 2_500.0, true)
+        );
+    }
+
+    /// An account under its limit, reported at start as every new pair is
+    /// (it jumps from nothing), is not followed up on chance rises while
+    /// its master does not suppress it: that would ratchet its estimate up.
+    #[test]
+    fn no_follow_up_for_a_pair_its_master_does_not_suppress() {
+        let state = AgentState::new(AgentConfig::default());
+        state.apply(
+            at(0),
+            "acme",
+            "messages",
+            0.0,
+            1_000.0,
+            Duration::from_secs(6),
+        );
+        // 300/s, reported as it starts.
+        let taken = scan(&state, 0, 200, |ms| u64::from(ms % 100 == 0) * 30);
+        assert_eq!(taken.len(), 1);
+        // 2.3× that is no follow-up: the master said 0.
+        assert_eq!(
+            scan(&state, 200, 400, |ms| u64::from(ms % 100 == 0) * 70),
+            vec![]
         );
     }
 }

@@ -213,7 +213,12 @@ impl<M: Masters> Sim<M> {
             control: Control::default(),
             scenario,
         };
-        sim.schedule(EPOCH, Event::Step);
+        // Each step's operations happen at its middle: never at the same
+        // instant as the agents' scans and cuts, which fall on the grid, so
+        // no sub-window gets a step twice by the order of simultaneous
+        // events.
+        let first_step = EPOCH + sim.scenario.step / 2;
+        sim.schedule(first_step, Event::Step);
         sim.schedule(EPOCH + Duration::from_secs(1), Event::Second);
         for a in 0..sim.agents.len() {
             sim.sync(a);

@@ -233,7 +233,7 @@ impl Entry {
             (0, 0.0)
         };
         let local = if limit > 0.0 {
-            self.local_guard(now, limit, config)
+            self.local_guard(now, limit, master == 0, config)
         } else {
             0
         };
@@ -316,14 +316,30 @@ impl Entry {
     /// The local guard's threshold. Once per `local_window` one caller wins
     /// the right to measure this agent's demand over the window that ended
     /// and to set the factor that brings that demand down to the limit.
+    ///
+    /// While the master does not suppress the pair (`early`), a window
+    /// closes early once this agent alone has attempted more than the
+    /// limit allows over a whole window: a deluge on one agent (100× the
+    /// account's limit) is then measured within milliseconds, not at the
+    /// window's end, and that agent's rate alone proves the account is
+    /// over its limit, whatever the others do. (Under a master's factor the
+    /// windows run whole: a suppressed pair's every check would otherwise
+    /// close one.)
     #[inline]
-    pub(super) fn local_guard(&self, now: u64, limit: f64, config: &AgentConfig) -> u64 {
+    pub(super) fn local_guard(
+        &self,
+        now: u64,
+        limit: f64,
+        early: bool,
+        config: &AgentConfig,
+    ) -> u64 {
         let start = self.local_start.load(Relaxed);
         let elapsed = now.saturating_sub(start);
+        let window = duration_nanos(config.local_window);
         // `elapsed == 0`: nothing to measure over (a zero local window, or a
         // clock that did not move), and no rate to divide by.
         if elapsed == 0
-            || elapsed < duration_nanos(config.local_window)
+            || (elapsed < window && !(early && self.over_window_allowance(limit, window)))
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)
@@ -341,6 +357,29 @@ impl Entry {
         };
         self.local_threshold.store(t, Relaxed);
         t
+    }
+}
+
+impl Entry {
+    /// Takes the cost of a first check as what one operation costs, until
+    /// the scans learn better ([`Quantum::seeded`]); off the hot path (a
+    /// new entry's first check, or the simulator's batches).
+    pub(super) fn seed_quantum(&self, cost: u64) {
+        if self.quantum.load(Relaxed) == 0 {
+            let seeded = super::surge::Quantum::seeded(cost);
+            let _ = self.quantum.compare_exchange(0, seeded.0, Relaxed, Relaxed);
+        }
+    }
+
+    /// Whether the cost attempted in the local guard's current window is
+    /// already more than `limit` allows over a whole window of `window`
+    /// nanoseconds. Reads only the check's own cache line.
+    #[inline]
+    fn over_window_allowance(&self, limit: f64, window: u64) -> bool {
+        let used = self
+            .attempted_total()
+            .wrapping_sub(self.local_base.load(Relaxed));
+        used as f64 > limit * (window as f64 / 1e9)
     }
 }
 

@@ -301,7 +301,9 @@ impl AgentState {
                 if !reportable(account) || !reportable(op) {
                     return Decision::Admit;
                 }
-                self.entry(now, account, op, &guard)
+                let entry = self.entry(now, account, op, &guard);
+                entry.seed_quantum(cost);
+                entry
             }
         };
         let decision = entry.decide(now, rng, &self.config);
@@ -381,6 +383,7 @@ impl AgentState {
         }
         let guard = self.entries.guard();
         let entry = self.entry(now, account, op, &guard);
+        entry.seed_quantum(cost);
         let admitted = entry.decide_batch(now, n, rng, &self.config);
         for (yes, count) in [(true, admitted), (false, n - admitted)] {
             if count != 0 {

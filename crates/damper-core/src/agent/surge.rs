@@ -189,6 +189,18 @@ impl Quantum {
     const COST_BITS: u32 = 14;
     const MAX_COST: u32 = (1 << Self::COST_BITS) - 1;
 
+    /// What one operation of `cost` proves: the cost of one operation
+    /// divides it. Trusted at once: a new pair's first sub-window is its
+    /// only evidence, and a sparse account of costly operations (one or two
+    /// of cost 51 in it, 255/s or more from nothing) must not read as a
+    /// surge on its first agents; the first sub-window after the first
+    /// check (which follows "empty") brings it down to the common divisor
+    /// of mixed costs.
+    pub(super) fn seeded(cost: u64) -> Quantum {
+        let divisor = cost.clamp(1, u64::from(Self::MAX_COST)) as u16;
+        Quantum((2 << Self::COST_BITS) | divisor)
+    }
+
     /// Learns from a sub-window of `cost` (non-zero) that followed an
     /// empty one.
     pub(super) fn learn(self, cost: u32) -> Quantum {
@@ -600,5 +612,22 @@ mod tests {
             scan(&state, 200, 400, |ms| u64::from(ms % 100 == 0) * 70),
             vec![]
         );
+    }
+
+    /// A new pair's first check teaches the cost of one operation: two
+    /// operations of cost 51 on an agent's first sub-window (510/s from
+    /// nothing) are chance, as they would be later; forty are a deluge.
+    #[test]
+    fn a_new_pairs_first_check_teaches_the_cost_of_one_operation() {
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut rng = SmallRng::seed_from_u64(2);
+        for (ops, surges) in [(2, 0), (40, 1)] {
+            let state = AgentState::new(AgentConfig::default());
+            for i in 0..ops {
+                state.check(at(10 + i), "acme", "messages", 51, &mut rng);
+            }
+            let taken = state.scan_surges(at(0), at(200), &rule, |_, _| true);
+            assert_eq!(taken, surges, "{ops} operations");
+        }
     }
 }

@@ -223,7 +223,10 @@ fn local_guard_catches_a_single_node_flood_within_a_fraction_of_a_second() {
             per_window[w].1 += 1;
         }
     }
-    assert_eq!(per_window[0].1, 0, "the first window only measures");
+    // The first window closes early, once this agent alone has attempted
+    // the 250 the limit allows in a whole window: 25 ms in, not 250.
+    let first = f64::from(per_window[0].1) / f64::from(per_window[0].0);
+    assert!((0.78..0.84).contains(&first), "first window: {first}");
     for (w, (n, rejected)) in per_window.iter().enumerate().skip(1) {
         let share = f64::from(*rejected) / f64::from(*n);
         assert!((share - 0.9).abs() < 0.03, "window {w}: {share}");

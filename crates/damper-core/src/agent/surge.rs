@@ -531,6 +531,27 @@ mod tests {
         );
     }
 
+    /// 5 000/s of cost 1 on `acme` over `ms`, in 10-ms steps.
+    fn flood(state: &AgentState, ms: std::ops::Range<u64>, rng: &mut SmallRng) {
+        for ms in ms.step_by(10) {
+            for _ in 0..50 {
+                state.check(at(ms), "acme", "messages", 1, rng);
+            }
+        }
+    }
+
+    /// The rates a pass offers, all taken.
+    fn taken(
+        pass: impl FnOnce(&mut dyn FnMut(Pair<'_>, SurgeRates) -> bool) -> usize,
+    ) -> Vec<SurgeRates> {
+        let mut rates = Vec::new();
+        pass(&mut |_, r| {
+            rates.push(r);
+            true
+        });
+        rates
+    }
+
     /// Halfway through a sub-window, a deluge that began in it is found
     /// and reported; the sub-window's own scan then measures it whole and,
     /// having found it larger than the first half said, reports it again
@@ -546,16 +567,8 @@ mod tests {
         assert_eq!(scan(&state, 2_000, 4_000, quiet), vec![]);
         // 5 000/s from 4 050: the peek at 4 100 sees 50 ms of it.
         let mut rng = SmallRng::seed_from_u64(4);
-        for ms in (4_050..4_100).step_by(10) {
-            for _ in 0..50 {
-                state.check(at(ms), "acme", "messages", 1, &mut rng);
-            }
-        }
-        let mut peeked = Vec::new();
-        state.peek_surges(at(4_000), at(4_100), &rule, |_, rates| {
-            peeked.push(rates);
-            true
-        });
+        flood(&state, 4_050..4_100, &mut rng);
+        let peeked = taken(|offer| state.peek_surges(at(4_000), at(4_100), &rule, offer));
         let [first] = &peeked[..] else {
             panic!("{peeked:?}")
         };
@@ -571,16 +584,8 @@ mod tests {
             Duration::from_secs(6),
         );
         // The rest of the sub-window: the close measures 4 000 to 4 200.
-        for ms in (4_100..4_200).step_by(10) {
-            for _ in 0..50 {
-                state.check(at(ms), "acme", "messages", 1, &mut rng);
-            }
-        }
-        let mut closed = Vec::new();
-        state.scan_surges(at(4_000), at(4_200), &rule, |_, rates| {
-            closed.push(rates);
-            true
-        });
+        flood(&state, 4_100..4_200, &mut rng);
+        let closed = taken(|offer| state.scan_surges(at(4_000), at(4_200), &rule, offer));
         let [follow_up] = &closed[..] else {
             panic!("{closed:?}")
         };

@@ -180,13 +180,18 @@ mod tests {
         assert!(demand <= 800.0, "{demand}");
     }
 
+    /// `agents` of the 20 report, at 2 600 ms, a drop from 500/s to 25/s.
+    fn drops(w: &mut DemandWindow, agents: usize) {
+        for _ in 0..agents {
+            w.surge(&cfg(), ms(2_600), ms(2_600), rates(25.0, 500.0, false));
+        }
+    }
+
     #[test]
     fn reported_drops_release_within_the_round() {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 500);
-        for _ in 0..20 {
-            w.surge(&c, ms(2_600), ms(2_600), rates(25.0, 500.0, false));
-        }
+        drops(&mut w, 20);
         assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 500.0);
         // A late early report, for a round already reported, is refused.
         round(&mut w, 4_000, 25);
@@ -199,9 +204,7 @@ mod tests {
         // holds the end shows all of it before the surge estimate lapses.
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 500);
-        for _ in 0..10 {
-            w.surge(&c, ms(2_600), ms(2_600), rates(25.0, 500.0, false));
-        }
+        drops(&mut w, 10);
         assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 5_250.0);
         round(&mut w, 4_000, 25);
         let e = w.estimate(&c, ms(4_400));

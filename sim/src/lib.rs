@@ -30,7 +30,7 @@
 //!     profile = [ { at_s = 0, rate = 10000 } ]
 //! "#).unwrap();
 //! let run = engine::run(scenario, |_| {});
-//! let figures = summary::summarize(&run, 24);
+//! let figures = summary::summarize(&run);
 //! let ratio = figures.accounts[0].steady_admitted_ratio.unwrap();
 //! assert!((ratio - 1.0).abs() < 0.05, "{ratio}");
 //! ```

@@ -109,11 +109,6 @@ fn run_with_progress(scenario: Scenario) -> engine::Run {
     run
 }
 
-fn window_s(scenario: &Scenario) -> usize {
-    let w = &scenario.master.window;
-    (w.sub_interval * w.sub_intervals.get() as u32).as_secs() as usize
-}
-
 fn sim() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Run {
@@ -127,9 +122,8 @@ fn sim() -> anyhow::Result<()> {
             if let Some(policy) = policy {
                 s = s.with_policy(&policy).context("--policy")?;
             }
-            let window = window_s(&s);
             let run = run_with_progress(s);
-            let figures = summary::summarize(&run, window);
+            let figures = summary::summarize(&run);
             write_run(&out, &run, &figures)
                 .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
             println!("{}", serde_json::to_string_pretty(&figures)?);
@@ -145,9 +139,8 @@ fn sim() -> anyhow::Result<()> {
             let mut all = Vec::new();
             for policy in ["demand", "linear-ramp"] {
                 let s = base.with_policy(policy).context(policy)?;
-                let window = window_s(&s);
                 let run = run_with_progress(s);
-                let figures = summary::summarize(&run, window);
+                let figures = summary::summarize(&run);
                 write_run(&out.join(policy), &run, &figures)
                     .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
                 all.push(figures);

@@ -61,6 +61,8 @@ pub struct AccountSummary {
     /// (max − min) of the admitted rate in 6 s buckets over those same
     /// seconds, divided by the limit.
     pub oscillation_p2p: Option<f64>,
+    /// The same over 1 s buckets: what a user watching each second sees.
+    pub oscillation_p2p_1s: Option<f64>,
     /// Worst stretch of overload: seconds from its start until the admitted
     /// rate over the next second first falls to ≤ 1.1 × limit.
     pub reaction_s: Option<f64>,
@@ -69,15 +71,17 @@ pub struct AccountSummary {
     pub release_s: Option<f64>,
     /// The highest admitted rate over any 6 s bucket, divided by the limit.
     pub peak_6s_ratio: Option<f64>,
-    /// Cost rejected in seconds when the demand over the preceding window
-    /// was below the limit.
+    /// Cost rejected in seconds whose true demand (the scenario's profile
+    /// rates times their costs, summed over the pair's traffic items) was
+    /// at or below the limit: refusals of an account that kept to it.
     pub false_rejections: u64,
     /// Cost admitted above the limit, summed over seconds.
     pub over_admitted: u64,
 }
 
-/// The figures of `run`; `window_s` is the master's window in seconds.
-pub fn summarize(run: &Run, window_s: usize) -> Summary {
+/// The figures of `run`, one record per (account, op) in the order its
+/// first traffic item comes.
+pub fn summarize(run: &Run) -> Summary {
     Summary {
         scenario: run.scenario.clone(),
         policy: run.policy.clone(),
@@ -86,8 +90,85 @@ pub fn summarize(run: &Run, window_s: usize) -> Summary {
         rollups_failed: run.rollups.1,
         dropped_cost: run.dropped_cost,
         control: control(run),
-        accounts: run.series.iter().map(|s| account(s, window_s)).collect(),
+        accounts: pairs(&run.series).iter().map(account).collect(),
     }
+}
+
+/// One (account, op): its traffic items' seconds summed.
+struct PairSeries {
+    account: String,
+    op: String,
+    limit: Option<f64>,
+    /// Per second: attempted and admitted cost.
+    seconds: Vec<(u64, u64)>,
+    /// Per second: the true demand, cost per second, from the profiles.
+    demand: Vec<f64>,
+    /// When any agent of any of its items turned a positive factor on
+    /// (`true`) or the last one off (`false`), in seconds.
+    factor_changes: Vec<(f64, bool)>,
+}
+
+/// The series grouped by (account, op), in the order each first appears.
+fn pairs(series: &[Series]) -> Vec<PairSeries> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for s in series {
+        let key = (s.traffic.account.as_str(), s.traffic.op.as_str());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys.into_iter()
+        .map(|(account, op)| {
+            let items: Vec<&Series> = series
+                .iter()
+                .filter(|s| s.traffic.account == account && s.traffic.op == op)
+                .collect();
+            merge(account, op, &items)
+        })
+        .collect()
+}
+
+fn merge(account: &str, op: &str, items: &[&Series]) -> PairSeries {
+    let len = items.iter().map(|s| s.seconds.len()).max().unwrap_or(0);
+    let mut seconds = vec![(0, 0); len];
+    let mut demand = vec![0.0; len];
+    for item in items {
+        for (t, s) in item.seconds.iter().enumerate() {
+            seconds[t].0 += s.attempted;
+            seconds[t].1 += s.admitted;
+            demand[t] += item.traffic.rate_at(t as f64) * item.traffic.cost as f64;
+        }
+    }
+    PairSeries {
+        account: account.to_owned(),
+        op: op.to_owned(),
+        limit: items.iter().find_map(|s| s.limit),
+        seconds,
+        demand,
+        factor_changes: merged_changes(items),
+    }
+}
+
+/// The items' factor changes as one: positive while any item is.
+fn merged_changes(items: &[&Series]) -> Vec<(f64, bool)> {
+    let mut events: Vec<(f64, usize, bool)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.factor_changes.iter().map(move |&(t, p)| (t, i, p)))
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut on = vec![false; items.len()];
+    let mut merged = Vec::new();
+    let mut any = false;
+    for (t, i, p) in events {
+        on[i] = p;
+        let now = on.iter().any(|&x| x);
+        if now != any {
+            merged.push((t, now));
+            any = now;
+        }
+    }
+    merged
 }
 
 fn control(run: &Run) -> ControlSummary {
@@ -122,57 +203,54 @@ fn overload_stretches(demand: &[f64], limit: f64) -> Vec<(usize, usize)> {
     stretches
 }
 
-fn account(series: &Series, window_s: usize) -> AccountSummary {
-    let demand: Vec<f64> = series.seconds.iter().map(|s| s.attempted as f64).collect();
-    let admitted: Vec<f64> = series.seconds.iter().map(|s| s.admitted as f64).collect();
+fn account(pair: &PairSeries) -> AccountSummary {
+    let attempted: Vec<f64> = pair.seconds.iter().map(|s| s.0 as f64).collect();
+    let admitted: Vec<f64> = pair.seconds.iter().map(|s| s.1 as f64).collect();
     let mut out = AccountSummary {
-        account: series.traffic.account.clone(),
-        op: series.traffic.op.clone(),
-        limit: series.limit,
-        attempted: series.seconds.iter().map(|s| s.attempted).sum(),
-        admitted: series.seconds.iter().map(|s| s.admitted).sum(),
+        account: pair.account.clone(),
+        op: pair.op.clone(),
+        limit: pair.limit,
+        attempted: pair.seconds.iter().map(|s| s.0).sum(),
+        admitted: pair.seconds.iter().map(|s| s.1).sum(),
         steady_admitted_ratio: None,
         oscillation_p2p: None,
+        oscillation_p2p_1s: None,
         reaction_s: None,
         release_s: None,
         peak_6s_ratio: None,
         false_rejections: 0,
         over_admitted: 0,
     };
-    let Some(limit) = series.limit else {
+    let Some(limit) = pair.limit else {
         return out;
     };
-    let stretches = overload_stretches(&demand, limit);
-    (out.steady_admitted_ratio, out.oscillation_p2p) = steady(&admitted, &stretches, limit);
+    let stretches = overload_stretches(&attempted, limit);
+    (out.steady_admitted_ratio, out.oscillation_p2p) = steady(&admitted, &stretches, limit, 6);
+    (_, out.oscillation_p2p_1s) = steady(&admitted, &stretches, limit, 1);
     out.reaction_s = reaction(&admitted, &stretches, limit);
-    out.release_s = release(series, &demand, &stretches, limit);
+    out.release_s = release(pair, &attempted, &stretches, limit);
     out.peak_6s_ratio = admitted
         .chunks(6)
         .filter(|c| c.len() == 6)
         .map(|c| c.iter().sum::<f64>() / 6.0 / limit)
         .reduce(f64::max);
-    for s in 0..demand.len() {
-        let from = s.saturating_sub(window_s);
-        let preceding = if s > from {
-            demand[from..s].iter().sum::<f64>() / (s - from) as f64
-        } else {
-            0.0
-        };
-        if preceding < limit {
-            out.false_rejections += series.seconds[s].attempted - series.seconds[s].admitted;
+    for (t, &(tried, let_in)) in pair.seconds.iter().enumerate() {
+        if pair.demand[t] <= limit {
+            out.false_rejections += tried - let_in;
         }
-        out.over_admitted += (admitted[s] - limit).max(0.0) as u64;
+        out.over_admitted += (admitted[t] - limit).max(0.0) as u64;
     }
     out
 }
 
 /// Over the steady part of each overload stretch (from its 10th second):
-/// the admitted rate over the limit, and the peak-to-peak of its 6 s
-/// buckets over the limit.
+/// the admitted rate over the limit, and the peak-to-peak of its
+/// `bucket_s` buckets over the limit.
 fn steady(
     admitted: &[f64],
     stretches: &[(usize, usize)],
     limit: f64,
+    bucket_s: usize,
 ) -> (Option<f64>, Option<f64>) {
     let (mut sum, mut n) = (0.0, 0usize);
     let mut buckets: Vec<f64> = Vec::new();
@@ -185,8 +263,8 @@ fn steady(
         n += end - from;
         buckets.extend(
             admitted[from..end]
-                .chunks_exact(6)
-                .map(|c| c.iter().sum::<f64>() / 6.0),
+                .chunks_exact(bucket_s)
+                .map(|c| c.iter().sum::<f64>() / bucket_s as f64),
         );
     }
     let ratio = (n > 0).then(|| sum / n as f64 / limit);
@@ -216,7 +294,7 @@ fn reaction(admitted: &[f64], stretches: &[(usize, usize)], limit: f64) -> Optio
 /// the limit) until no agent applies a positive factor, in the worst
 /// stretch.
 fn release(
-    series: &Series,
+    pair: &PairSeries,
     demand: &[f64],
     stretches: &[(usize, usize)],
     limit: f64,
@@ -227,7 +305,7 @@ fn release(
         .filter(|&&(_, end)| end < demand.len() && demand[end] < 0.95 * limit)
         .map(|&(_, end)| {
             let e = end as f64;
-            let positive_at_e = series
+            let positive_at_e = pair
                 .factor_changes
                 .iter()
                 .take_while(|(t, _)| *t <= e)
@@ -236,8 +314,7 @@ fn release(
             if !positive_at_e {
                 return 0.0;
             }
-            series
-                .factor_changes
+            pair.factor_changes
                 .iter()
                 .find(|(t, p)| *t > e && !*p)
                 .map_or(duration - e, |(t, _)| t - e)
@@ -251,17 +328,23 @@ mod tests {
     use crate::engine::Second;
     use crate::scenario::{Arrivals, ProfilePoint, Traffic};
 
-    fn series(demand: &[u64], admitted: &[u64], changes: Vec<(f64, bool)>) -> Series {
+    /// A series whose profile says `profile` (at second, rate of cost 1).
+    fn series_of(
+        profile: &[(f64, f64)],
+        demand: &[u64],
+        admitted: &[u64],
+        changes: Vec<(f64, bool)>,
+    ) -> Series {
         Series {
             traffic: Traffic {
                 account: "a".into(),
                 op: "m".into(),
                 agents: vec![0],
                 cost: 1,
-                profile: vec![ProfilePoint {
-                    at_s: 0.0,
-                    rate: 1.0,
-                }],
+                profile: profile
+                    .iter()
+                    .map(|&(at_s, rate)| ProfilePoint { at_s, rate })
+                    .collect(),
                 arrivals: Arrivals::Uniform,
             },
             limit: Some(100.0),
@@ -276,6 +359,16 @@ mod tests {
                 .collect(),
             factor_changes: changes,
         }
+    }
+
+    fn series(demand: &[u64], admitted: &[u64], changes: Vec<(f64, bool)>) -> Series {
+        series_of(&[(0.0, 1.0)], demand, admitted, changes)
+    }
+
+    fn summary_of(items: &[Series]) -> AccountSummary {
+        let pairs = pairs(items);
+        assert_eq!(pairs.len(), 1);
+        account(&pairs[0])
     }
 
     #[test]
@@ -293,8 +386,14 @@ mod tests {
         admitted.extend([50u64; 11]);
         assert_eq!(admitted.len(), demand.len());
         // The factor goes positive at 6 s and back to 0 at 30.5 s.
-        let s = series(&demand, &admitted, vec![(6.0, true), (30.5, false)]);
-        let a = account(&s, 24);
+        let profile = [(0.0, 50.0), (5.0, 1000.0), (29.0, 50.0)];
+        let s = series_of(
+            &profile,
+            &demand,
+            &admitted,
+            vec![(6.0, true), (30.5, false)],
+        );
+        let a = summary_of(&[s]);
         assert_eq!(a.reaction_s, Some(3.0));
         assert_eq!(a.release_s, Some(30.5 - 29.0));
         // Steady: seconds 15..29 = 14 seconds, two whole 6 s buckets.
@@ -306,18 +405,11 @@ mod tests {
         assert!((a.oscillation_p2p.unwrap() - (b1 - b2).abs() / 100.0).abs() < 1e-12);
         // Over the limit: 900 + 300 + 50 + 5 + 30.
         assert_eq!(a.over_admitted, 1285);
-        // Rejections while the preceding window was still under the limit:
-        // seconds 5..=7 (the window average passes 100 during second 7).
-        let window = |s: usize| {
-            demand[s.saturating_sub(24)..s].iter().sum::<u64>() as f64
-                / (s - s.saturating_sub(24)) as f64
-        };
-        let expected: u64 = (0..demand.len())
-            .filter(|&s| s > 0 && window(s) < 100.0)
-            .map(|s| demand[s] - admitted[s])
-            .sum();
-        assert_eq!(a.false_rejections, expected);
+        // Rejections in seconds whose true demand was under the limit: the
+        // 10 of second 2, not the flood's (seconds 5 to 28).
         assert_eq!(a.false_rejections, 10);
+        // Each second of the steady part as a bucket: 130 and 70.
+        assert!((a.oscillation_p2p_1s.unwrap() - 0.6).abs() < 1e-12);
         // Buckets aligned at 0 s: the first holds the onset, 4 × 50 + 40 + 1000.
         assert_eq!(
             a.peak_6s_ratio,
@@ -329,11 +421,43 @@ mod tests {
     fn unlimited_pairs_have_no_ratios() {
         let mut s = series(&[10, 10], &[10, 10], vec![]);
         s.limit = None;
-        let a = account(&s, 24);
+        let a = summary_of(&[s]);
         assert_eq!(
             (a.steady_admitted_ratio, a.reaction_s, a.release_s),
             (None, None, None)
         );
         assert_eq!((a.attempted, a.admitted), (20, 20));
+    }
+
+    /// Two traffic items of one (account, op), on different agents, are one
+    /// record: their seconds and true demands add up, and its factor is
+    /// positive while either item's is.
+    #[test]
+    fn traffic_items_of_one_pair_are_one_record() {
+        // Each item at 60/s against a limit of 100: together over it.
+        let a = series_of(
+            &[(0.0, 60.0)],
+            &[60; 4],
+            &[60, 50, 50, 50],
+            vec![(1.0, true), (3.5, false)],
+        );
+        let b = series_of(
+            &[(0.0, 60.0)],
+            &[60; 4],
+            &[60, 50, 50, 50],
+            vec![(1.2, true), (3.0, false)],
+        );
+        let merged = &pairs(&[a, b])[0];
+        assert_eq!(
+            merged.seconds,
+            vec![(120, 120), (120, 100), (120, 100), (120, 100)]
+        );
+        assert_eq!(merged.demand, vec![120.0; 4]);
+        assert_eq!(merged.factor_changes, vec![(1.0, true), (3.5, false)]);
+        let summary = account(merged);
+        assert_eq!((summary.attempted, summary.admitted), (480, 420));
+        // Over the limit all along: none of its refusals is false.
+        assert_eq!(summary.false_rejections, 0);
+        assert_eq!(summary.over_admitted, 20);
     }
 }

@@ -13,7 +13,7 @@ fn scenario(name: &str) -> Scenario {
 
 fn simulate(s: Scenario) -> (Run, Summary) {
     let run = engine::run(s, |_| {});
-    let summary = summarize(&run, 24);
+    let summary = summarize(&run);
     (run, summary)
 }
 

@@ -46,7 +46,9 @@
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
 //! - `surge`: finding the pairs whose demand jumped or fell since they
-//!   were last reported ([`AgentState::scan_surges`]).
+//!   were last reported ([`AgentState::scan_surges`] at each sub-window's
+//!   end, [`AgentState::peek_surges`] halfway through it), against their
+//!   own noise and the cost of one of their operations.
 
 mod drain;
 mod entry;

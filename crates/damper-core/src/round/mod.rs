@@ -20,11 +20,14 @@
 //!    timed-out request has its counts carried over to the next round,
 //!    unless they are older than `max_carry`.
 //! 4. **Surges** (fast onset), between cuts: every sub-window the machine
-//!    scans the pairs ([`AgentState::scan_surges`](crate::agent::AgentState::scan_surges))
+//!    scans the pairs ([`AgentState::scan_surges`](crate::agent::AgentState::scan_surges);
+//!    halfway through it, a peek for rises,
+//!    [`AgentState::peek_surges`](crate::agent::AgentState::peek_surges))
 //!    and sends those whose rate jumped or fell at once, one early report
-//!    per master (none to a master still answering the last one); the
-//!    reply's factors apply at once, and its recheck a moment later brings
-//!    the estimate with every agent's early report in.
+//!    per master (none to a master still answering the last one; one
+//!    unanswered for two sub-windows is sent once more, then given up);
+//!    the reply's factors apply at once, and its recheck a moment later
+//!    brings the estimate with every agent's early report in.
 //! 5. **Settle**, once every request of the round is answered or failed:
 //!    masters that failed are counted towards going down ([`Membership`]),
 //!    a master that said the agent's ring differs brings the down masters'

@@ -145,7 +145,7 @@ pub struct AgentStats {
     /// `max_carry`.
     pub dropped_cost: u64,
     /// Idle (account, op) pairs forgotten to bound memory
-    /// ([`AgentBuilder::forget_after`]).
+    /// ([`AgentBuilder::forget_after`](crate::AgentBuilder::forget_after)).
     pub forgotten: u64,
     /// (account, op) entries in the rollups masters answered.
     pub entries_sent: u64,

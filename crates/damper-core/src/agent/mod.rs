@@ -70,7 +70,7 @@ use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::Reply;
 use entry::{Entry, Key, KeyRef, ONE, OpInfo, RETIRED, threshold};
-pub use surge::{SurgeRule, SurgeRuleError};
+pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

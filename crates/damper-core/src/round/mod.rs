@@ -9,13 +9,13 @@
 //!    shared grid, the same for every agent, so a master can tell which
 //!    reports belong to one round) the machine brings back masters whose
 //!    warm-up is over, asks for probes of down masters that are due, drains
-//!    the [`AgentState`]'s counts and routes each account to its master on
+//!    the [`AgentState`](crate::agent::AgentState)'s counts and routes each account to its master on
 //!    the live ring, in requests of at most `max_entries_per_request`.
 //!    Counts with no master to go to are carried over.
-//! 2. **Send**, after the agent's spread ([`send_spread`]): one
+//! 2. **Send**, after the agent's spread ([`send_spread`](crate::agent::send_spread)): one
 //!    [`Transmit`] per request.
 //! 3. **Replies.** Each reply is applied (its listed factors, and factor 0
-//!    under the op's limit for the pairs it implies, [`Reply::expand`]).
+//!    under the op's limit for the pairs it implies, [`Reply::expand`](crate::wire::Reply::expand)).
 //!    A recheck it asks for is sent `recheck_after` later. A failed or
 //!    timed-out request has its counts carried over to the next round,
 //!    unless they are older than `max_carry`.
@@ -29,7 +29,7 @@
 //!    the reply's factors apply at once, and its recheck a moment later
 //!    brings the estimate with every agent's early report in.
 //! 5. **Settle**, once every request of the round is answered or failed:
-//!    masters that failed are counted towards going down ([`Membership`]),
+//!    masters that failed are counted towards going down ([`Membership`](crate::membership::Membership)),
 //!    a master that said the agent's ring differs brings the down masters'
 //!    probes forward, lapsed factors are counted, and idle pairs are
 //!    forgotten.

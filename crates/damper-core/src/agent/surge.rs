@@ -5,7 +5,7 @@
 //! `docs/design.md`).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::AgentState;
@@ -309,12 +309,16 @@ impl AgentState {
         for (key, entry) in self.entries.iter(&guard) {
             let total = entry.attempted_total() as u32;
             let before = match pass {
-                Pass::Close => entry.surge_total.swap(total, Relaxed),
+                Pass::Close => entry.replace(&entry.surge_total, total),
                 Pass::Peek => entry.surge_total.load(Relaxed),
             };
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
-            if pass == Pass::Peek && cost == 0 {
+            // Nothing in this sub-window nor the last two, and no noise left
+            // to decay: nothing can change, and nothing can surge (a fall
+            // needs a rate before it). Most pairs of a busy node, most of
+            // the time.
+            if cost == 0 && (pass == Pass::Peek || entry.is_quiet()) {
                 continue;
             }
             let own = f64::from_bits(entry.limit.load(Relaxed));
@@ -366,6 +370,23 @@ impl AgentState {
 }
 
 impl Entry {
+    /// Stores `value` in `field`, a field only the scanner writes, and
+    /// returns what it held: a load and a store, not a locked swap, which
+    /// costs several times as much on a pass over every pair.
+    fn replace(&self, field: &AtomicU32, value: u32) -> u32 {
+        let old = field.load(Relaxed);
+        field.store(value, Relaxed);
+        old
+    }
+
+    /// Whether the last two sub-windows were empty and the noise has
+    /// decayed to nothing.
+    fn is_quiet(&self) -> bool {
+        self.window_rate.load(Relaxed) == 0
+            && self.held_rate.load(Relaxed) == 0
+            && self.surge_noise.load(Relaxed) == 0
+    }
+
     /// The noise measured so far: a standard deviation of the sub-window
     /// rate, cost per second.
     fn measured_noise(&self) -> f64 {
@@ -380,7 +401,7 @@ impl Entry {
     /// sub-windows') with the noise to judge it by.
     fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64, secs: f64) -> (f64, f64) {
         let previous = f64::from(f32::from_bits(
-            self.window_rate.swap((rate as f32).to_bits(), Relaxed),
+            self.replace(&self.window_rate, (rate as f32).to_bits()),
         ));
         let mut quantum = Quantum(self.quantum.load(Relaxed));
         if previous == 0.0 && cost > 0 {
@@ -395,7 +416,7 @@ impl Entry {
         // really stops is not seen until its round.
         let held = rate.max(previous);
         let held_before = f64::from(f32::from_bits(
-            self.held_rate.swap((held as f32).to_bits(), Relaxed),
+            self.replace(&self.held_rate, (held as f32).to_bits()),
         ));
         let noise = self
             .measured_noise()
@@ -406,6 +427,9 @@ impl Entry {
         let step = held - held_before;
         let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
         let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
+        // Below a millionth of a unit of cost per second, it is nothing (and
+        // the pair can be skipped while it stays quiet).
+        let steps = if steps < 1e-12 { 0.0 } else { steps };
         self.surge_noise.store((steps as f32).to_bits(), Relaxed);
         // A fall must hold for two sub-windows (see `is_surge`).
         let rate = if rate < baseline { held } else { rate };

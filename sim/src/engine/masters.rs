@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
-use damper_core::master::{MasterState, SurgeBudget, SurgeTaken};
+use damper_core::master::{MasterState, SurgeBudget};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
 use damper_core::wire::{Reply, ReplyHeader};
@@ -78,12 +78,7 @@ impl Masters for SimMasters {
                 state.answer_factors(now, query, MAX_ENTRIES, header)
             }
             Message::Surge(query) => {
-                let gap = self.config.policy.surge_min_gap;
-                let at = query.surge_at.unwrap_or(now);
-                match self.budgets[m].take(&query.agent_id, now, at, gap).ok()? {
-                    SurgeTaken::Repeat => state.answer_factors(now, query, MAX_ENTRIES, header),
-                    _ => state.answer_surge(now, query, MAX_ENTRIES, header),
-                }
+                state.answer_surge(now, query, &mut self.budgets[m], MAX_ENTRIES, header)
             }
             _ => unreachable!("every message a round sends is answered"),
         };

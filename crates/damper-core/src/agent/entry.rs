@@ -358,9 +358,7 @@ impl Entry {
         self.local_threshold.store(t, Relaxed);
         t
     }
-}
 
-impl Entry {
     /// Takes the cost of a first check as what one operation costs, until
     /// the scans learn better ([`Quantum::seeded`]); off the hot path (a
     /// new entry's first check, or the simulator's batches).

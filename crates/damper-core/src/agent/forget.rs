@@ -8,7 +8,8 @@ use super::entry::RETIRED;
 use crate::time::Nanos;
 
 impl AgentState {
-    /// Removes every (account, op) idle for [`AgentConfig::forget_after`](super::AgentConfig::forget_after)
+    /// Removes every (account, op) idle for
+    /// [`AgentConfig::forget_after`](super::AgentConfig::forget_after)
     /// (counted in drains of `rollup_interval`) that holds nothing: no counts
     /// to report, no factor in force. Returns how many were removed. Off the
     /// hot path: the rollup task calls it once per interval, after sending.
@@ -16,7 +17,8 @@ impl AgentState {
     /// A check racing the removal loses nothing: its cost lands either in
     /// the removed entry before it is emptied (and moves to the pair's new
     /// entry) or after (and the check counts it there itself: the counter
-    /// it added to carries a "retired" mark). Checks for a forgotten pair simply create a new entry.
+    /// it added to carries a "retired" mark). Checks for a forgotten pair
+    /// simply create a new entry.
     pub fn forget_idle(&self, now: Nanos) -> usize {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let idle_drains = self

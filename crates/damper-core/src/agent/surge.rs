@@ -309,7 +309,7 @@ impl AgentState {
         for (key, entry) in self.entries.iter(&guard) {
             let total = entry.attempted_total() as u32;
             let before = match pass {
-                Pass::Close => entry.replace(&entry.surge_total, total),
+                Pass::Close => replace(&entry.surge_total, total),
                 Pass::Peek => entry.surge_total.load(Relaxed),
             };
             let cost = total.wrapping_sub(before);
@@ -340,15 +340,8 @@ impl AgentState {
             };
             let (rate, noise) = match pass {
                 Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
-                Pass::Peek => {
-                    let quantum = Quantum(entry.quantum.load(Relaxed)).cost();
-                    let noise = entry.measured_noise() * scale;
-                    let noise = noise.max(counting_noise(quantum, f64::from(baseline), secs));
-                    if rate <= f64::from(baseline) {
-                        continue;
-                    }
-                    (rate, noise)
-                }
+                Pass::Peek if rate <= f64::from(baseline) => continue,
+                Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
             };
             let follow_up = surged && entry.master_threshold.load(Relaxed) > 0;
             if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
@@ -369,16 +362,16 @@ impl AgentState {
     }
 }
 
-impl Entry {
-    /// Stores `value` in `field`, a field only the scanner writes, and
-    /// returns what it held: a load and a store, not a locked swap, which
-    /// costs several times as much on a pass over every pair.
-    fn replace(&self, field: &AtomicU32, value: u32) -> u32 {
-        let old = field.load(Relaxed);
-        field.store(value, Relaxed);
-        old
-    }
+/// Stores `value` in `field`, a field only the scanner writes, and returns
+/// what it held: a load and a store, not a locked swap, which costs several
+/// times as much on a pass over every pair.
+fn replace(field: &AtomicU32, value: u32) -> u32 {
+    let old = field.load(Relaxed);
+    field.store(value, Relaxed);
+    old
+}
 
+impl Entry {
     /// Whether the last two sub-windows were empty and the noise has
     /// decayed to nothing.
     fn is_quiet(&self) -> bool {
@@ -387,12 +380,16 @@ impl Entry {
             && self.surge_noise.load(Relaxed) == 0
     }
 
-    /// The noise measured so far: a standard deviation of the sub-window
-    /// rate, cost per second.
-    fn measured_noise(&self) -> f64 {
+    /// The noise a rate over `secs` is judged by against `baseline`: the
+    /// measured sub-window noise (a standard deviation, cost per second),
+    /// times `scale` for a shorter span, and never below the noise of
+    /// counting operations of the learnt cost ([`counting_noise`]).
+    fn noise(&self, scale: f64, baseline: f64, secs: f64) -> f64 {
         // The mean squared step between sub-windows is twice their
         // variance.
-        (f64::from(f32::from_bits(self.surge_noise.load(Relaxed))) / 2.0).sqrt()
+        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
+        let quantum = Quantum(self.quantum.load(Relaxed)).cost();
+        ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
 
     /// Closes a sub-window of `cost` (`rate` per second over `secs`):
@@ -400,12 +397,12 @@ impl Entry {
     /// judge against `baseline` (for a fall, the higher of the last two
     /// sub-windows') with the noise to judge it by.
     fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64, secs: f64) -> (f64, f64) {
-        let previous = f64::from(f32::from_bits(
-            self.replace(&self.window_rate, (rate as f32).to_bits()),
-        ));
-        let mut quantum = Quantum(self.quantum.load(Relaxed));
+        let previous = f64::from(f32::from_bits(replace(
+            &self.window_rate,
+            (rate as f32).to_bits(),
+        )));
         if previous == 0.0 && cost > 0 {
-            quantum = quantum.learn(cost);
+            let quantum = Quantum(self.quantum.load(Relaxed)).learn(cost);
             self.quantum.store(quantum.0, Relaxed);
         }
         // The noise is measured on the higher of each two sub-windows'
@@ -415,12 +412,11 @@ impl Entry {
         // them alone it would read as noise so large that a flood that
         // really stops is not seen until its round.
         let held = rate.max(previous);
-        let held_before = f64::from(f32::from_bits(
-            self.replace(&self.held_rate, (held as f32).to_bits()),
-        ));
-        let noise = self
-            .measured_noise()
-            .max(counting_noise(quantum.cost(), baseline, secs));
+        let held_before = f64::from(f32::from_bits(replace(
+            &self.held_rate,
+            (held as f32).to_bits(),
+        )));
+        let noise = self.noise(1.0, baseline, secs);
         // Every step counts, surges too: a rate that keeps jumping back
         // and forth is noise however large, and one real jump raises the
         // bar only for a second or two.

@@ -32,9 +32,9 @@ fn next_scan_after(now: Nanos, rule: &SurgeRule) -> Nanos {
 }
 
 /// How many sub-windows an early report may go unanswered before the round
-/// gives up on it and lets the next scan report its pairs again. Two: a
-/// round trip to a master is a few milliseconds to tens of them, far below
-/// a 200-ms sub-window, and a deluge gets through while it waits.
+/// sends it once more (and, the second time, gives up on it). Two: a round
+/// trip to a master is a few milliseconds to tens of them, far below a
+/// 200-ms sub-window, and a deluge gets through while it waits.
 const SURGE_PATIENCE: u32 = 2;
 
 /// A request sent and not yet answered.
@@ -384,12 +384,10 @@ impl AgentRound {
         // Halfway through a sub-window (its start already scanned), a peek
         // at its first half; otherwise it closes.
         let peek = self.last_scan >= grid_floor(now, rule.window());
-        if !peek {
-            self.give_up_surges(now, rule.window(), state);
-        }
         let since = if peek {
             self.last_scan
         } else {
+            self.give_up_surges(now, rule.window(), state);
             std::mem::replace(&mut self.last_scan, now)
         };
         let max = self.config.max_entries_per_request.max(1);

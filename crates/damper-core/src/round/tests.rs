@@ -47,7 +47,13 @@ fn answer_all(
             Message::Recheck(q) | Message::Probe(q) => {
                 master.answer_factors(now, q, 100, header).unwrap()
             }
-            Message::Surge(q) => master.answer_surge(now, q, 100, header).unwrap(),
+            // A budget with no memory: never refuses, never a repeat.
+            Message::Surge(q) => {
+                let mut budget = crate::master::SurgeBudget::default();
+                master
+                    .answer_surge(now, q, &mut budget, 100, header)
+                    .unwrap()
+            }
         };
         round.on_reply(now, t.id, &reply, state);
         sent.push(t);
@@ -393,14 +399,7 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
             let reply = match &t.message {
                 Message::Surge(q) => {
                     reports.push((now, q.clone()));
-                    let gap = Duration::from_millis(100);
-                    match budget.take(&q.agent_id, now, q.surge_at.unwrap(), gap) {
-                        Ok(crate::master::SurgeTaken::New) => {
-                            m.answer_surge(now, q, 100, header).unwrap()
-                        }
-                        Ok(_) => m.answer_factors(now, q, 100, header).unwrap(),
-                        Err(e) => panic!("{e}"),
-                    }
+                    m.answer_surge(now, q, &mut budget, 100, header).unwrap()
                 }
                 Message::Rollup(x) => m.answer_rollup(now, x, 100, header).unwrap(),
                 Message::Recheck(q) | Message::Probe(q) => {

@@ -5,7 +5,7 @@
 
 use crate::Pair;
 use crate::config::MasterConfig;
-use crate::master::MasterState;
+use crate::master::{MasterState, SurgeBudget, SurgeTaken};
 use crate::time::Nanos;
 
 use super::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
@@ -56,18 +56,25 @@ impl MasterState {
         Ok(reply.finish(now, header))
     }
 
-    /// Takes an early report (`query` with surges) at `now`, and answers
-    /// with the verdicts of its pairs, marked for a recheck. The budget per
-    /// agent is the caller's ([`SurgeBudget`](crate::master::SurgeBudget)).
+    /// Takes an early report (`query` with surges) at `now`, within the
+    /// agent's `budget` (`policy.surge_min_gap`), and answers with the
+    /// verdicts of its pairs, marked for a recheck. A repeat (the agent
+    /// never heard the answer to this very report) is answered as a
+    /// recheck: counted once is enough.
     pub fn answer_surge(
         &mut self,
         now: Nanos,
         query: &FactorsQuery,
+        budget: &mut SurgeBudget,
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
         query.validate(max_entries)?;
         let at = query.surge_at.unwrap_or(now);
+        let gap = self.config().policy.surge_min_gap;
+        if budget.take(&query.agent_id, now, at, gap)? == SurgeTaken::Repeat {
+            return self.answer_factors(now, query, max_entries, header);
+        }
         let mut reply = query_reply(self.config(), query);
         for (i, op) in query.ops.iter().enumerate() {
             for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {

@@ -32,12 +32,8 @@ enum Command {
         /// Overrides the scenario's policy: demand or linear-ramp.
         #[arg(long, value_name = "NAME", value_parser = ["demand", "linear-ramp"])]
         policy: Option<String>,
-        /// Overrides the scenario's estimator: latest-round or ably-mma.
-        #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
-        estimator: Option<String>,
-        /// Overrides the scenario's `cluster.fast_onset`: true or false.
-        #[arg(long, value_name = "BOOL")]
-        fast_onset: Option<bool>,
+        #[command(flatten)]
+        overrides: Overrides,
     },
     /// Runs the scenario under every policy and draws them in one figure.
     Compare {
@@ -47,13 +43,23 @@ enum Command {
         /// combined summary.json, plot.svg and plot.png.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
-        /// Overrides the scenario's estimator: latest-round or ably-mma.
-        #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
-        estimator: Option<String>,
-        /// Overrides the scenario's `cluster.fast_onset`: true or false.
-        #[arg(long, value_name = "BOOL")]
-        fast_onset: Option<bool>,
+        #[command(flatten)]
+        overrides: Overrides,
     },
+}
+
+/// Settings of the scenario the command line overrides.
+#[derive(clap::Args, Debug)]
+struct Overrides {
+    /// Overrides the scenario's estimator: latest-round or ably-mma.
+    #[arg(long, value_name = "NAME", value_parser = ["latest-round", "ably-mma"])]
+    estimator: Option<String>,
+    /// Overrides the scenario's `cluster.fast_onset`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    fast_onset: Option<bool>,
+    /// Overrides the scenario's `cluster.low_noise`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    low_noise: Option<bool>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -66,18 +72,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn load(
-    path: &Path,
-    estimator: Option<&str>,
-    fast_onset: Option<bool>,
-) -> anyhow::Result<Scenario> {
+fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
-    if let Some(on) = fast_onset {
+    if let Some(on) = overrides.fast_onset {
         scenario = scenario.with_fast_onset(on);
     }
-    Ok(match estimator {
+    if let Some(on) = overrides.low_noise {
+        scenario = scenario.with_low_noise(on);
+    }
+    Ok(match overrides.estimator.as_deref() {
         Some("ably-mma") => scenario.with_estimator(EstimatorKind::AblyMma),
         Some(_) => scenario.with_estimator(EstimatorKind::LatestRound),
         None => scenario,
@@ -115,10 +120,9 @@ fn sim() -> anyhow::Result<()> {
             scenario,
             out,
             policy,
-            estimator,
-            fast_onset,
+            overrides,
         } => {
-            let mut s = load(&scenario, estimator.as_deref(), fast_onset)?;
+            let mut s = load(&scenario, &overrides)?;
             if let Some(policy) = policy {
                 s = s.with_policy(&policy).context("--policy")?;
             }
@@ -131,10 +135,9 @@ fn sim() -> anyhow::Result<()> {
         Command::Compare {
             scenario,
             out,
-            estimator,
-            fast_onset,
+            overrides,
         } => {
-            let base = load(&scenario, estimator.as_deref(), fast_onset)?;
+            let base = load(&scenario, &overrides)?;
             let mut runs = Vec::new();
             let mut all = Vec::new();
             for policy in ["demand", "linear-ramp"] {

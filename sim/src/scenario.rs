@@ -96,6 +96,11 @@ pub struct ClusterSection {
     /// guard's op defaults (default true). `false` runs rollups alone, as
     /// before it existed.
     pub fast_onset: bool,
+    /// Low-noise admission on the agents (default true): a per-pair
+    /// credit keeps the admitted cost within a few operations of
+    /// `1 − factor` of the attempted. `false` decides each operation by an
+    /// independent draw, as before it existed.
+    pub low_noise: bool,
     /// The agents' surge sub-window, in milliseconds (default 200); must
     /// divide the rollup interval.
     pub surge_window_ms: u64,
@@ -116,6 +121,7 @@ impl Default for ClusterSection {
             jitter_ms: 2.0,
             loss: 0.0,
             fast_onset: true,
+            low_noise: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
             surge_floor: 0.125,
@@ -356,6 +362,13 @@ impl Scenario {
     pub fn with_fast_onset(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.fast_onset = on;
+        s
+    }
+
+    /// The scenario with low-noise admission on or off on every agent.
+    pub fn with_low_noise(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.low_noise = on;
         s
     }
 

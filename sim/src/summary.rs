@@ -77,6 +77,13 @@ pub struct AccountSummary {
     pub false_rejections: u64,
     /// Cost admitted above the limit, summed over seconds.
     pub over_admitted: u64,
+    /// When several traffic items share the (account, op) (publishers of
+    /// one account): over 10 s buckets of the steady seconds (as for
+    /// `steady_admitted_ratio`), the worst relative difference between
+    /// one item's kept share (admitted / attempted) and the pair's, so
+    /// 0.05 means some publisher kept 5% more or less than its share. None
+    /// with one item, or no steady overload.
+    pub fairness_10s: Option<f64>,
 }
 
 /// The figures of `run`, one record per (account, op) in the order its
@@ -101,6 +108,8 @@ struct PairSeries {
     limit: Option<f64>,
     /// Per second: attempted and admitted cost.
     seconds: Vec<(u64, u64)>,
+    /// The same per traffic item.
+    items: Vec<Vec<(u64, u64)>>,
     /// Per second: the true demand, cost per second, from the profiles.
     demand: Vec<f64>,
     /// When any agent of any of its items turned a positive factor on
@@ -144,6 +153,15 @@ fn merge(account: &str, op: &str, items: &[&Series]) -> PairSeries {
         op: op.to_owned(),
         limit: items.iter().find_map(|s| s.limit),
         seconds,
+        items: items
+            .iter()
+            .map(|s| {
+                s.seconds
+                    .iter()
+                    .map(|s| (s.attempted, s.admitted))
+                    .collect()
+            })
+            .collect(),
         demand,
         factor_changes: merged_changes(items),
     }
@@ -220,6 +238,7 @@ fn account(pair: &PairSeries) -> AccountSummary {
         peak_6s_ratio: None,
         false_rejections: 0,
         over_admitted: 0,
+        fairness_10s: None,
     };
     let Some(limit) = pair.limit else {
         return out;
@@ -227,6 +246,7 @@ fn account(pair: &PairSeries) -> AccountSummary {
     let stretches = overload_stretches(&attempted, limit);
     (out.steady_admitted_ratio, out.oscillation_p2p) = steady(&admitted, &stretches, limit, 6);
     (_, out.oscillation_p2p_1s) = steady(&admitted, &stretches, limit, 1);
+    out.fairness_10s = fairness(pair, &stretches);
     out.reaction_s = reaction(&admitted, &stretches, limit);
     out.release_s = release(pair, &attempted, &stretches, limit);
     out.peak_6s_ratio = admitted
@@ -274,6 +294,36 @@ fn steady(
         (max - min) / limit
     });
     (ratio, p2p)
+}
+
+/// The worst relative difference between an item's kept share and its
+/// pair's, over 10 s buckets of the steady part of each overload stretch.
+fn fairness(pair: &PairSeries, stretches: &[(usize, usize)]) -> Option<f64> {
+    if pair.items.len() < 2 {
+        return None;
+    }
+    let kept = |seconds: &[(u64, u64)]| {
+        let (tried, let_in) = seconds.iter().fold((0, 0), |(t, a), s| (t + s.0, a + s.1));
+        (tried > 0).then(|| let_in as f64 / tried as f64)
+    };
+    let mut worst: Option<f64> = None;
+    for &(start, end) in stretches {
+        let mut from = start + 10;
+        while from + 10 <= end {
+            let bucket = from..from + 10;
+            from += 10;
+            let Some(whole) = kept(&pair.seconds[bucket.clone()]).filter(|&k| k > 0.0) else {
+                continue;
+            };
+            for item in &pair.items {
+                if let Some(share) = item.get(bucket.clone()).and_then(kept) {
+                    let off = (share / whole - 1.0).abs();
+                    worst = Some(worst.map_or(off, |w| w.max(off)));
+                }
+            }
+        }
+    }
+    worst
 }
 
 /// Seconds from the start of an overload stretch to its first second at
@@ -459,5 +509,25 @@ mod tests {
         // Over the limit all along: none of its refusals is false.
         assert_eq!(summary.false_rejections, 0);
         assert_eq!(summary.over_admitted, 20);
+    }
+
+    /// Publishers of one account: the worst 10 s bucket of the steady part
+    /// where one kept a share unlike the pair's.
+    #[test]
+    fn fairness_is_the_worst_publishers_share_against_the_pairs() {
+        // 40 s of overload at 2 × 150 against 100: steady part 10..40,
+        // three 10 s buckets. A keeps 60/150 throughout; B keeps 40 of 150
+        // in the second bucket and 60 elsewhere.
+        let a = series_of(&[(0.0, 150.0)], &[150; 40], &[60; 40], vec![]);
+        let mut b_admitted = [60u64; 40];
+        b_admitted[20..30].fill(40);
+        let b = series_of(&[(0.0, 150.0)], &[150; 40], &b_admitted, vec![]);
+        let summary = account(&pairs(&[a, b])[0]);
+        // Second bucket: the pair keeps 100/300; A 60/150 = 1.2 of it.
+        let fairness = summary.fairness_10s.unwrap();
+        assert!((fairness - 0.2).abs() < 1e-12, "{fairness}");
+        // One item alone has no fairness figure.
+        let alone = series_of(&[(0.0, 150.0)], &[150; 40], &[60; 40], vec![]);
+        assert_eq!(summary_of(&[alone]).fairness_10s, None);
     }
 }

@@ -68,6 +68,7 @@ pub struct AgentBuilder {
     agent_id: Option<String>,
     rollup_interval: Duration,
     fast_onset: bool,
+    low_noise: bool,
     local_window: Duration,
     forget_after: Duration,
     request_timeout: Option<Duration>,
@@ -128,6 +129,7 @@ impl Default for AgentBuilder {
             agent_id: None,
             rollup_interval: damper_core::DEFAULT_ROLLUP_INTERVAL,
             fast_onset: true,
+            low_noise: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
@@ -190,6 +192,15 @@ impl AgentBuilder {
     /// the agent reports in rollups alone, every interval.
     pub fn fast_onset(mut self, on: bool) -> Self {
         self.fast_onset = on;
+        self
+    }
+
+    /// Low-noise admission (default on): a factor keeps `1 − factor` of
+    /// each account's attempted cost to within a few operations, by a
+    /// per-pair credit, instead of deciding each operation by an
+    /// independent draw (`docs/design.md`). Off only to compare the two.
+    pub fn low_noise(mut self, on: bool) -> Self {
+        self.low_noise = on;
         self
     }
 
@@ -260,6 +271,7 @@ impl AgentBuilder {
         config.local_window = self.local_window;
         config.forget_after = self.forget_after;
         config.fast_onset = self.fast_onset;
+        config.low_noise = self.low_noise;
         let state = self
             .fail_static
             .iter()

@@ -136,6 +136,8 @@ pub struct Sim<M: Masters = SimMasters> {
     items: Vec<Item>,
     rng: SmallRng,
     scratch: Vec<u64>,
+    /// The step's operations per agent and item, before they are decided.
+    batches: Vec<traffic::Batch>,
     timeout: Duration,
     rollups: (u64, u64),
     dropped: u64,
@@ -167,6 +169,7 @@ impl<M: Masters> Sim<M> {
                 let mut agent_config = AgentConfig::default();
                 agent_config.rollup_interval = interval;
                 agent_config.fast_onset = scenario.cluster.fast_onset;
+                agent_config.low_noise = scenario.cluster.low_noise;
                 Agent {
                     state: AgentState::new(agent_config),
                     round: AgentRound::new(config, &names, EPOCH),
@@ -206,6 +209,7 @@ impl<M: Masters> Sim<M> {
             events: Vec::new(),
             free: Vec::new(),
             scratch: Vec::new(),
+            batches: Vec::new(),
             // The agent library's default request timeout.
             timeout: (interval / 2).min(Duration::from_secs(1)),
             rollups: (0, 0),

@@ -26,6 +26,14 @@ pub(super) struct Item {
     pub(super) changes: Vec<(f64, bool)>,
 }
 
+/// One item's operations on one agent in one step.
+#[derive(Clone, Copy)]
+pub(super) struct Batch {
+    agent: usize,
+    item: usize,
+    count: u64,
+}
+
 impl<M: Masters> Sim<M> {
     /// One traffic step: every item's operations, decided by its agents.
     pub(super) fn step(&mut self) {
@@ -69,24 +77,17 @@ impl<M: Masters> Sim<M> {
                     }
                 }
             }
-            let cost = item.traffic.cost;
             for (j, &count) in self.scratch.iter().enumerate() {
-                if count == 0 {
-                    continue;
+                if count != 0 {
+                    self.batches.push(Batch {
+                        agent: item.traffic.agents[j],
+                        item: i,
+                        count,
+                    });
                 }
-                let agent = &self.agents[item.traffic.agents[j]];
-                let admitted = agent.state.check_batch(
-                    self.now,
-                    &item.traffic.account,
-                    &item.traffic.op,
-                    cost,
-                    count,
-                    &mut self.rng,
-                );
-                item.attempted += count * cost;
-                item.admitted += admitted * cost;
             }
         }
+        self.decide_batches();
         // Items being suppressed: note, at step resolution, when the last
         // agent lets go.
         for item in self.items.iter_mut().filter(|i| i.positive) {
@@ -125,6 +126,92 @@ impl<M: Masters> Sim<M> {
                 item.positive = true;
                 item.changes.push((t, true));
             }
+        }
+    }
+}
+
+impl<M: Masters> Sim<M> {
+    /// Decides the step's batches. An item alone on its (account, op) and
+    /// agent is decided in one `check_batch`; several items of one
+    /// (account, op) on one agent are publishers sharing the account, and
+    /// their operations are interleaved one by one as they would arrive:
+    /// strictly in turn when all are uniform, in a random order otherwise.
+    fn decide_batches(&mut self) {
+        let mut batches = std::mem::take(&mut self.batches);
+        let items = &self.items;
+        batches.sort_by(|a, b| {
+            let (ta, tb) = (&items[a.item].traffic, &items[b.item].traffic);
+            (a.agent, &ta.account, &ta.op, a.item).cmp(&(b.agent, &tb.account, &tb.op, b.item))
+        });
+        let mut rest = &batches[..];
+        while let Some(first) = rest.first() {
+            let t = &self.items[first.item].traffic;
+            let n = rest
+                .iter()
+                .take_while(|b| {
+                    let u = &self.items[b.item].traffic;
+                    b.agent == first.agent && u.account == t.account && u.op == t.op
+                })
+                .count();
+            let (group, tail) = rest.split_at(n);
+            if let [one] = group {
+                self.decide_alone(*one);
+            } else {
+                self.decide_interleaved(group);
+            }
+            rest = tail;
+        }
+        batches.clear();
+        self.batches = batches;
+    }
+
+    fn decide_alone(&mut self, batch: Batch) {
+        let item = &mut self.items[batch.item];
+        let cost = item.traffic.cost;
+        let admitted = self.agents[batch.agent].state.check_batch(
+            self.now,
+            &item.traffic.account,
+            &item.traffic.op,
+            cost,
+            batch.count,
+            &mut self.rng,
+        );
+        item.attempted += batch.count * cost;
+        item.admitted += admitted * cost;
+    }
+
+    fn decide_interleaved(&mut self, group: &[Batch]) {
+        let mut left: Vec<u64> = group.iter().map(|b| b.count).collect();
+        let mut total: u64 = left.iter().sum();
+        let in_turn = group
+            .iter()
+            .all(|b| self.items[b.item].traffic.arrivals == Arrivals::Uniform);
+        let mut turn = 0;
+        while total > 0 {
+            let k = if in_turn {
+                loop {
+                    let k = turn % left.len();
+                    turn += 1;
+                    if left[k] > 0 {
+                        break k;
+                    }
+                }
+            } else {
+                let mut pick = self.rng.random_range(0..total);
+                left.iter()
+                    .position(|&l| {
+                        let here = pick < l;
+                        pick = pick.saturating_sub(l);
+                        here
+                    })
+                    .expect("pick < total")
+            };
+            left[k] -= 1;
+            total -= 1;
+            self.decide_alone(Batch {
+                count: 1,
+                ..group[k]
+            });
         }
     }
 }

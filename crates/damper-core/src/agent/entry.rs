@@ -5,18 +5,15 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{
-    AtomicBool, AtomicU16, AtomicU32, AtomicU64,
+    AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed},
 };
 
 use compact_str::CompactString;
 use rand::Rng;
 
-use super::{AgentConfig, AgentState, Decision, RejectSource, Rejection};
+use super::{AgentConfig, AgentState, Decision, RejectSource, Rejection, admission};
 use crate::time::{Nanos, duration_nanos};
-
-/// A factor of 1.0 as a threshold: a draw of 32 random bits is always below it.
-pub(super) const ONE: u64 = 1 << 32;
 
 /// How much above an op's default limit the local guard lets a pair go
 /// before any master has answered for it (its own limit may be higher).
@@ -32,11 +29,18 @@ pub(super) const UNCONFIRMED_ROOM: f64 = 2.0;
 /// entry still in the map and keeps the count where it is.
 pub(super) const RETIRED: u64 = 1 << 63;
 
-pub(super) fn threshold(factor: f64) -> u64 {
+/// A factor as stored: `f32` bits, clamped to `[0, 1]`, NaN as 0.
+pub(super) fn factor_bits(factor: f64) -> u32 {
     if factor.is_nan() {
         return 0;
     }
-    (factor.clamp(0.0, 1.0) * ONE as f64).round() as u64
+    (factor.clamp(0.0, 1.0) as f32).to_bits()
+}
+
+/// A stored factor.
+#[inline]
+pub(super) fn factor_of(bits: u32) -> f64 {
+    f64::from(f32::from_bits(bits))
 }
 
 /// An (account, op) key, owned. Laid out so that confirming a lookup's
@@ -92,22 +96,28 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 /// far they have read, so a check never races a drain into losing or
 /// double-counting cost.
 ///
-/// Layout: a check reads and writes only the first eight fields, which
+/// Layout: a check reads and writes only the first nine fields, which
 /// fill exactly one 64-byte cache line (`align(64)`); the fields only drains
 /// touch come after. A check's counter add is a locked instruction that
 /// waits for its line, so every extra line a check touches is paid in full.
 #[repr(C, align(64))]
 pub(super) struct Entry {
-    /// The master's factor as a threshold out of 2^32.
-    pub(super) master_threshold: AtomicU64,
+    /// The master's factor (`f32` bits: 24 bits of precision are plenty
+    /// for a share, and two factors fit where one `u64` did).
+    pub(super) master_factor: AtomicU32,
+    /// The local guard's factor (`f32` bits).
+    pub(super) local_factor: AtomicU32,
     /// When the master's factor expires (nanoseconds since the epoch).
     pub(super) master_expires: AtomicU64,
     /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
     pub(super) limit: AtomicU64,
     /// Start of the local guard's current measurement.
     pub(super) local_start: AtomicU64,
-    /// The local guard's factor as a threshold out of 2^32.
-    pub(super) local_threshold: AtomicU64,
+    /// The admission credit: cost this pair should have admitted under the
+    /// factors in force minus what it did, in fixed point (see
+    /// [`admission`](super::admission)). Moves only while a factor is in
+    /// force.
+    pub(super) credit: AtomicI64,
     /// Total cost admitted since the entry was created.
     pub(super) admitted: AtomicU64,
     /// Total cost rejected since the entry was created.
@@ -178,10 +188,11 @@ impl Entry {
             drained_rejected: AtomicU64::new(0),
             carried_since: AtomicU64::new(0),
             active_last_drain: AtomicBool::new(false),
-            master_threshold: AtomicU64::new(0),
+            master_factor: AtomicU32::new(0),
+            local_factor: AtomicU32::new(0),
+            credit: AtomicI64::new(0),
             master_expires: AtomicU64::new(0),
             limit: AtomicU64::new(limit.to_bits()),
-            local_threshold: AtomicU64::new(0),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
             expiry_counted: AtomicU64::new(0),
@@ -205,16 +216,16 @@ impl Entry {
             .wrapping_add(self.rejected.load(Relaxed))
     }
 
-    /// The master's and the local guard's thresholds in force at `now`, and
-    /// the limit.
+    /// The master's and the local guard's factors in force at `now` (as
+    /// stored: `f32` bits, which order as the factors do), and the limit.
     #[inline]
-    pub(super) fn thresholds(&self, now: u64, config: &AgentConfig) -> (u64, u64, f64) {
+    pub(super) fn factors(&self, now: u64, config: &AgentConfig) -> (u32, u32, f64) {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
-        // threshold stored before it, never an older one.
+        // factor stored before it, never an older one.
         let expires = self.master_expires.load(Acquire);
         let (master, limit) = if now < expires {
             (
-                self.master_threshold.load(Relaxed),
+                self.master_factor.load(Relaxed),
                 f64::from_bits(self.limit.load(Relaxed)),
             )
         } else if expires == 0 {
@@ -240,51 +251,69 @@ impl Entry {
         (master, local, limit)
     }
 
-    /// The decision for one operation; the caller counts it.
+    /// Whether one operation of `cost` is admitted under the factor (as
+    /// stored) `bits`: always with no factor, never under a factor of 1,
+    /// and otherwise by the [`admission`] rule (or, with `low_noise` off,
+    /// an independent draw).
+    #[inline]
+    fn admits<R: Rng + ?Sized>(&self, bits: u32, cost: u64, rng: &mut R, low_noise: bool) -> bool {
+        if bits == 0 {
+            return true;
+        }
+        let keep = 1.0 - factor_of(bits);
+        let draw = rng.next_u32();
+        if low_noise {
+            keep > 0.0 && admission::decide(&self.credit, keep, cost, draw)
+        } else {
+            f64::from(draw) < keep * 4_294_967_296.0
+        }
+    }
+
+    /// The decision for one operation of `cost`; the caller counts it.
     #[inline]
     pub(super) fn decide<R: Rng + ?Sized>(
         &self,
         now: Nanos,
+        cost: u64,
         rng: &mut R,
         config: &AgentConfig,
     ) -> Decision {
-        let (master, local, limit) = self.thresholds(now.as_nanos(), config);
-        let threshold = master.max(local);
-        if threshold != 0 && u64::from(rng.next_u32()) < threshold {
-            let (source, retry_after) = if local > master {
-                (RejectSource::LocalGuard, config.local_window)
-            } else {
-                (RejectSource::Master, config.rollup_interval)
-            };
-            Decision::Reject(Rejection {
-                factor: threshold as f64 / ONE as f64,
-                source,
-                limit,
-                retry_after,
-            })
-        } else {
-            Decision::Admit
+        let (master, local, limit) = self.factors(now.as_nanos(), config);
+        let bits = master.max(local);
+        if self.admits(bits, cost, rng, config.low_noise) {
+            return Decision::Admit;
         }
+        let (source, retry_after) = if local > master {
+            (RejectSource::LocalGuard, config.local_window)
+        } else {
+            (RejectSource::Master, config.rollup_interval)
+        };
+        Decision::Reject(Rejection {
+            factor: factor_of(bits),
+            source,
+            limit,
+            retry_after,
+        })
     }
 
-    /// How many of `n` operations at the same instant are admitted: the
-    /// same as `n` calls of `decide`, each with its own random draw.
+    /// How many of `n` operations of `cost` at the same instant are
+    /// admitted: the same as `n` calls of `decide`, one after another.
     pub(super) fn decide_batch<R: Rng + ?Sized>(
         &self,
         now: Nanos,
+        cost: u64,
         n: u64,
         rng: &mut R,
         config: &AgentConfig,
     ) -> u64 {
-        let (master, local, _) = self.thresholds(now.as_nanos(), config);
-        let threshold = master.max(local);
-        if threshold == 0 {
-            n
-        } else {
-            (0..n)
-                .filter(|_| u64::from(rng.next_u32()) >= threshold)
-                .count() as u64
+        let (master, local, _) = self.factors(now.as_nanos(), config);
+        let bits = master.max(local);
+        if bits == 0 {
+            return n;
         }
+        (0..n)
+            .filter(|_| self.admits(bits, cost, rng, config.low_noise))
+            .count() as u64
     }
 
     /// The counter a decision adds to.
@@ -313,7 +342,7 @@ impl Entry {
             && (admitted | rejected) & RETIRED == 0
     }
 
-    /// The local guard's threshold. Once per `local_window` one caller wins
+    /// The local guard's factor (as stored). Once per `local_window` one caller wins
     /// the right to measure this agent's demand over the window that ended
     /// and to set the factor that brings that demand down to the limit.
     ///
@@ -332,7 +361,7 @@ impl Entry {
         limit: f64,
         early: bool,
         config: &AgentConfig,
-    ) -> u64 {
+    ) -> u32 {
         let start = self.local_start.load(Relaxed);
         let elapsed = now.saturating_sub(start);
         let window = duration_nanos(config.local_window);
@@ -345,17 +374,17 @@ impl Entry {
                 .compare_exchange(start, now, Relaxed, Relaxed)
                 .is_err()
         {
-            return self.local_threshold.load(Relaxed);
+            return self.local_factor.load(Relaxed);
         }
         let total = self.attempted_total();
         let base = self.local_base.swap(total, Relaxed);
         let rate = total.wrapping_sub(base) as f64 / (elapsed as f64 / 1e9);
         let t = if rate > limit {
-            threshold(1.0 - limit / rate)
+            factor_bits(1.0 - limit / rate)
         } else {
             0
         };
-        self.local_threshold.store(t, Relaxed);
+        self.local_factor.store(t, Relaxed);
         t
     }
 

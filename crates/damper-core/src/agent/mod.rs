@@ -4,7 +4,8 @@
 //! Shared by every thread of a node (`&self` everywhere). For an (account,
 //! op) already seen, [`AgentState::check`] takes no lock, allocates nothing
 //! and makes no system call: one lock-free hash lookup, a few atomic loads,
-//! a random draw only when a factor is in force, and one atomic add.
+//! and one atomic add; while a factor is in force, also a random draw and
+//! one more atomic add to the pair's admission credit (see `admission`).
 //!
 //! Memory is bounded by the pairs in use: [`AgentState::forget_idle`]
 //! removes those idle for [`AgentConfig::forget_after`] that hold nothing
@@ -42,6 +43,8 @@
 //! # Layout
 //! - this file: the settings, the decision, and [`AgentState`]'s `check`
 //!   and `apply`.
+//! - `admission`: the low-noise rule that turns a factor into decisions,
+//!   with a per-pair credit.
 //! - `entry`: one (account, op)'s state and its key.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
@@ -50,6 +53,7 @@
 //!   end, [`AgentState::peek_surges`] halfway through it), against their
 //!   own noise and the cost of one of their operations.
 
+mod admission;
 mod drain;
 mod entry;
 mod forget;
@@ -69,7 +73,8 @@ use rand::Rng;
 use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::Reply;
-use entry::{Entry, Key, KeyRef, ONE, OpInfo, RETIRED, threshold};
+pub use admission::{ADMISSION_BAND, admits, credit_bound};
+use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of};
 pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
 
 /// Settings of the agent state.
@@ -98,6 +103,13 @@ pub struct AgentConfig {
     /// its first reply. Part of fast onset (see `docs/design.md`); off, the
     /// local guard waits for the pair's own reply. Default on.
     pub fast_onset: bool,
+    /// Whether a factor is applied by the low-noise rule (a per-pair
+    /// credit that keeps the admitted cost within a few operations of
+    /// `1 − factor` of the attempted, see `docs/design.md`) rather than by
+    /// an independent draw per operation, whose error grows with the
+    /// square root of the count. Off only to measure the difference.
+    /// Default on.
+    pub low_noise: bool,
 }
 
 impl Default for AgentConfig {
@@ -107,6 +119,7 @@ impl Default for AgentConfig {
             local_window: Duration::from_millis(250),
             forget_after: Duration::from_secs(60),
             fast_onset: true,
+            low_noise: true,
         }
     }
 }
@@ -278,9 +291,13 @@ impl AgentState {
     /// Decides one operation of `cost` by `account` on `op` at `now`, and
     /// counts it.
     ///
-    /// Rejects with probability equal to the larger of the master's factor
-    /// (while it is valid; expired factors count as 0, so a lost master
-    /// fails open) and the local guard's. Edge cases, by design: a `cost` of
+    /// Rejects a share of the pair's attempted cost equal to the larger of
+    /// the master's factor (while it is valid; expired factors count as 0,
+    /// so a lost master fails open) and the local guard's, operation by
+    /// operation by the low-noise rule of [`admits`]: the admitted cost
+    /// follows `1 − factor` of the attempted to within
+    /// [`credit_bound`] of one operation's cost, with no publisher or
+    /// periodic pattern favoured. Edge cases, by design: a `cost` of
     /// 0 is admitted and not counted (it uses nothing); an empty account or
     /// op, or one longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, is admitted and not
     /// counted (it cannot be reported, so it cannot be limited).
@@ -308,7 +325,7 @@ impl AgentState {
                 entry
             }
         };
-        let decision = entry.decide(now, rng, &self.config);
+        let decision = entry.decide(now, cost, rng, &self.config);
         self.count(now, account, op, entry, decision.is_admit(), cost, &guard);
         decision
     }
@@ -368,7 +385,7 @@ impl AgentState {
 
     /// Decides `n` operations of `cost` each by `account` on `op`, all at
     /// `now`, and counts them: exactly as `n` calls of [`check`](Self::check)
-    /// at the same instant would (each draws its own random number), with the
+    /// at the same instant would, one after another, with the
     /// counters touched once. Returns how many were admitted. For replaying
     /// traffic in bulk (the simulator); the same edge cases as `check`.
     pub fn check_batch<R: Rng + ?Sized>(
@@ -386,7 +403,7 @@ impl AgentState {
         let guard = self.entries.guard();
         let entry = self.entry(now, account, op, &guard);
         entry.seed_quantum(cost);
-        let admitted = entry.decide_batch(now, n, rng, &self.config);
+        let admitted = entry.decide_batch(now, cost, n, rng, &self.config);
         for (yes, count) in [(true, admitted), (false, n - admitted)] {
             if count != 0 {
                 self.count(
@@ -403,8 +420,8 @@ impl AgentState {
         admitted
     }
 
-    /// Applies a factor from the master's reply: reject with probability
-    /// `factor` until `now + valid_for`, under an account-wide `limit` in
+    /// Applies a factor from the master's reply: reject that share of the
+    /// attempted cost until `now + valid_for`, under an account-wide `limit` in
     /// cost per second (which the local guard uses). Out-of-range values are
     /// clamped; a NaN factor counts as 0.
     pub fn apply(
@@ -432,7 +449,7 @@ impl AgentState {
             .find(|(o, _)| &**o == op)
             .map_or(Duration::ZERO, |(_, hold)| *hold);
         entry.limit.store(limit.to_bits(), Relaxed);
-        entry.master_threshold.store(threshold(factor), Relaxed);
+        entry.master_factor.store(factor_bits(factor), Relaxed);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)
         entry
@@ -535,7 +552,7 @@ impl AgentState {
             let expires = entry.master_expires.load(Acquire);
             if expires != 0
                 && now.as_nanos() >= expires
-                && entry.master_threshold.load(Relaxed) != 0
+                && entry.master_factor.load(Relaxed) != 0
                 && entry.expiry_counted.swap(expires, Relaxed) != expires
             {
                 lapsed += 1;
@@ -550,7 +567,7 @@ impl AgentState {
         let guard = self.entries.guard();
         let entry = self.entries.get(&KeyRef { op, account }, &guard)?;
         Some(if now.as_nanos() < entry.master_expires.load(Acquire) {
-            entry.master_threshold.load(Relaxed) as f64 / ONE as f64
+            factor_of(entry.master_factor.load(Relaxed))
         } else {
             0.0
         })

@@ -343,7 +343,7 @@ impl AgentState {
                 Pass::Peek if rate <= f64::from(baseline) => continue,
                 Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
             };
-            let follow_up = surged && entry.master_threshold.load(Relaxed) > 0;
+            let follow_up = surged && entry.master_factor.load(Relaxed) > 0;
             if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
                 continue;
             }

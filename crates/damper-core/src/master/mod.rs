@@ -41,7 +41,7 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
 use crate::Pair;
-use crate::config::MasterConfig;
+use crate::config::{EstimatorKind, MasterConfig, PolicyKind};
 use crate::limits::Rate;
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
@@ -477,7 +477,18 @@ fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos
     if estimate.surge && estimate.rates.demand <= limit.get() * SURGE_MARGIN {
         estimate.rates.demand = estimate.rates.demand.min(limit.get());
     }
-    let factor = config.policy.kind.factor(limit, estimate.rates);
+    let mut factor = config.policy.kind.factor(limit, estimate.rates);
+    // A round's demand over the limit by no more than its own scatter is
+    // chance, not overload: an account that keeps to its limit is never
+    // refused for it. (Early reports are tested for noise by the agents.)
+    if factor > 0.0
+        && !estimate.surge
+        && matches!(config.policy.kind, PolicyKind::Demand)
+        && config.window.estimator == EstimatorKind::LatestRound
+        && !window.confidently_over(limit.get(), estimate.rates.demand, SURGE_MARGIN)
+    {
+        factor = 0.0;
+    }
     Verdict {
         factor,
         limit,

@@ -29,8 +29,13 @@
 //! # Layout
 //! - this file: the window, its rounds and sub-intervals, the estimators.
 //! - `surge`: the surge estimate from early reports.
+//! - `spread`: how much whole rounds scatter, and a slower average of
+//!   them: whether a demand over the limit is more than chance.
 
+mod spread;
 mod surge;
+
+pub use spread::CONFIDENCE_SIGMAS;
 
 use std::time::Duration;
 
@@ -97,7 +102,7 @@ pub struct Dropped {
 /// Holds the rounds always, and the sub-intervals only when the configured
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
-/// window is 40 bytes with no allocation of its own.
+/// window is 56 bytes with no allocation of its own.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a
 /// window only fits the [`WindowConfig`] shape it was made for
@@ -120,6 +125,11 @@ pub struct DemandWindow {
     /// windows surge at once. Not kept across a restart.
     #[serde(skip)]
     surge: Option<Box<surge::Surge>>,
+    /// The scatter of whole rounds and their slow average, for
+    /// [`confidently_over`](Self::confidently_over). Absent from
+    /// snapshots taken before it existed: learned afresh.
+    #[serde(default)]
+    spread: spread::Spread,
 }
 
 /// A round's summed rates as a window stores them.
@@ -162,6 +172,7 @@ impl DemandWindow {
             rates: [RoundRates::default(); 2],
             reports: [0; 2],
             surge: None,
+            spread: spread::Spread::default(),
             sub_intervals: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
                 Box::new(SubIntervals {
                     head: 0,
@@ -230,6 +241,7 @@ impl DemandWindow {
         let slot = if id == self.round {
             0
         } else if id > self.round {
+            self.close_round();
             (self.rates[1], self.reports[1]) = if id == self.round + 1 {
                 (self.rates[0], self.reports[0])
             } else {
@@ -248,6 +260,24 @@ impl DemandWindow {
         self.rates[slot].admitted += rates.admitted as f32;
         self.reports[slot] = self.reports[slot].saturating_add(1);
         true
+    }
+
+    /// The current round is over (a report of a later one arrived): its
+    /// demand, whole by now, goes into the spread, with the round before
+    /// it when that one was seen.
+    fn close_round(&mut self) {
+        if self.reports[0] == 0 {
+            return;
+        }
+        let previous = (self.reports[1] > 0).then(|| f64::from(self.rates[1].demand));
+        self.spread.close(previous, f64::from(self.rates[0].demand));
+    }
+
+    /// Whether `demand`, an estimate from this window's rounds, is over
+    /// `limit` by more than the rounds' own scatter explains (see
+    /// `spread`); `margin` × `limit` decides while the scatter is unknown.
+    pub fn confidently_over(&self, limit: f64, demand: f64, margin: f64) -> bool {
+        self.spread.confidently_over(limit, demand, margin)
     }
 }
 

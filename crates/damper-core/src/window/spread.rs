@@ -1,0 +1,184 @@
+//! How sure a window is that its demand is over the limit.
+//!
+//! A round's demand is a sample: an account of Poisson operations at 0.95×
+//! its limit reads above the limit in a good share of its rounds (a third
+//! of them, for 47 operations a second of cost 101), and suppressing on
+//! each of those refuses an account that kept to its limit. So a window
+//! keeps, besides its rounds, how much whole rounds differ from one
+//! another when nothing happens ([`Spread::noise`]) and a slower average
+//! of them ([`Spread::long`]), and the master suppresses only when the
+//! demand is over the limit by more than [`CONFIDENCE_SIGMAS`] times its
+//! own noise: a deluge at once, from one round; a mild overload once the
+//! slow average has seen enough rounds to tell it from chance.
+//!
+//! The noise is measured, not modelled: it covers costly operations, mixed
+//! costs and bursty publishers alike, without the master knowing what one
+//! operation costs.
+
+use serde::{Deserialize, Serialize};
+
+/// How many standard deviations of its own noise a demand must be above
+/// the limit to be suppressed. Five, not four: a round of few operations
+/// is a Poisson count, whose upper tail is far heavier than a normal one
+/// (38 operations expected, 64 seen: a 4.2σ event that happens once in
+/// 10 000 rounds), and the noise itself is an estimate. A deluge is tens
+/// of σ out.
+pub const CONFIDENCE_SIGMAS: f64 = 5.0;
+
+/// The weight of each whole round in the moving mean of the noise: about
+/// 32 rounds (a minute at 2-s rounds) make an estimate, steady enough
+/// that an underestimate rarely lets chance through.
+const NOISE_WEIGHT: f64 = 1.0 / 32.0;
+
+/// The weight of each whole round in the slow average: its noise is
+/// `√(w / (2 − w))` ≈ 0.18 of a round's, enough to tell 1.1× from 0.95×
+/// of a limit where single rounds scatter by 7%, within half a minute.
+const LONG_WEIGHT: f64 = 1.0 / 16.0;
+
+/// A change from one whole round to the next larger than this many times
+/// the noise is a change of demand, not noise: it enters the noise
+/// clipped to this, so one deluge does not make every later round look
+/// uncertain for minutes. (The noise still grows by half each such round,
+/// so a truly noisier account is learned within tens of rounds.)
+const CLIP_SIGMAS: f64 = 4.0;
+
+/// The spread of whole rounds' demand, and their slow average.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct Spread {
+    /// Moving mean of the squared change between consecutive whole
+    /// rounds, halved: the variance of one round's demand when demand is
+    /// steady. 0 until two whole rounds in a row have been seen.
+    pub(super) noise: f32,
+    /// Moving mean of whole rounds' demand; 0 until one round closes.
+    pub(super) long: f32,
+}
+
+impl Spread {
+    /// A round closed whole with `demand`, after a whole round of
+    /// `previous` (`None`: the round before was not seen).
+    pub(super) fn close(&mut self, previous: Option<f64>, demand: f64) {
+        let long = f64::from(self.long);
+        self.long = if self.long == 0.0 {
+            demand
+        } else {
+            long + LONG_WEIGHT * (demand - long)
+        } as f32;
+        let Some(previous) = previous else {
+            return;
+        };
+        let noise = f64::from(self.noise);
+        let step = (demand - previous).powi(2) / 2.0;
+        self.noise = if self.noise == 0.0 {
+            step
+        } else {
+            noise + NOISE_WEIGHT * (step.min(CLIP_SIGMAS.powi(2) * noise) - noise)
+        } as f32;
+    }
+
+    /// Whether `demand` (this round's estimate) is over `limit` by more
+    /// than chance explains: itself by [`CONFIDENCE_SIGMAS`] of a round's
+    /// noise, or the slow average by as many of its own. Without a noise
+    /// estimate yet, by `margin` times the limit.
+    pub(super) fn confidently_over(&self, limit: f64, demand: f64, margin: f64) -> bool {
+        if demand <= limit {
+            return false;
+        }
+        if self.noise == 0.0 {
+            return demand > limit * margin;
+        }
+        let sigma = f64::from(self.noise).sqrt();
+        let long_sigma = sigma * (LONG_WEIGHT / (2.0 - LONG_WEIGHT)).sqrt();
+        demand - CONFIDENCE_SIGMAS * sigma > limit
+            || f64::from(self.long) - CONFIDENCE_SIGMAS * long_sigma > limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Poisson};
+
+    /// Rounds of Poisson operations of `cost` at `ops` a second (2-s
+    /// rounds), as demand in cost per second.
+    fn rounds(ops: f64, cost: f64, n: usize, seed: u64) -> Vec<f64> {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let p = Poisson::new(ops * 2.0).unwrap();
+        (0..n).map(|_| p.sample(&mut rng) * cost / 2.0).collect()
+    }
+
+    /// Counts the rounds, after the first 20, that would be suppressed.
+    fn suppressed(demands: &[f64], limit: f64) -> usize {
+        let mut spread = Spread::default();
+        let mut previous = None;
+        let mut count = 0;
+        for (i, &d) in demands.iter().enumerate() {
+            if i >= 20 && spread.confidently_over(limit, d, 1.15) {
+                count += 1;
+            }
+            spread.close(previous, d);
+            previous = Some(d);
+        }
+        count
+    }
+
+    /// Accounts at 0.95× their limit, of cheap and of costly operations,
+    /// at small and large limits: never suppressed over 2 000 rounds each
+    /// (over an hour), where the raw round is over the limit often.
+    #[test]
+    fn accounts_under_their_limit_are_never_suppressed() {
+        for (ops, cost, limit) in [(95.0, 1.0, 100.0), (19.0, 1.0, 20.0), (47.0, 101.0, 5000.0)] {
+            for seed in 0..5 {
+                let demands = rounds(ops, cost, 2_000, seed);
+                let raw = demands.iter().filter(|&&d| d > limit).count();
+                assert!(
+                    raw > 100,
+                    "{ops}×{cost}: over the limit by chance {raw} times"
+                );
+                assert_eq!(suppressed(&demands, limit), 0, "{ops}×{cost} seed {seed}");
+            }
+        }
+    }
+
+    /// A mild overload, 1.1× a small limit, is suppressed in most rounds
+    /// once the slow average has seen it; a deluge from its first round.
+    #[test]
+    fn overloads_are_suppressed() {
+        let demands = rounds(110.0, 1.0, 200, 1);
+        assert!(
+            suppressed(&demands, 100.0) > 150,
+            "{}",
+            suppressed(&demands, 100.0)
+        );
+        let mut spread = Spread::default();
+        for d in rounds(50.0, 1.0, 30, 2) {
+            spread.close(Some(50.0), d);
+        }
+        assert!(spread.confidently_over(100.0, 1_000.0, 1.15));
+        // Without history, the margin decides.
+        assert!(!Spread::default().confidently_over(100.0, 110.0, 1.15));
+        assert!(Spread::default().confidently_over(100.0, 120.0, 1.15));
+    }
+
+    /// A deluge's step enters the noise clipped: soon after it ends, an
+    /// overload of 1.3× is confidently over again.
+    #[test]
+    fn a_deluge_does_not_blind_the_window() {
+        let mut spread = Spread::default();
+        let mut previous = None;
+        let mut feed = |spread: &mut Spread, d: f64| {
+            spread.close(previous, d);
+            previous = Some(d);
+        };
+        for d in rounds(500.0, 1.0, 30, 3) {
+            feed(&mut spread, d);
+        }
+        for _ in 0..20 {
+            feed(&mut spread, 10_000.0);
+        }
+        for d in rounds(500.0, 1.0, 5, 4) {
+            feed(&mut spread, d);
+        }
+        assert!(spread.confidently_over(1000.0, 1300.0, 1.15), "{spread:?}");
+    }
+}

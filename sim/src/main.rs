@@ -60,6 +60,10 @@ struct Overrides {
     /// Overrides the scenario's `cluster.low_noise`: true or false.
     #[arg(long, value_name = "BOOL")]
     low_noise: Option<bool>,
+    /// Overrides the scenario's `policy.confidence_sigmas` (0 to 20; 0:
+    /// suppress on any excess).
+    #[arg(long, value_name = "SIGMAS")]
+    confidence_sigmas: Option<f64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -81,6 +85,11 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     }
     if let Some(on) = overrides.low_noise {
         scenario = scenario.with_low_noise(on);
+    }
+    if let Some(sigmas) = overrides.confidence_sigmas {
+        scenario = scenario
+            .with_confidence_sigmas(sigmas)
+            .context("--confidence-sigmas")?;
     }
     Ok(match overrides.estimator.as_deref() {
         Some("ably-mma") => scenario.with_estimator(EstimatorKind::AblyMma),

@@ -350,6 +350,18 @@ impl Scenario {
         })
     }
 
+    /// The scenario with the masters' `policy.confidence_sigmas` set.
+    pub fn with_confidence_sigmas(&self, sigmas: f64) -> Result<Scenario, ScenarioError> {
+        let mut policy = self.policy.clone();
+        policy.confidence_sigmas = Some(sigmas);
+        let master = MasterConfig::from_sections(&self.window, &policy, &self.limits)?;
+        Ok(Scenario {
+            master,
+            policy,
+            ..self.clone()
+        })
+    }
+
     /// The scenario under another estimator.
     pub fn with_estimator(&self, estimator: EstimatorKind) -> Scenario {
         let mut s = self.clone();

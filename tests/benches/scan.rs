@@ -62,7 +62,9 @@ fn benches(c: &mut Criterion) {
     g.bench_function("peek_surges", |b| {
         b.iter(|| state.peek_surges(now, now + window / 2, &rule, |_, _| false))
     });
-    g.bench_function("drain", |b| b.iter(|| state.drain(|_, _, _| {})));
+    g.bench_function("drain", |b| {
+        b.iter(|| state.drain(Nanos::ZERO, |_, _, _| {}))
+    });
     g.finish();
 }
 

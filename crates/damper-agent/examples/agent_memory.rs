@@ -55,7 +55,7 @@ fn main() {
         agent.apply(now, name, "messages", 0.0, 1000.0, Duration::from_secs(6));
     }
     let mut drained = 0usize;
-    agent.drain(|_, _, _| drained += 1);
+    agent.drain(Nanos::ZERO, |_, _, _| drained += 1);
     let after = resident_bytes();
     assert_eq!(drained, accounts);
     eprintln!(
@@ -76,7 +76,7 @@ fn main() {
     let config = AgentConfig::default();
     let quiet = config.forget_after.as_nanos() / config.rollup_interval.as_nanos();
     for _ in 0..=quiet {
-        agent.drain(|_, _, _| {});
+        agent.drain(Nanos::ZERO, |_, _, _| {});
     }
     let started = SystemClock.now();
     let forgotten = agent.forget_idle(now + config.forget_after);
@@ -95,7 +95,7 @@ fn main() {
         let _ = agent.check(later, name, "messages", 1, &mut rng);
         agent.apply(later, name, "messages", 0.0, 1000.0, Duration::from_secs(6));
     }
-    agent.drain(|_, _, _| {});
+    agent.drain(Nanos::ZERO, |_, _, _| {});
     eprintln!(
         "then {} new accounts active: {} pairs, resident {:.1} MiB",
         newcomers.len(),

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{Limits, LimitsError};
+use crate::window::CONFIDENCE_SIGMAS;
 
 /// A configuration that cannot be used, with the field at fault.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -201,6 +202,12 @@ pub struct PolicySection {
     /// re-estimate without end. Agents send at most one per sub-window
     /// (250 ms by default). Default 100; at most 60000.
     pub surge_min_gap_ms: Option<u64>,
+    /// For `demand`: how many standard deviations of its own round-to-round
+    /// scatter an account's demand must be over its limit before it is
+    /// suppressed, so chance alone never refuses an account that keeps to
+    /// its limit. Default 5; 0 suppresses whenever a round's demand is
+    /// over the limit. At most 20.
+    pub confidence_sigmas: Option<f64>,
 }
 
 impl Default for PolicySection {
@@ -211,6 +218,7 @@ impl Default for PolicySection {
             factor_validity_ms: None,
             surge_recheck_ms: None,
             surge_min_gap_ms: None,
+            confidence_sigmas: None,
         }
     }
 }
@@ -380,6 +388,9 @@ pub struct PolicyConfig {
     pub surge_recheck: Duration,
     /// The least time between two early reports from one agent.
     pub surge_min_gap: Duration,
+    /// How far over the limit, in standard deviations of its own scatter,
+    /// a round's demand must be to suppress (0: any amount).
+    pub confidence_sigmas: f64,
 }
 
 impl PolicyConfig {
@@ -444,11 +455,21 @@ impl PolicyConfig {
                 ));
             }
         };
+        let confidence_sigmas = match p.confidence_sigmas.unwrap_or(CONFIDENCE_SIGMAS) {
+            z if (0.0..=20.0).contains(&z) => z,
+            z => {
+                return Err(ConfigError::invalid(
+                    "policy.confidence_sigmas",
+                    format!("must be a number between 0 and 20, got {z}"),
+                ));
+            }
+        };
         Ok(PolicyConfig {
             kind,
             factor_validity,
             surge_recheck,
             surge_min_gap,
+            confidence_sigmas,
         })
     }
 }
@@ -573,6 +594,14 @@ mod tests {
             (
                 "[policy]\nfactor_validity_ms = 0",
                 "policy.factor_validity_ms",
+            ),
+            (
+                "[policy]\nconfidence_sigmas = -1",
+                "policy.confidence_sigmas",
+            ),
+            (
+                "[policy]\nconfidence_sigmas = nan",
+                "policy.confidence_sigmas",
             ),
             ("[limits]\nmessages = 0", "limits.\"messages\""),
             ("[limits]\nmessages = -3", "limits.\"messages\""),

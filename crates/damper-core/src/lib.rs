@@ -61,7 +61,7 @@
 //!     }
 //!     // The rollup, and the reply.
 //!     let mut reports = Vec::new();
-//!     agent.drain(|account, op, d| reports.push((account.to_owned(), op.to_owned(), d)));
+//!     agent.drain(now, |account, op, d| reports.push((account.to_owned(), op.to_owned(), d)));
 //!     for (account, op, d) in reports {
 //!         let report = Report { account: &account, op: &op, start, end: now,
 //!                               attempted: d.attempted, admitted: d.admitted };

@@ -12,11 +12,14 @@ impl AgentState {
     /// Takes the counts of every (account, op) with activity since the last
     /// drain and hands them to `visit` as deltas; an (account, op) that had
     /// activity last time and none now is visited once with a zero delta,
-    /// so its master sees it go quiet. Returns how many were visited.
+    /// so its master sees it go quiet, and one under a master's factor at
+    /// `now` is visited (with a zero delta if quiet) until a reply lifts
+    /// it or it lapses.
+    /// Returns how many were visited.
     ///
     /// One drain runs at a time (others wait). Concurrent checks are never
     /// lost or counted twice: they land in this drain or the next.
-    pub fn drain(&self, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
+    pub fn drain(&self, now: Nanos, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let guard = self.entries.guard();
         let mut visited = 0;
@@ -40,7 +43,14 @@ impl AgentState {
                 .idle_drains
                 .store(if active { 0 } else { idle.saturating_add(1) }, Relaxed);
             let was_active = entry.active_last_drain.swap(active, Relaxed);
-            if active || was_active {
+            // A pair under a master's factor is reported, with nothing if
+            // need be, until a reply lifts the factor: an agent that saw
+            // the last of a deluge and then nothing would otherwise hold
+            // its factor until it expires (three rounds), and refuse the
+            // next operation that comes its way.
+            let suppressed = entry.master_factor.load(Relaxed) != 0
+                && now.as_nanos() < entry.master_expires.load(Relaxed);
+            if active || was_active || suppressed {
                 let since = entry.carried_since.swap(0, Relaxed);
                 visit(
                     key.account.as_str(),
@@ -86,9 +96,9 @@ impl AgentState {
     /// counts to the account's master on `ring`, sorted by op then account
     /// for each master, so replays are deterministic. Counts the ring has no
     /// master for come back in [`Routed::unroutable`].
-    pub fn drain_by_owner(&self, ring: &Ring) -> Routed {
+    pub fn drain_by_owner(&self, now: Nanos, ring: &Ring) -> Routed {
         let mut routed = Routed::default();
-        self.drain(|account, op, delta| {
+        self.drain(now, |account, op, delta| {
             let pending = Pending {
                 account: account.to_owned(),
                 op: op.to_owned(),

@@ -31,7 +31,7 @@
 //!
 //! // The rollup drains what was counted, as deltas.
 //! let mut drained = Vec::new();
-//! agent.drain(|account, op, delta| drained.push((account.to_owned(), op.to_owned(), delta)));
+//! agent.drain(now, |account, op, delta| drained.push((account.to_owned(), op.to_owned(), delta)));
 //! assert_eq!(drained[0].2.attempted, 1002);
 //! assert_eq!(drained[0].2.admitted, 1001);
 //!

@@ -136,6 +136,13 @@ impl SurgeRule {
     /// limit, reported at start (every new pair jumps from nothing), would
     /// otherwise ratchet its estimate up on chance rises, since only
     /// 4× falls bring it down.
+    ///
+    /// A `follow_up` fall (of a pair its master suppresses) likewise needs
+    /// only a [`FOLLOW_UP_JUMP`]: an overload that falls back to 0.8× its
+    /// limit from 1.8× is let go within a sub-window or two, not at the
+    /// round, and with no floor, since each of many agents sees only its
+    /// share of the fall. A chance dip (two sub-windows 2σ down) moves the
+    /// master's estimate by this agent's share only, until the round.
     pub fn is_surge(
         &self,
         rate: f64,
@@ -148,8 +155,11 @@ impl SurgeRule {
         let change = (rate - baseline).abs();
         let jump = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
         let up = rate > baseline && rate >= jump * baseline && change > NOISE_SIGMAS * noise;
-        let down = rate < baseline && rate * self.jump <= baseline && change > 2.0 * noise;
-        (up || down) && change >= floor
+        let fall = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
+        let down = rate < baseline && rate * fall <= baseline && change > 2.0 * noise;
+        // A suppressed pair's fall needs no floor: spread over many agents,
+        // each one's share of it is small, and together they release.
+        (up && change >= floor) || (down && (follow_up || change >= floor))
     }
 }
 
@@ -343,7 +353,10 @@ impl AgentState {
                 Pass::Peek if rate <= f64::from(baseline) => continue,
                 Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
             };
-            let follow_up = surged && entry.master_factor.load(Relaxed) > 0;
+            // Rises follow up this round's early report; falls, any
+            // report, of a pair its master suppresses.
+            let suppressed = entry.master_factor.load(Relaxed) > 0;
+            let follow_up = suppressed && (surged || rate < f64::from(baseline));
             if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
                 continue;
             }
@@ -487,7 +500,7 @@ mod tests {
         // The onset is a jump (no limit is known yet, so any jump counts).
         assert_eq!(scan(&state, 0, 2_000, bursts).len(), 1);
         // The round's rollup: 2 000/s, the baseline.
-        state.drain(|_, _, _| {});
+        state.drain(Nanos::ZERO, |_, _, _| {});
         assert_eq!(scan(&state, 2_000, 10_000, bursts), vec![]);
         let taken = scan(&state, 10_000, 10_600, |_| 0);
         let [(end, rates)] = &taken[..] else {
@@ -583,7 +596,7 @@ mod tests {
         // Quiet at 100/s for two rounds, rolled up.
         let quiet = |ms: u64| u64::from(ms % 100 == 0) * 10;
         scan(&state, 0, 2_000, quiet);
-        state.drain(|_, _, _| {});
+        state.drain(Nanos::ZERO, |_, _, _| {});
         assert_eq!(scan(&state, 2_000, 4_000, quiet), vec![]);
         // 5 000/s from 4 050: the peek at 4 100 sees 50 ms of it.
         let mut rng = SmallRng::seed_from_u64(4);

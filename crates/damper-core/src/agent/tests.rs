@@ -9,9 +9,14 @@ fn t(ms: u64) -> Nanos {
     Nanos::from_millis(1_700_000_000_000 + ms)
 }
 
+/// Drains at an instant past every factor's validity.
 fn drained(agent: &AgentState) -> Vec<(String, String, Delta)> {
+    drained_at(agent, t(1_000_000_000))
+}
+
+fn drained_at(agent: &AgentState, now: Nanos) -> Vec<(String, String, Delta)> {
     let mut out = Vec::new();
-    agent.drain(|a, o, d| out.push((a.to_owned(), o.to_owned(), d)));
+    agent.drain(now, |a, o, d| out.push((a.to_owned(), o.to_owned(), d)));
     out.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
     out
 }
@@ -257,6 +262,50 @@ fn local_guard_stays_out_of_the_way_under_the_limit() {
     }
 }
 
+/// An agent that saw the last of a deluge and then nothing keeps telling
+/// its master so, with zero reports, while the factor is in force: the
+/// reply that lifts it comes a round later, not when it expires.
+#[test]
+fn quiet_pairs_under_a_factor_report_zeros_until_it_is_lifted() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        0.8,
+        1000.0,
+        Duration::from_secs(6),
+    );
+    assert_eq!(drained_at(&agent, t(1_000))[0].2.attempted, 5);
+    for now in [t(2_000), t(3_000), t(4_000)] {
+        let d = drained_at(&agent, now);
+        assert_eq!(d.len(), 1, "a zero report while suppressed");
+        assert_eq!((d[0].2.attempted, d[0].2.admitted), (0, 0));
+    }
+    agent.apply(
+        t(4_000),
+        "acme",
+        "messages",
+        0.0,
+        1000.0,
+        Duration::from_secs(6),
+    );
+    assert!(drained_at(&agent, t(5_000)).is_empty());
+    // A factor that lapsed (its master gone) is not reported for.
+    agent.apply(
+        t(5_000),
+        "acme",
+        "messages",
+        0.8,
+        1000.0,
+        Duration::from_secs(6),
+    );
+    assert_eq!(drained_at(&agent, t(6_000)).len(), 1);
+    assert!(drained_at(&agent, t(12_000)).is_empty());
+}
+
 #[test]
 fn quiet_pairs_report_one_zero_then_nothing() {
     let agent = AgentState::new(AgentConfig::default());
@@ -443,7 +492,7 @@ proptest! {
         let mut drain_once = |agent: &AgentState, may_fail: bool| {
             drains += 1;
             let mut batch = Vec::new();
-            agent.drain(|a, o, d| batch.push((a.to_owned(), o.to_owned(), d)));
+            agent.drain(t(0), |a, o, d| batch.push((a.to_owned(), o.to_owned(), d)));
             for (a, o, d) in batch {
                 if may_fail && drains % fail_every == 0 {
                     agent.undrain(&a, &o, d, t(0));
@@ -605,7 +654,7 @@ fn drains_route_to_owners_in_a_fixed_order_and_carry_over_is_bounded() {
         }
     }
     let ring = crate::ring::Ring::new(["m1:1", "m2:1"]);
-    let routed = agent.drain_by_owner(&ring);
+    let routed = agent.drain_by_owner(t(0), &ring);
     assert!(routed.unroutable.is_empty());
     let total: usize = routed.by_master.values().map(Vec::len).sum();
     assert_eq!(total, 10);
@@ -628,7 +677,7 @@ fn drains_route_to_owners_in_a_fixed_order_and_carry_over_is_bounded() {
     let max = Duration::from_secs(30);
     assert_eq!(agent.carry_over(young.clone(), t(0), t(2_000), max), 0);
     assert_eq!(agent.carry_over(old, t(0), t(31_000), max), 2);
-    let again = agent.drain_by_owner(&crate::ring::Ring::new(Vec::<String>::new()));
+    let again = agent.drain_by_owner(t(0), &crate::ring::Ring::new(Vec::<String>::new()));
     // The others owe one zero report each ("went quiet").
     let with_counts: Vec<_> = again
         .unroutable

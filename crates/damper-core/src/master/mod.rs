@@ -485,7 +485,12 @@ fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos
         && !estimate.surge
         && matches!(config.policy.kind, PolicyKind::Demand)
         && config.window.estimator == EstimatorKind::LatestRound
-        && !window.confidently_over(limit.get(), estimate.rates.demand, SURGE_MARGIN)
+        && !window.confidently_over(
+            limit.get(),
+            estimate.rates.demand,
+            SURGE_MARGIN,
+            config.policy.confidence_sigmas,
+        )
     {
         factor = 0.0;
     }

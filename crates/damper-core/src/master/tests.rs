@@ -51,6 +51,41 @@ fn steady_overload_gives_one_minus_limit_over_demand() {
     }
 }
 
+/// An account whose rounds scatter by about 8% around 0.9× its limit is
+/// not suppressed for a round at 1.08× (chance, 2σ), with the default
+/// `policy.confidence_sigmas`; with 0 it is. A deluge is suppressed at
+/// once either way, and so is a steady 1.3×.
+#[test]
+fn a_round_over_the_limit_by_its_own_scatter_is_not_suppressed() {
+    for (sigmas, chance_suppressed) in [(None, false), (Some(0.0), true)] {
+        let mut toml = format!("[limits]\nmessages = {L}\n");
+        if let Some(z) = sigmas {
+            toml.push_str(&format!("[policy]\nconfidence_sigmas = {z}\n"));
+        }
+        let mut m = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
+        let mut end = 0;
+        for i in 0..40 {
+            end += 2_000;
+            let rate = if i % 2 == 0 { 0.84 * L } else { 0.96 * L };
+            assert_eq!(round(&mut m, end, rate), 0.0);
+        }
+        end += 2_000;
+        assert_eq!(
+            round(&mut m, end, 1.08 * L) > 0.0,
+            chance_suppressed,
+            "{sigmas:?}"
+        );
+        end += 2_000;
+        assert!(round(&mut m, end, 10.0 * L) > 0.85, "{sigmas:?}");
+        for _ in 0..20 {
+            end += 2_000;
+            round(&mut m, end, 1.3 * L);
+        }
+        end += 2_000;
+        assert!(round(&mut m, end, 1.3 * L) > 0.2, "{sigmas:?}");
+    }
+}
+
 #[test]
 fn demand_at_or_under_the_limit_is_never_suppressed() {
     for estimator in ["latest-round", "ably-mma"] {

@@ -48,7 +48,10 @@ enum InFlight {
         rollup: Arc<Rollup>,
     },
     Recheck {
+        master: String,
         pairs: Vec<OwnedPair>,
+        /// Whether this is a failed recheck's second try.
+        again: bool,
     },
     Probe {
         master: String,
@@ -65,9 +68,9 @@ enum InFlight {
     },
 }
 
-/// A recheck a reply asked for: when, which master, which `(op, account)`
-/// pairs.
-type Recheck = (Nanos, String, Vec<OwnedPair>);
+/// A recheck due: when, which master, which `(op, account)` pairs, and
+/// whether it is a failed one's second try.
+type Recheck = (Nanos, String, Vec<OwnedPair>, bool);
 
 /// A round sent and not yet settled.
 #[derive(Debug, Default)]
@@ -268,7 +271,10 @@ impl AgentRound {
                 state.apply_reply(now, reply, rollup.pairs());
                 self.finish_one(round, master, true, now, state);
             }
-            Some(InFlight::Recheck { pairs }) => {
+            Some(InFlight::Recheck { master, pairs, .. }) => {
+                // The round may still not be whole (a report lost): the
+                // master then names when it counts as whole regardless.
+                self.schedule_recheck(now, &master, reply);
                 state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
             }
             Some(InFlight::Probe { master }) => {
@@ -293,7 +299,8 @@ impl AgentRound {
         if let Some(after) = reply.recheck_after {
             let pairs: Vec<OwnedPair> = reply.rechecks().map(Pair::to_owned).collect();
             if !pairs.is_empty() && !self.stopping {
-                self.rechecks.push((now + after, master.to_owned(), pairs));
+                self.rechecks
+                    .push((now + after, master.to_owned(), pairs, false));
             }
         }
     }
@@ -308,10 +315,20 @@ impl AgentRound {
                 end,
                 rollup,
             }) => {
+                self.recheck_after_failure(now, &master, &rollup, state);
                 self.carry_over(rollup.pending(), start, end, state);
                 self.finish_one(round, master, false, now, state);
             }
-            // The factors in force stay until the next rollup's reply.
+            // A recheck is how a factor is lifted between rounds: a lost
+            // one is sent once more at once (a master that is down fails
+            // it again, and the factors lapse as they would have).
+            Some(InFlight::Recheck {
+                master,
+                pairs,
+                again: false,
+            }) if !self.stopping => self.rechecks.push((now, master, pairs, true)),
+            // Otherwise the factors in force stay until the next rollup's
+            // reply.
             Some(InFlight::Recheck { .. }) | None => {}
             Some(InFlight::Hello { tried }) if !self.stopping => self.hello(tried + 1),
             Some(InFlight::Hello { .. }) => {}
@@ -323,6 +340,33 @@ impl AgentRound {
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.forget_surge(&master, &pairs, state);
             }
+        }
+    }
+
+    /// A rollup to `master` failed: the pairs of it that this agent
+    /// suppresses ask their master again at once, with a query that counts
+    /// nothing. Most failures are one lost message; without this, a reply
+    /// lost in the round that shows a deluge's end would keep its factor
+    /// in force until the next round's reply, or its validity (three
+    /// rounds) if that one is lost too. A master that is down fails the
+    /// query as well, and the factors lapse as they would have.
+    fn recheck_after_failure(
+        &mut self,
+        now: Nanos,
+        master: &str,
+        rollup: &Rollup,
+        state: &AgentState,
+    ) {
+        if self.stopping {
+            return;
+        }
+        let pairs: Vec<OwnedPair> = rollup
+            .pairs()
+            .filter(|p| state.factor(now, p.account, p.op).is_some_and(|f| f > 0.0))
+            .map(Pair::to_owned)
+            .collect();
+        if !pairs.is_empty() {
+            self.rechecks.push((now, master.to_owned(), pairs, false));
         }
     }
 
@@ -460,7 +504,7 @@ impl AgentRound {
         }
         let live = self.membership.live();
         let ring_version = live.version();
-        let routed = state.drain_by_owner(live);
+        let routed = state.drain_by_owner(end, live);
         if !routed.unroutable.is_empty() {
             let rollup =
                 Rollup::from_pending(&self.config.agent_id, start, end, 0, &routed.unroutable);
@@ -523,10 +567,15 @@ impl AgentRound {
             .into_iter()
             .partition(|r| r.0 <= now);
         self.rechecks = later;
-        for (_, master, pairs) in due {
+        for (_, master, pairs, again) in due {
             let asked = pairs.iter().map(OwnedPair::as_pair);
             let query = FactorsQuery::new(&self.config.agent_id, asked);
-            self.transmit(master, Message::Recheck(query), InFlight::Recheck { pairs });
+            let flight = InFlight::Recheck {
+                master: master.clone(),
+                pairs,
+                again,
+            };
+            self.transmit(master, Message::Recheck(query), flight);
         }
     }
 

@@ -430,3 +430,56 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
     let factor = state.factor(now, "flood", "messages").unwrap();
     assert!((0.7..0.85).contains(&factor), "{factor}");
 }
+
+/// A rollup lost in the round that shows a deluge's end must not keep its
+/// factor in force until the next round: the suppressed pairs of a failed
+/// rollup ask their master again at once, and a lost recheck is sent once
+/// more (then no more: a master that is down fails them all, and the
+/// factor lapses as it would have).
+#[test]
+fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-3", &["m1"]);
+    // A first round suppresses the flood (5 000/s against 1 000/s).
+    flood(&state, 0, 5_000);
+    r.handle_timeout(at(2_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    answer_all(&mut r, &state, &mut m, now);
+    let due = r.poll_timeout().unwrap();
+    r.handle_timeout(due, &state);
+    answer_all(&mut r, &state, &mut m, due);
+    assert!(state.factor(due, "flood", "messages").unwrap() > 0.7);
+    // The flood stops; the next round's rollup is lost.
+    r.handle_timeout(at(4_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    let lost = r.poll_transmit().unwrap();
+    assert!(matches!(lost.message, Message::Rollup(_)), "{lost:?}");
+    let failed_at = now + Duration::from_secs(1);
+    r.on_failure(failed_at, lost.id, &state);
+    // At once: a recheck of the suppressed pair, to the same master.
+    assert_eq!(r.poll_timeout(), Some(failed_at));
+    r.handle_timeout(failed_at, &state);
+    let recheck = r.poll_transmit().unwrap();
+    let Message::Recheck(query) = &recheck.message else {
+        panic!("{recheck:?}")
+    };
+    assert_eq!(recheck.master, "m1");
+    assert_eq!(
+        query.pairs().collect::<Vec<_>>(),
+        [Pair::new("flood", "messages")]
+    );
+    // Lost too: sent once more, at once.
+    let again_at = failed_at + Duration::from_millis(20);
+    r.on_failure(again_at, recheck.id, &state);
+    r.handle_timeout(again_at, &state);
+    let second = r.poll_transmit().unwrap();
+    assert!(matches!(second.message, Message::Recheck(_)), "{second:?}");
+    // Lost again: no third try before the next round.
+    r.on_failure(again_at, second.id, &state);
+    r.handle_timeout(again_at, &state);
+    assert!(r.poll_transmit().is_none());
+    assert!(r.poll_timeout().unwrap() >= at(6_000));
+}

@@ -274,10 +274,11 @@ impl DemandWindow {
     }
 
     /// Whether `demand`, an estimate from this window's rounds, is over
-    /// `limit` by more than the rounds' own scatter explains (see
-    /// `spread`); `margin` × `limit` decides while the scatter is unknown.
-    pub fn confidently_over(&self, limit: f64, demand: f64, margin: f64) -> bool {
-        self.spread.confidently_over(limit, demand, margin)
+    /// `limit` by more than `sigmas` standard deviations of the rounds' own
+    /// scatter (see `spread`); `margin` × `limit` decides while the
+    /// scatter is unknown; with `sigmas` 0, any excess is.
+    pub fn confidently_over(&self, limit: f64, demand: f64, margin: f64, sigmas: f64) -> bool {
+        self.spread.confidently_over(limit, demand, margin, sigmas)
     }
 }
 
@@ -411,7 +412,8 @@ impl DemandWindow {
     ///
     /// A round is complete once it has as many reports as the round before
     /// (agents send a zero report when they go quiet, so the count only
-    /// shrinks when an agent leaves). Partial data is a lower bound on the
+    /// shrinks when an agent leaves), or once no report of it can still
+    /// come (half a round past its end plus the grace) whatever came. Partial data is a lower bound on the
     /// round's demand, so taking the higher of the partial round and the
     /// previous one shows a spike as soon as one report carries it, and never
     /// releases before the round that shows the drop is whole.
@@ -425,6 +427,9 @@ impl DemandWindow {
         }
         // Reports of this round still arrive until its end plus the grace.
         let whole_by = Nanos::from_nanos(self.round.saturating_mul(r)) + cfg.grace;
+        // A report ending up to half a round after the grid point counts in
+        // this round (`record_round`): past this, none can still come.
+        let past_due = whole_by + cfg.rollup_interval / 2;
         if self.reports[1] == 0 {
             // No round before this one: how many reports make it whole is
             // unknown, so it counts as whole with each report, and is marked
@@ -435,7 +440,12 @@ impl DemandWindow {
                 first_round: true,
                 surge: false,
             }
-        } else if self.reports[0] >= self.reports[1] {
+        } else if self.reports[0] >= self.reports[1] || now >= past_due {
+            // Whole: as many reports as the round before, or past the time
+            // by which any report of it could arrive. A report lost on the
+            // way (its counts come with the agent's next one) must not keep
+            // the round before, a deluge's say, in force once its drop
+            // shows.
             Estimate {
                 rates: self.rates[0].into(),
                 whole_by: None,
@@ -445,7 +455,9 @@ impl DemandWindow {
         } else {
             Estimate {
                 rates: Rates::from(self.rates[0]).max(self.rates[1].into()),
-                whole_by: Some(whole_by),
+                // Ask again when it should be whole; if it is not by then
+                // (a report lost), when it counts as whole regardless.
+                whole_by: Some(if now < whole_by { whole_by } else { past_due }),
                 first_round: false,
                 surge: false,
             }
@@ -585,6 +597,29 @@ mod tests {
         assert_eq!(w.bucket(i + 1).attempted, 1_500);
         assert_eq!(w.bucket(i).admitted + w.bucket(i + 1).admitted, 1_001);
         assert_eq!(w.total(), (2_000, 1_001));
+    }
+
+    /// A round that lost a report (its counts come with the agent's next
+    /// one) reads as the higher of it and the round before only until no
+    /// report of it can still come: then it is whole, and a deluge that
+    /// ended is let go. Agents asking meanwhile are told when that is.
+    #[test]
+    fn a_round_missing_a_report_is_whole_once_past_due() {
+        let c = cfg(EstimatorKind::LatestRound);
+        let mut w = DemandWindow::new(&c);
+        // Two agents, a deluge: 2 × 5 000/s.
+        w.record(&c, at(0), at(2_000), 10_000, 2_000);
+        w.record(&c, at(0), at(2_000), 10_000, 2_000);
+        // The deluge ends; one agent's report of the next round is lost.
+        w.record(&c, at(2_000), at(4_000), 400, 400);
+        let whole_by = at(4_000) + c.grace;
+        let past_due = whole_by + c.rollup_interval / 2;
+        let e = w.estimate(&c, at(4_100));
+        assert_eq!((e.rates.demand, e.whole_by), (10_000.0, Some(whole_by)));
+        let e = w.estimate(&c, whole_by);
+        assert_eq!((e.rates.demand, e.whole_by), (10_000.0, Some(past_due)));
+        let e = w.estimate(&c, past_due);
+        assert_eq!((e.rates.demand, e.whole_by), (200.0, None));
     }
 
     #[test]

@@ -18,7 +18,8 @@
 use serde::{Deserialize, Serialize};
 
 /// How many standard deviations of its own noise a demand must be above
-/// the limit to be suppressed. Five, not four: a round of few operations
+/// the limit to be suppressed, by default (`policy.confidence_sigmas`).
+/// Five, not four: a round of few operations
 /// is a Poisson count, whose upper tail is far heavier than a normal one
 /// (38 operations expected, 64 seen: a 4.2σ event that happens once in
 /// 10 000 rounds), and the noise itself is an estimate. A deluge is tens
@@ -41,6 +42,10 @@ const LONG_WEIGHT: f64 = 1.0 / 16.0;
 /// uncertain for minutes. (The noise still grows by half each such round,
 /// so a truly noisier account is learned within tens of rounds.)
 const CLIP_SIGMAS: f64 = 4.0;
+
+/// The most the first change seen may say of the noise, as a share of the
+/// demand's level: see [`Spread::close`].
+const FIRST_NOISE: f64 = 0.1;
 
 /// The spread of whole rounds' demand, and their slow average.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -69,27 +74,39 @@ impl Spread {
         let noise = f64::from(self.noise);
         let step = (demand - previous).powi(2) / 2.0;
         self.noise = if self.noise == 0.0 {
-            step
+            // The first change seen is often no noise at all: an agent's
+            // first report covers part of a round, or a deluge begins. It
+            // counts for at most a tenth of the level; a noisier account
+            // is learned within a few rounds (the clip lets the noise
+            // grow by half each round).
+            let level = demand.max(previous);
+            step.min((FIRST_NOISE * level).powi(2) / 2.0)
         } else {
             noise + NOISE_WEIGHT * (step.min(CLIP_SIGMAS.powi(2) * noise) - noise)
         } as f32;
     }
 
     /// Whether `demand` (this round's estimate) is over `limit` by more
-    /// than chance explains: itself by [`CONFIDENCE_SIGMAS`] of a round's
-    /// noise, or the slow average by as many of its own. Without a noise
-    /// estimate yet, by `margin` times the limit.
-    pub(super) fn confidently_over(&self, limit: f64, demand: f64, margin: f64) -> bool {
-        if demand <= limit {
-            return false;
+    /// than chance explains: itself by `sigmas` standard deviations of a
+    /// round's noise, or the slow average by as many of its own. Without a
+    /// noise estimate yet, by `margin` times the limit. With `sigmas` 0,
+    /// whenever it is over.
+    pub(super) fn confidently_over(
+        &self,
+        limit: f64,
+        demand: f64,
+        margin: f64,
+        sigmas: f64,
+    ) -> bool {
+        if demand <= limit || sigmas == 0.0 {
+            return demand > limit;
         }
         if self.noise == 0.0 {
             return demand > limit * margin;
         }
         let sigma = f64::from(self.noise).sqrt();
         let long_sigma = sigma * (LONG_WEIGHT / (2.0 - LONG_WEIGHT)).sqrt();
-        demand - CONFIDENCE_SIGMAS * sigma > limit
-            || f64::from(self.long) - CONFIDENCE_SIGMAS * long_sigma > limit
+        demand - sigmas * sigma > limit || f64::from(self.long) - sigmas * long_sigma > limit
     }
 }
 
@@ -113,7 +130,7 @@ mod tests {
         let mut previous = None;
         let mut count = 0;
         for (i, &d) in demands.iter().enumerate() {
-            if i >= 20 && spread.confidently_over(limit, d, 1.15) {
+            if i >= 20 && spread.confidently_over(limit, d, 1.15, CONFIDENCE_SIGMAS) {
                 count += 1;
             }
             spread.close(previous, d);
@@ -154,10 +171,17 @@ mod tests {
         for d in rounds(50.0, 1.0, 30, 2) {
             spread.close(Some(50.0), d);
         }
-        assert!(spread.confidently_over(100.0, 1_000.0, 1.15));
+        // A first round that covered half of itself, then a full one: not
+        // taken for noise that would hide a deluge.
+        let mut started = Spread::default();
+        started.close(None, 4_000.0);
+        started.close(Some(4_000.0), 8_000.0);
+        started.close(Some(8_000.0), 8_000.0);
+        assert!(started.confidently_over(2_000.0, 8_000.0, 1.15, CONFIDENCE_SIGMAS));
+        assert!(spread.confidently_over(100.0, 1_000.0, 1.15, CONFIDENCE_SIGMAS));
         // Without history, the margin decides.
-        assert!(!Spread::default().confidently_over(100.0, 110.0, 1.15));
-        assert!(Spread::default().confidently_over(100.0, 120.0, 1.15));
+        assert!(!Spread::default().confidently_over(100.0, 110.0, 1.15, CONFIDENCE_SIGMAS));
+        assert!(Spread::default().confidently_over(100.0, 120.0, 1.15, CONFIDENCE_SIGMAS));
     }
 
     /// A deluge's step enters the noise clipped: soon after it ends, an
@@ -179,6 +203,9 @@ mod tests {
         for d in rounds(500.0, 1.0, 5, 4) {
             feed(&mut spread, d);
         }
-        assert!(spread.confidently_over(1000.0, 1300.0, 1.15), "{spread:?}");
+        assert!(
+            spread.confidently_over(1000.0, 1300.0, 1.15, CONFIDENCE_SIGMAS),
+            "{spread:?}"
+        );
     }
 }

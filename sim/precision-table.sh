@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Precision at the limit, before and after: runs every shipped scenario
+# with low-noise admission and confidence off (`--low-noise false
+# --confidence-sigmas 0`: an independent draw per operation, suppression
+# on any excess) and on (the defaults), and prints the tables of
+# docs/simulation.md ("Precision at the limit, before and after").
+#
+#   sim/precision-table.sh            # each scenario's own seed
+#   sim/precision-table.sh --seeds 5  # medians over seeds 1..5
+#
+# Needs jq and python3; builds damper-sim in release mode first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=0
+if [[ "${1:-}" == "--seeds" ]]; then
+    seeds=${2:?--seeds needs a count}
+fi
+cargo build -q --release -p damper-sim
+bin=${CARGO_TARGET_DIR:-target}/release/damper-sim
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One run: prints its summary's accounts as one JSON line.
+run() { # scenario-file on|off out-dir
+    local flags=()
+    if [[ $2 == off ]]; then
+        flags=(--low-noise false --confidence-sigmas 0)
+    fi
+    "$bin" run "$1" "${flags[@]}" --out "$3" >/dev/null
+    jq -c '[.accounts[] | {account, limit, ratio: .steady_admitted_ratio,
+             p2p6: .oscillation_p2p, p2p1: .oscillation_p2p_1s,
+             reaction: .reaction_s, release: .release_s, peak: .peak_6s_ratio,
+             over: .over_admitted, false_rej: .false_rejections,
+             fairness: .fairness_10s}]' "$3/summary.json"
+}
+
+for file in sim/scenarios/*.toml; do
+    name=$(basename "$file" .toml)
+    for v in off on; do
+        if [[ $seeds -eq 0 ]]; then
+            run "$file" "$v" "$work/out" >"$work/$name-$v.jsonl"
+        else
+            : >"$work/$name-$v.jsonl"
+            for seed in $(seq 1 "$seeds"); do
+                sed "s/^seed = .*/seed = $seed/" "$file" >"$work/s.toml"
+                grep -q '^seed' "$work/s.toml" || sed -i "1a seed = $seed" "$work/s.toml"
+                run "$work/s.toml" "$v" "$work/out" >>"$work/$name-$v.jsonl"
+            done
+        fi
+    done
+done
+
+python3 - "$work" "$seeds" <<'PY'
+import json, os, statistics, sys
+work, seeds = sys.argv[1], int(sys.argv[2])
+PRECISION = ["cost1-flood", "costly-flood", "creeping-loss", "near-limit", "near-limit-small", "publishers"]
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+def fmt(x, digits):
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}".replace(",", " ")
+def runs(name, v):
+    return [json.loads(l) for l in open(f"{work}/{name}-{v}.jsonl")]
+label = {"off": "before", "on": "after"}
+print("| scenario | account | | steady ratio | p2p 6 s | p2p 1 s | false rej. | release s | fairness 10 s |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name in PRECISION:
+    by_v = {v: runs(name, v) for v in ("off", "on")}
+    for i, acc in enumerate(by_v["on"][0]):
+        if acc["limit"] is None:
+            continue
+        for v in ("off", "on"):
+            col = lambda k: med([r[i][k] for r in by_v[v]])
+            print(f"| {name} | {acc['account']} | {label[v]} | {fmt(col('ratio'), 3)} | "
+                  f"{fmt(col('p2p6'), 3)} | {fmt(col('p2p1'), 3)} | {fmt(col('false_rej'), 0)} | "
+                  f"{fmt(col('release'), 2)} | {fmt(col('fairness'), 3)} |")
+print()
+print("| scenario | | reaction s (worst) | release s (worst) | peak 6 s | over-admitted | false rej. (all accounts) |")
+print("|---|---|---|---|---|---|---|")
+names = sorted({f.rsplit("-", 1)[0] for f in os.listdir(work) if f.endswith(".jsonl")})
+for name in names:
+    for v in ("off", "on"):
+        rs = runs(name, v)
+        def agg(key, f):
+            per_run = []
+            for r in rs:
+                xs = [a[key] for a in r if a[key] is not None]
+                per_run.append(f(xs) if xs else None)
+            return med(per_run)
+        print(f"| {name} | {label[v]} | {fmt(agg('reaction', max), 1)} | {fmt(agg('release', max), 2)} | "
+              f"{fmt(agg('peak', max), 2)} | {fmt(agg('over', sum), 0)} | {fmt(agg('false_rej', sum), 0)} |")
+if seeds:
+    print(f"\nMedians over seeds 1..{seeds}.")
+PY

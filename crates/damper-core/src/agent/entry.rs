@@ -174,6 +174,10 @@ pub(super) struct Entry {
     /// Whether the last drain took anything: the next one reports a zero
     /// once, so the master knows this agent went quiet.
     pub(super) active_last_drain: AtomicBool,
+    /// Whether a scan already asked the master for this pair's verdict
+    /// because the local guard refused under the op's default limit before
+    /// any master answered ([`Entry::guarded_unconfirmed`]) (scanner only).
+    pub(super) confirm_asked: AtomicBool,
 }
 
 impl Entry {
@@ -188,6 +192,7 @@ impl Entry {
             drained_rejected: AtomicU64::new(0),
             carried_since: AtomicU64::new(0),
             active_last_drain: AtomicBool::new(false),
+            confirm_asked: AtomicBool::new(false),
             master_factor: AtomicU32::new(0),
             local_factor: AtomicU32::new(0),
             credit: AtomicI64::new(0),
@@ -386,6 +391,12 @@ impl Entry {
         };
         self.local_factor.store(t, Relaxed);
         t
+    }
+
+    /// Whether the local guard refuses some of this pair's operations
+    /// under its op's default limit, no master having answered for it yet.
+    pub(super) fn guarded_unconfirmed(&self) -> bool {
+        self.master_expires.load(Relaxed) == 0 && self.local_factor.load(Relaxed) != 0
     }
 
     /// Takes the cost of a first check as what one operation costs, until

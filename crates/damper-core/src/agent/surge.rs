@@ -272,7 +272,26 @@ impl AgentState {
         rule: &SurgeRule,
         report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
     ) -> usize {
-        self.pass(Pass::Close, since, now, rule, report)
+        self.scan_surges_confirming(since, now, rule, report, |_| {})
+    }
+
+    /// [`scan_surges`](Self::scan_surges), and hands `confirm` each pair
+    /// that the local guard refuses under its op's default limit while no
+    /// master has answered for it, once: its own limit may be far above the
+    /// default (an account with an override), and a query to its master
+    /// (which counts nothing) brings it one round trip later rather than
+    /// with the first rollup's reply, a round later. An early report would
+    /// not do: its rate is a sub-window's, which for a few costly
+    /// operations reads far above the account's.
+    pub fn scan_surges_confirming(
+        &self,
+        since: Nanos,
+        now: Nanos,
+        rule: &SurgeRule,
+        report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+        mut confirm: impl FnMut(Pair<'_>),
+    ) -> usize {
+        self.pass(Pass::Close, since, now, rule, report, &mut confirm)
     }
 
     /// Halfway through the sub-window that began at `since` (the last
@@ -287,7 +306,7 @@ impl AgentState {
         rule: &SurgeRule,
         report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
     ) -> usize {
-        self.pass(Pass::Peek, since, now, rule, report)
+        self.pass(Pass::Peek, since, now, rule, report, &mut |_| {})
     }
 
     fn pass(
@@ -297,6 +316,7 @@ impl AgentState {
         now: Nanos,
         rule: &SurgeRule,
         mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+        confirm: &mut dyn FnMut(Pair<'_>),
     ) -> usize {
         let secs = now.since(since).as_secs_f64();
         if secs <= 0.0 {
@@ -330,6 +350,13 @@ impl AgentState {
             // the time.
             if cost == 0 && (pass == Pass::Peek || entry.is_quiet()) {
                 continue;
+            }
+            if pass == Pass::Close
+                && entry.guarded_unconfirmed()
+                && !entry.confirm_asked.load(Relaxed)
+            {
+                entry.confirm_asked.store(true, Relaxed);
+                confirm(Pair::new(key.account.as_str(), &key.op));
             }
             let own = f64::from_bits(entry.limit.load(Relaxed));
             let limit = if own > 0.0 {

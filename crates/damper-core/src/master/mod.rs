@@ -472,6 +472,12 @@ impl MasterState {
 /// confirm it; a deluge is far above.
 pub const SURGE_MARGIN: f64 = 1.15;
 
+/// How far over its limit a round's demand must be to suppress before the
+/// window has seen two whole rounds and so knows their scatter: a deluge
+/// is far above, and a round of a small account (18 operations a second
+/// against 20) reads 1.15× its limit by chance one time in twenty.
+pub const UNKNOWN_NOISE_MARGIN: f64 = 1.5;
+
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
     let mut estimate = window.estimate(&config.window, now);
     if estimate.surge && estimate.rates.demand <= limit.get() * SURGE_MARGIN {
@@ -488,7 +494,7 @@ fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos
         && !window.confidently_over(
             limit.get(),
             estimate.rates.demand,
-            SURGE_MARGIN,
+            UNKNOWN_NOISE_MARGIN,
             config.policy.confidence_sigmas,
         )
     {

@@ -455,10 +455,28 @@ impl AgentRound {
             batch.push((pair.to_owned(), rates));
             true
         };
+        let mut confirms: BTreeMap<String, Vec<OwnedPair>> = BTreeMap::new();
         if peek {
             state.peek_surges(since, now, &rule, offer);
         } else {
-            state.scan_surges(since, now, &rule, offer);
+            let confirm = |pair: Pair<'_>| {
+                if let Some(master) = live.owner(pair.account) {
+                    confirms
+                        .entry(master.to_owned())
+                        .or_default()
+                        .push(pair.to_owned());
+                }
+            };
+            state.scan_surges_confirming(since, now, &rule, offer, confirm);
+        }
+        // Pairs the local guard refuses under their op's default limit:
+        // their master says their own limit at once (see
+        // `AgentState::scan_surges_confirming`).
+        for (master, pairs) in confirms {
+            for chunk in pairs.chunks(max) {
+                self.rechecks
+                    .push((now, master.clone(), chunk.to_vec(), true));
+            }
         }
         for (master, mut batch) in batches {
             batch.sort_unstable_by(|(a, _), (b, _)| (&a.op, &a.account).cmp(&(&b.op, &b.account)));

@@ -185,16 +185,23 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
     }));
 }
 
-#[test]
-fn a_recheck_asked_for_is_sent_when_the_round_is_whole_and_applied() {
+/// An agent of `id` on master `m1` whose first round floods at 5 000/s
+/// against 1 000/s, answered by `m`: returns it and when its rollup went.
+fn first_round_flooded(id: &str, m: &mut MasterState) -> (AgentState, AgentRound, Nanos) {
     let state = AgentState::new(AgentConfig::default());
-    let mut m = master();
-    let mut r = round("edge-2", &["m1"]);
+    let mut r = round(id, &["m1"]);
     flood(&state, 0, 5_000);
     r.handle_timeout(at(2_000), &state);
     let now = r.poll_timeout().unwrap();
     r.handle_timeout(now, &state);
-    answer_all(&mut r, &state, &mut m, now);
+    answer_all(&mut r, &state, m, now);
+    (state, r, now)
+}
+
+#[test]
+fn a_recheck_asked_for_is_sent_when_the_round_is_whole_and_applied() {
+    let mut m = master();
+    let (state, mut r, now) = first_round_flooded("edge-2", &mut m);
     // The first round at a master asks for a recheck once it is whole.
     let due = r.poll_timeout().unwrap();
     assert!(due > now && due < at(4_000), "{due:?}");
@@ -438,15 +445,9 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
 /// factor lapses as it would have).
 #[test]
 fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
-    let state = AgentState::new(AgentConfig::default());
     let mut m = master();
-    let mut r = round("edge-3", &["m1"]);
-    // A first round suppresses the flood (5 000/s against 1 000/s).
-    flood(&state, 0, 5_000);
-    r.handle_timeout(at(2_000), &state);
-    let now = r.poll_timeout().unwrap();
-    r.handle_timeout(now, &state);
-    answer_all(&mut r, &state, &mut m, now);
+    // A first round suppresses the flood.
+    let (state, mut r, _) = first_round_flooded("edge-3", &mut m);
     let due = r.poll_timeout().unwrap();
     r.handle_timeout(due, &state);
     answer_all(&mut r, &state, &mut m, due);
@@ -482,4 +483,52 @@ fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
     r.handle_timeout(again_at, &state);
     assert!(r.poll_transmit().is_none());
     assert!(r.poll_timeout().unwrap() >= at(6_000));
+}
+
+/// An account whose own limit is far above its op's default is refused by
+/// the local guard under the default only until its master says its
+/// limit: the scan that sees the guard refuse a pair no master has
+/// answered for asks at once, with a query that counts nothing.
+#[test]
+fn a_pair_guarded_under_its_ops_default_asks_its_master_for_its_own_limit() {
+    let state = AgentState::new(AgentConfig::default());
+    let config = "[limits]\nmessages = 1000\n\"messages/flood\" = 100000";
+    let mut m = MasterState::new(MasterConfig::from_toml(config).unwrap());
+    let mut r = AgentRound::new(RoundConfig::new("edge-5"), ["m1"], at(10));
+    answer_all(&mut r, &state, &mut m, at(10));
+    assert_eq!(state.op_limit("messages"), Some(1000.0));
+    // 30 publishes a second of cost 101 on this agent: over the default
+    // (with its room of 2×), far under its own, and too few per
+    // sub-window to be a surge.
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut now = at(10);
+    let mut sent = Vec::new();
+    let mut next_check = now;
+    while now < at(900) {
+        if now >= next_check {
+            state.check(now, "flood", "messages", 101, &mut rng);
+            next_check = next_check + Duration::from_micros(33_333);
+        }
+        now = r.poll_timeout().unwrap().min(next_check);
+        r.handle_timeout(now, &state);
+        sent.extend(answer_all(&mut r, &state, &mut m, now));
+    }
+    assert!(
+        sent.iter().all(|t| !matches!(t.message, Message::Surge(_))),
+        "{sent:?}"
+    );
+    let asked = sent.iter().any(|t| match &t.message {
+        Message::Recheck(q) => q.pairs().any(|p| p == Pair::new("flood", "messages")),
+        _ => false,
+    });
+    assert!(asked, "{sent:?}");
+    // Its own limit is known now: nothing more is refused.
+    let mut rng = SmallRng::seed_from_u64(2);
+    let refused = (0..3_000)
+        .filter(|i| {
+            let at = now + Duration::from_micros(300 * i);
+            !state.check(at, "flood", "messages", 1, &mut rng).is_admit()
+        })
+        .count();
+    assert_eq!(refused, 0);
 }

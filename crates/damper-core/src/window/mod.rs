@@ -118,7 +118,8 @@ pub struct DemandWindow {
     rates: [RoundRates; 2],
     /// How many reports arrived for those two rounds (one per agent with
     /// activity): a round is whole once it has as many as the one before.
-    reports: [u32; 2],
+    /// Saturating at 65 535 agents, where a round is whole at the cap.
+    reports: [u16; 2],
     /// The sub-interval counts, for the `ably-mma` estimator only.
     sub_intervals: Option<Box<SubIntervals>>,
     /// What early reports say, while it stands (`surge`): boxed, as few

@@ -37,15 +37,21 @@ const NOISE_WEIGHT: f64 = 1.0 / 32.0;
 const LONG_WEIGHT: f64 = 1.0 / 16.0;
 
 /// A change from one whole round to the next larger than this many times
-/// the noise is a change of demand, not noise: it enters the noise
-/// clipped to this, so one deluge does not make every later round look
-/// uncertain for minutes. (The noise still grows by half each such round,
-/// so a truly noisier account is learned within tens of rounds.)
+/// the noise (and than [`NOISE_LEVEL_SHARE`] of the level) is a change of
+/// demand, not noise: it enters the noise clipped to this, so one deluge
+/// does not make every later round look uncertain for minutes.
 const CLIP_SIGMAS: f64 = 4.0;
 
-/// The most the first change seen may say of the noise, as a share of the
-/// demand's level: see [`Spread::close`].
-const FIRST_NOISE: f64 = 0.1;
+/// Changes up to this share of the demand's level always count in full
+/// as noise; larger ones are clipped unless the noise already explains
+/// them: see [`Spread::close`].
+const NOISE_LEVEL_SHARE: f64 = 0.1;
+
+/// How many changes between whole rounds make a noise estimate to trust:
+/// the mean of fewer squared changes is too often far below the truth (of
+/// three, a tenth of it one time in twenty). Before, only a demand over
+/// the limit by the caller's margin suppresses: 16 s at 2-s rounds.
+pub(super) const MIN_CHANGES: u16 = 8;
 
 /// The spread of whole rounds' demand, and their slow average.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -56,6 +62,11 @@ pub(super) struct Spread {
     pub(super) noise: f32,
     /// Moving mean of whole rounds' demand; 0 until one round closes.
     pub(super) long: f32,
+    /// How many changes between whole rounds the noise has seen
+    /// (saturating): the first ones are averaged plainly, so a young
+    /// window learns its noise within a few rounds.
+    #[serde(default)]
+    pub(super) changes: u16,
 }
 
 impl Spread {
@@ -73,23 +84,24 @@ impl Spread {
         };
         let noise = f64::from(self.noise);
         let step = (demand - previous).powi(2) / 2.0;
-        self.noise = if self.noise == 0.0 {
-            // The first change seen is often no noise at all: an agent's
-            // first report covers part of a round, or a deluge begins. It
-            // counts for at most a tenth of the level; a noisier account
-            // is learned within a few rounds (the clip lets the noise
-            // grow by half each round).
-            let level = demand.max(previous);
-            step.min((FIRST_NOISE * level).powi(2) / 2.0)
-        } else {
-            noise + NOISE_WEIGHT * (step.min(CLIP_SIGMAS.powi(2) * noise) - noise)
-        } as f32;
+        self.changes = self.changes.saturating_add(1);
+        // A change beyond [`CLIP_SIGMAS`] of the noise, and beyond a tenth
+        // of the level, is a change of demand (a deluge beginning, an
+        // agent's first report covering part of a round), not noise: it
+        // enters clipped. A noisier account is still learned within a few
+        // rounds, the clip growing with the noise.
+        let level = demand.max(previous);
+        let cap = (CLIP_SIGMAS.powi(2) * noise).max((NOISE_LEVEL_SHARE * level).powi(2) / 2.0);
+        // A plain mean of the first changes, then a moving one.
+        let weight = NOISE_WEIGHT.max(1.0 / f64::from(self.changes));
+        self.noise = (noise + weight * (step.min(cap) - noise)) as f32;
     }
 
     /// Whether `demand` (this round's estimate) is over `limit` by more
     /// than chance explains: itself by `sigmas` standard deviations of a
     /// round's noise, or the slow average by as many of its own. Without a
-    /// noise estimate yet, by `margin` times the limit. With `sigmas` 0,
+    /// noise estimate yet (fewer than [`MIN_CHANGES`] changes seen), by
+    /// `margin` times the limit. With `sigmas` 0,
     /// whenever it is over.
     pub(super) fn confidently_over(
         &self,
@@ -101,7 +113,7 @@ impl Spread {
         if demand <= limit || sigmas == 0.0 {
             return demand > limit;
         }
-        if self.noise == 0.0 {
+        if self.changes < MIN_CHANGES {
             return demand > limit * margin;
         }
         let sigma = f64::from(self.noise).sqrt();
@@ -176,10 +188,12 @@ mod tests {
         let mut started = Spread::default();
         started.close(None, 4_000.0);
         started.close(Some(4_000.0), 8_000.0);
-        started.close(Some(8_000.0), 8_000.0);
+        for _ in 0..MIN_CHANGES {
+            started.close(Some(8_000.0), 8_000.0);
+        }
         assert!(started.confidently_over(2_000.0, 8_000.0, 1.15, CONFIDENCE_SIGMAS));
         assert!(spread.confidently_over(100.0, 1_000.0, 1.15, CONFIDENCE_SIGMAS));
-        // Without history, the margin decides.
+        // Without enough changes seen, the margin decides.
         assert!(!Spread::default().confidently_over(100.0, 110.0, 1.15, CONFIDENCE_SIGMAS));
         assert!(Spread::default().confidently_over(100.0, 120.0, 1.15, CONFIDENCE_SIGMAS));
     }

@@ -40,12 +40,17 @@ const LONG_WEIGHT: f64 = 1.0 / 16.0;
 /// the noise (and than [`NOISE_LEVEL_SHARE`] of the level) is a change of
 /// demand, not noise: it enters the noise clipped to this, so one deluge
 /// does not make every later round look uncertain for minutes.
-const CLIP_SIGMAS: f64 = 4.0;
+///
+/// 2.5, not more: a demand that climbs in steps (the `ramp` scenario:
+/// +25–33% every 15 s) would otherwise leave each step in the noise, and
+/// hide the overload it climbs into. Clipping a normal noise at 2.5σ
+/// lowers its estimate by 3%.
+const CLIP_SIGMAS: f64 = 2.5;
 
 /// Changes up to this share of the demand's level always count in full
 /// as noise; larger ones are clipped unless the noise already explains
 /// them: see [`Spread::close`].
-const NOISE_LEVEL_SHARE: f64 = 0.1;
+const NOISE_LEVEL_SHARE: f64 = 0.03;
 
 /// How many changes between whole rounds make a noise estimate to trust:
 /// the mean of fewer squared changes is too often far below the truth (of
@@ -85,8 +90,8 @@ impl Spread {
         let noise = f64::from(self.noise);
         let step = (demand - previous).powi(2) / 2.0;
         self.changes = self.changes.saturating_add(1);
-        // A change beyond [`CLIP_SIGMAS`] of the noise, and beyond a tenth
-        // of the level, is a change of demand (a deluge beginning, an
+        // A change beyond [`CLIP_SIGMAS`] of the noise, and beyond
+        // [`NOISE_LEVEL_SHARE`] of the level, is a change of demand (a deluge beginning, an
         // agent's first report covering part of a round), not noise: it
         // enters clipped. A noisier account is still learned within a few
         // rounds, the clip growing with the noise.

@@ -9,42 +9,22 @@
 # Needs jq and python3; builds damper-sim in release mode first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seeds=0
-if [[ "${1:-}" == "--seeds" ]]; then
-    seeds=${2:?--seeds needs a count}
-fi
-cargo build -q --release -p damper-sim
-bin=${CARGO_TARGET_DIR:-target}/release/damper-sim
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source sim/seeds.sh
+table_setup "$@"
 
 # One run: prints the worst account's figures as one JSON line.
-run() { # scenario-file fast-onset out-dir
-    "$bin" run "$1" --fast-onset "$2" --out "$3" >/dev/null
+run() { # fast-onset out-dir scenario-file
+    "$bin" run "$3" --fast-onset "$1" --out "$2" >/dev/null
     jq -c '
       ([.accounts[] | select(.limit != null)] | max_by(.over_admitted)) as $w
       | { account: $w.account, reaction: $w.reaction_s, release: $w.release_s,
           peak: ([.accounts[].peak_6s_ratio | select(. != null)] | max),
           over: ([.accounts[].over_admitted] | add),
           false_rej: ([.accounts[].false_rejections] | add),
-          rpcs: .control.rpcs_per_s, bytes: .control.bytes_per_s }' "$3/summary.json"
+          rpcs: .control.rpcs_per_s, bytes: .control.bytes_per_s }' "$2/summary.json"
 }
 
-for file in sim/scenarios/*.toml; do
-    name=$(basename "$file" .toml)
-    for on in false true; do
-        if [[ $seeds -eq 0 ]]; then
-            run "$file" "$on" "$work/out" >"$work/$name-$on.jsonl"
-        else
-            : >"$work/$name-$on.jsonl"
-            for seed in $(seq 1 "$seeds"); do
-                sed "s/^seed = .*/seed = $seed/" "$file" >"$work/s.toml"
-                grep -q '^seed' "$work/s.toml" || sed -i "1a seed = $seed" "$work/s.toml"
-                run "$work/s.toml" "$on" "$work/out" >>"$work/$name-$on.jsonl"
-            done
-        fi
-    done
-done
+runs_for_all "$seeds" "$work" "false true" run
 
 python3 - "$work" "$seeds" <<'PY'
 import json, os, statistics, sys

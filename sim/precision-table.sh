@@ -11,44 +11,24 @@
 # Needs jq and python3; builds damper-sim in release mode first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seeds=0
-if [[ "${1:-}" == "--seeds" ]]; then
-    seeds=${2:?--seeds needs a count}
-fi
-cargo build -q --release -p damper-sim
-bin=${CARGO_TARGET_DIR:-target}/release/damper-sim
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source sim/seeds.sh
+table_setup "$@"
 
 # One run: prints its summary's accounts as one JSON line.
-run() { # scenario-file on|off out-dir
+run() { # on|off out-dir scenario-file
     local flags=()
-    if [[ $2 == off ]]; then
+    if [[ $1 == off ]]; then
         flags=(--low-noise false --confidence-sigmas 0)
     fi
-    "$bin" run "$1" "${flags[@]}" --out "$3" >/dev/null
+    "$bin" run "$3" "${flags[@]}" --out "$2" >/dev/null
     jq -c '[.accounts[] | {account, limit, ratio: .steady_admitted_ratio,
              p2p6: .oscillation_p2p, p2p1: .oscillation_p2p_1s,
              reaction: .reaction_s, release: .release_s, peak: .peak_6s_ratio,
              over: .over_admitted, false_rej: .false_rejections,
-             fairness: .fairness_10s}]' "$3/summary.json"
+             fairness: .fairness_10s}]' "$2/summary.json"
 }
 
-for file in sim/scenarios/*.toml; do
-    name=$(basename "$file" .toml)
-    for v in off on; do
-        if [[ $seeds -eq 0 ]]; then
-            run "$file" "$v" "$work/out" >"$work/$name-$v.jsonl"
-        else
-            : >"$work/$name-$v.jsonl"
-            for seed in $(seq 1 "$seeds"); do
-                sed "s/^seed = .*/seed = $seed/" "$file" >"$work/s.toml"
-                grep -q '^seed' "$work/s.toml" || sed -i "1a seed = $seed" "$work/s.toml"
-                run "$work/s.toml" "$v" "$work/out" >>"$work/$name-$v.jsonl"
-            done
-        fi
-    done
-done
+runs_for_all "$seeds" "$work" "off on" run
 
 python3 - "$work" "$seeds" <<'PY'
 import json, os, statistics, sys

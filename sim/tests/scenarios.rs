@@ -171,7 +171,11 @@ fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares(
     let kept = over.admitted as f64 / over.attempted as f64;
     assert!(kept < 0.97, "over-110 kept {kept}");
     let costly = account(&near, "costly-95");
-    assert!(costly.false_rejections < 5_000, "{}", costly.false_rejections);
+    assert!(
+        costly.false_rejections < 5_000,
+        "{}",
+        costly.false_rejections
+    );
 
     let (_, publishers) = simulate(scenario("publishers"));
     for name in ["shared", "turns", "four-turns"] {

@@ -76,15 +76,23 @@ pub fn admits(keep: f64, e: f64, cost: f64, u: f64) -> bool {
     u * ADMISSION_BAND * cost < keep * ADMISSION_BAND * cost + e
 }
 
+/// Whether an operation is admitted by an independent draw: with
+/// probability `keep`, whatever came before. What `low_noise = false`
+/// applies, and the credit to costs past its range.
+#[inline]
+pub(super) fn independent(keep: f64, draw: u32) -> bool {
+    f64::from(draw) * (1.0 / 4_294_967_296.0) < keep
+}
+
 /// Decides one operation of `cost` against `credit` (fixed point) when a
 /// share `keep` in `(0, 1)` is to be kept, with the uniform 32-bit draw
 /// `draw`, and moves the credit. One load and one `fetch_add`.
 #[inline]
 pub(super) fn decide(credit: &AtomicI64, keep: f64, cost: u64, draw: u32) -> bool {
-    let u = f64::from(draw) * (1.0 / 4_294_967_296.0);
     if cost > MAX_CREDITED_COST {
-        return u < keep;
+        return independent(keep, draw);
     }
+    let u = f64::from(draw) * (1.0 / 4_294_967_296.0);
     // Signed conversions: one instruction each, where `u64 as f64` is a
     // branchy sequence on x86-64. In range: `cost <= 2^34`, `keep_fp < 2^24`.
     let cost = cost as i64;

@@ -48,8 +48,7 @@ impl AgentState {
             // the last of a deluge and then nothing would otherwise hold
             // its factor until it expires (three rounds), and refuse the
             // next operation that comes its way.
-            let suppressed = entry.master_factor.load(Relaxed) != 0
-                && now.as_nanos() < entry.master_expires.load(Relaxed);
+            let suppressed = entry.master_factor_at(now) != 0;
             if active || was_active || suppressed {
                 let since = entry.carried_since.swap(0, Relaxed);
                 visit(

@@ -270,7 +270,7 @@ impl Entry {
         if low_noise {
             keep > 0.0 && admission::decide(&self.credit, keep, cost, draw)
         } else {
-            f64::from(draw) < keep * 4_294_967_296.0
+            admission::independent(keep, draw)
         }
     }
 
@@ -391,6 +391,17 @@ impl Entry {
         };
         self.local_factor.store(t, Relaxed);
         t
+    }
+
+    /// The master's factor in force at `now`, as stored: 0 once it
+    /// expired (or before any master answered).
+    pub(super) fn master_factor_at(&self, now: Nanos) -> u32 {
+        // Acquire pairs with `apply`'s Release, as in `factors`.
+        if now.as_nanos() < self.master_expires.load(Acquire) {
+            self.master_factor.load(Relaxed)
+        } else {
+            0
+        }
     }
 
     /// Whether the local guard refuses some of this pair's operations

@@ -566,11 +566,7 @@ impl AgentState {
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
         let guard = self.entries.guard();
         let entry = self.entries.get(&KeyRef { op, account }, &guard)?;
-        Some(if now.as_nanos() < entry.master_expires.load(Acquire) {
-            factor_of(entry.master_factor.load(Relaxed))
-        } else {
-            0.0
-        })
+        Some(factor_of(entry.master_factor_at(now)))
     }
 
     /// Number of (account, op) pairs tracked.

@@ -473,9 +473,10 @@ impl MasterState {
 pub const SURGE_MARGIN: f64 = 1.15;
 
 /// How far over its limit a round's demand must be to suppress before the
-/// window has seen two whole rounds and so knows their scatter: a deluge
-/// is far above, and a round of a small account (18 operations a second
-/// against 20) reads 1.15× its limit by chance one time in twenty.
+/// window has seen enough whole rounds to know their scatter (eight
+/// changes between them): a deluge is far above, and a round of a small
+/// account (18 operations a second against 20) reads 1.15× its limit by
+/// chance one time in twenty.
 pub const UNKNOWN_NOISE_MARGIN: f64 = 1.5;
 
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {

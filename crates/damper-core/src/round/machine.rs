@@ -50,8 +50,8 @@ enum InFlight {
     Recheck {
         master: String,
         pairs: Vec<OwnedPair>,
-        /// Whether this is a failed recheck's second try.
-        again: bool,
+        /// Whether a failure sends it once more.
+        retry: bool,
     },
     Probe {
         master: String,
@@ -69,7 +69,7 @@ enum InFlight {
 }
 
 /// A recheck due: when, which master, which `(op, account)` pairs, and
-/// whether it is a failed one's second try.
+/// whether a failure sends it once more.
 type Recheck = (Nanos, String, Vec<OwnedPair>, bool);
 
 /// A round sent and not yet settled.
@@ -300,7 +300,7 @@ impl AgentRound {
             let pairs: Vec<OwnedPair> = reply.rechecks().map(Pair::to_owned).collect();
             if !pairs.is_empty() && !self.stopping {
                 self.rechecks
-                    .push((now + after, master.to_owned(), pairs, false));
+                    .push((now + after, master.to_owned(), pairs, true));
             }
         }
     }
@@ -325,8 +325,8 @@ impl AgentRound {
             Some(InFlight::Recheck {
                 master,
                 pairs,
-                again: false,
-            }) if !self.stopping => self.rechecks.push((now, master, pairs, true)),
+                retry: true,
+            }) if !self.stopping => self.rechecks.push((now, master, pairs, false)),
             // Otherwise the factors in force stay until the next rollup's
             // reply.
             Some(InFlight::Recheck { .. }) | None => {}
@@ -366,7 +366,7 @@ impl AgentRound {
             .map(Pair::to_owned)
             .collect();
         if !pairs.is_empty() {
-            self.rechecks.push((now, master.to_owned(), pairs, false));
+            self.rechecks.push((now, master.to_owned(), pairs, true));
         }
     }
 
@@ -474,8 +474,9 @@ impl AgentRound {
         // `AgentState::scan_surges_confirming`).
         for (master, pairs) in confirms {
             for chunk in pairs.chunks(max) {
+                // Not retried: the first rollup's reply says it too.
                 self.rechecks
-                    .push((now, master.clone(), chunk.to_vec(), true));
+                    .push((now, master.clone(), chunk.to_vec(), false));
             }
         }
         for (master, mut batch) in batches {
@@ -585,13 +586,13 @@ impl AgentRound {
             .into_iter()
             .partition(|r| r.0 <= now);
         self.rechecks = later;
-        for (_, master, pairs, again) in due {
+        for (_, master, pairs, retry) in due {
             let asked = pairs.iter().map(OwnedPair::as_pair);
             let query = FactorsQuery::new(&self.config.agent_id, asked);
             let flight = InFlight::Recheck {
                 master: master.clone(),
                 pairs,
-                again,
+                retry,
             };
             self.transmit(master, Message::Recheck(query), flight);
         }

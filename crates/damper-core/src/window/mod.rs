@@ -414,10 +414,11 @@ impl DemandWindow {
     /// A round is complete once it has as many reports as the round before
     /// (agents send a zero report when they go quiet, so the count only
     /// shrinks when an agent leaves), or once no report of it can still
-    /// come (half a round past its end plus the grace) whatever came. Partial data is a lower bound on the
-    /// round's demand, so taking the higher of the partial round and the
-    /// previous one shows a spike as soon as one report carries it, and never
-    /// releases before the round that shows the drop is whole.
+    /// come (half a round past its end plus the grace) whatever came.
+    /// Partial data is a lower bound on the round's demand, so taking the
+    /// higher of the partial round and the previous one shows a spike as
+    /// soon as one report carries it, and never releases before the round
+    /// that shows the drop is whole.
     fn latest_round(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         let r = duration_nanos(cfg.rollup_interval);
         // The newest round every agent must have reported by now.

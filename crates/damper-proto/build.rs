@@ -6,8 +6,14 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let proto = root.join("damper/v1/damper.proto");
-    println!("cargo:rerun-if-changed={}", proto.display());
+    // The agent<->master API, and the sidecar's decision API.
+    let protos = [
+        root.join("damper/v1/damper.proto"),
+        root.join("damper/v1/check.proto"),
+    ];
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={}", proto.display());
+    }
 
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
@@ -16,6 +22,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_transport(false)
         .file_descriptor_set_path(descriptors)
-        .compile_with_config(config, &[proto], &[root])?;
+        .compile_with_config(config, &protos, &[root])?;
     Ok(())
 }

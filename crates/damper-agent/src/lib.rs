@@ -62,7 +62,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use builder::{AgentBuilder, AgentError, AgentTls, Masters};
-pub use damper_core::agent::{Decision, RejectSource, Rejection};
+pub use damper_core::agent::{Decision, RejectSource, Rejection, Standing};
 use stats::Stats;
 pub use stats::{AgentStats, LatencyHistogram};
 
@@ -142,6 +142,14 @@ impl Agent {
         self.shared
             .state
             .factor(self.shared.clock.now(), account, op)
+    }
+
+    /// What an (account, op) stands at now: the factor `check` would apply
+    /// and the limit in force. Counts nothing and creates no state: for
+    /// showing a customer how close it is to its limit before anything is
+    /// refused. See [`AgentState::peek`](damper_core::agent::AgentState::peek).
+    pub fn peek(&self, account: &str, op: &str) -> Standing {
+        self.shared.state.peek(self.shared.clock.now(), account, op)
     }
 
     /// What the rollup task has done since start.

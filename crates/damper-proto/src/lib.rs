@@ -1,13 +1,15 @@
-//! The Damper agent↔master gRPC API, package `damper.v1`.
+//! The Damper gRPC APIs, package `damper.v1`: agent↔master
+//! (`damper.proto`) and the sidecar's decisions (`check.proto`).
 //!
-//! Generated at build time from `proto/damper/v1/damper.proto` (the field
+//! Generated at build time from `proto/damper/v1/` (the field
 //! documentation lives there and is carried into these types) with
 //! `tonic-prost-build` and a vendored `protoc`.
 //!
 //! # Layout
 //! - [`v1`]: the messages ([`v1::RollupRequest`], [`v1::RollupReply`], …),
 //!   the client ([`v1::master_client::MasterClient`]) and the server trait
-//!   ([`v1::master_server::Master`]).
+//!   ([`v1::master_server::Master`]); the sidecar's `Check` service
+//!   ([`v1::check_server::Check`], [`v1::check_client::CheckClient`]).
 //! - [`convert`]: `From` both ways between these messages and the core's
 //!   ([`damper_core::wire`]), the one place the mapping is written.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors of `damper.v1`, for

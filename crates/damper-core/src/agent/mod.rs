@@ -48,6 +48,7 @@
 //! - `entry`: one (account, op)'s state and its key.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
+//! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
 //! - `surge`: finding the pairs whose demand jumped or fell since they
 //!   were last reported ([`AgentState::scan_surges`] at each sub-window's
 //!   end, [`AgentState::peek_surges`] halfway through it), against their
@@ -57,6 +58,7 @@ mod admission;
 mod drain;
 mod entry;
 mod forget;
+mod peek;
 mod surge;
 
 use std::collections::{BTreeMap, HashMap};
@@ -75,6 +77,7 @@ use crate::time::Nanos;
 use crate::wire::Reply;
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of};
+pub use peek::Standing;
 pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
 
 /// Settings of the agent state.

@@ -1,0 +1,49 @@
+//! The sidecar's own metrics, beside the agent library's
+//! (`damper_agent_*`). Recorded through the `metrics` facade; the binary
+//! installs the Prometheus recorder that `/metrics` renders.
+//!
+//! - `damper_agentd_decisions_total{result="admitted|rejected"}`: every
+//!   decision, whichever front door asked.
+//! - `damper_agentd_requests_total{door, result="ok|invalid|error"}`: calls
+//!   per front door (`grpc`, `envoy`, `resp`); `invalid` ones were refused
+//!   for bad input and counted nothing.
+//! - `damper_agentd_envoy_unmapped_total{outcome="allowed|denied"}`: Envoy
+//!   descriptors that named no account.
+//! - `damper_agentd_connections{door="resp"}`: open Redis-protocol
+//!   connections; `damper_agentd_connections_refused_total{reason}`:
+//!   connections closed at accept (`max_connections`) or for idling
+//!   (`idle_timeout`), or dropped for a protocol error (`protocol`).
+
+use crate::verdict::Verdict;
+
+/// Counts one decision.
+pub(crate) fn decided(verdict: &Verdict) {
+    let result = if verdict.admitted {
+        "admitted"
+    } else {
+        "rejected"
+    };
+    metrics::counter!("damper_agentd_decisions_total", "result" => result).increment(1);
+}
+
+/// Counts one call on a front door.
+pub(crate) fn request(door: &'static str, result: &'static str) {
+    metrics::counter!("damper_agentd_requests_total", "door" => door, "result" => result)
+        .increment(1);
+}
+
+/// Counts an Envoy descriptor that named no account.
+pub(crate) fn unmapped(denied: bool) {
+    let outcome = if denied { "denied" } else { "allowed" };
+    metrics::counter!("damper_agentd_envoy_unmapped_total", "outcome" => outcome).increment(1);
+}
+
+/// Sets the number of open connections on `door`.
+pub(crate) fn connections(door: &'static str, open: usize) {
+    metrics::gauge!("damper_agentd_connections", "door" => door).set(open as f64);
+}
+
+/// Counts a connection closed by the sidecar for `reason`.
+pub(crate) fn connection_closed(reason: &'static str) {
+    metrics::counter!("damper_agentd_connections_refused_total", "reason" => reason).increment(1);
+}

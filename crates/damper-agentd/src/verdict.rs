@@ -1,0 +1,156 @@
+//! The one decision every front door asks for: [`Sidecar::check`] turns the
+//! agent's [`Decision`] into a [`Verdict`] each protocol can say, after
+//! refusing what the masters would refuse (bad names) so that nothing
+//! malformed is counted.
+
+use std::time::Duration;
+
+use damper_agent::{Decision, RejectSource, Standing};
+use damper_core::MAX_NAME_LEN;
+
+use crate::Sidecar;
+
+/// Whose factor refused an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The account's master, from its demand on every node.
+    AccountLimit,
+    /// This node alone attempts more than the account's whole limit.
+    LocalGuard,
+}
+
+impl Reason {
+    /// The name front doors print (`account_limit`, `local_guard`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::AccountLimit => "account_limit",
+            Reason::LocalGuard => "local_guard",
+        }
+    }
+
+    /// The reason for a rejection from `source`.
+    pub fn of(source: RejectSource) -> Reason {
+        match source {
+            RejectSource::LocalGuard => Reason::LocalGuard,
+            _ => Reason::AccountLimit,
+        }
+    }
+}
+
+/// A decision as the front doors report it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Verdict {
+    /// Whether to go ahead.
+    pub admitted: bool,
+    /// The suppression factor in force (the share of the account's
+    /// attempted cost refused); 0 when nothing is suppressed.
+    pub factor: f64,
+    /// The account-wide limit, cost per second; 0 when none is known.
+    pub limit: f64,
+    /// When refused, the soonest the factor can change; zero when admitted.
+    pub retry_after: Duration,
+    /// When refused, whose factor refused it.
+    pub reason: Option<Reason>,
+}
+
+/// A request that cannot be decided, and is not counted.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BadInput {
+    /// An account or op name is empty.
+    #[error("{field} is empty")]
+    Empty {
+        /// `account` or `op`, as the front door names it.
+        field: String,
+    },
+    /// An account or op name is longer than the masters accept.
+    #[error("{field} is {len} bytes long; the limit is {MAX_NAME_LEN}")]
+    TooLong {
+        /// `account` or `op`, as the front door names it.
+        field: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+impl BadInput {
+    /// The same error under a longer field name (`checks[3].` + `account`).
+    pub fn within(self, prefix: &str) -> BadInput {
+        match self {
+            BadInput::Empty { field } => BadInput::Empty {
+                field: format!("{prefix}{field}"),
+            },
+            BadInput::TooLong { field, len } => BadInput::TooLong {
+                field: format!("{prefix}{field}"),
+                len,
+            },
+        }
+    }
+}
+
+/// Checks a name the way the masters do, naming `field` when it fails.
+pub fn name(field: &str, value: &str) -> Result<(), BadInput> {
+    if value.is_empty() {
+        return Err(BadInput::Empty {
+            field: field.into(),
+        });
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(BadInput::TooLong {
+            field: field.into(),
+            len: value.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Sidecar {
+    /// Checks the names, then decides one operation of `cost` and counts
+    /// it, as [`damper_agent::Agent::check`] does. A cost of 0 is admitted
+    /// and not counted.
+    pub fn check(&self, account: &str, op: &str, cost: u64) -> Result<Verdict, BadInput> {
+        validate(account, op)?;
+        Ok(self.decide(account, op, cost))
+    }
+
+    /// Decides names already checked with [`validate`].
+    pub(crate) fn decide(&self, account: &str, op: &str, cost: u64) -> Verdict {
+        let verdict = match self.agent().check(account, op, cost) {
+            Decision::Reject(r) => Verdict {
+                admitted: false,
+                factor: r.factor,
+                limit: r.limit,
+                retry_after: r.retry_after,
+                reason: Some(Reason::of(r.source)),
+            },
+            // Admitted (and whatever a later library version adds): say
+            // what is in force, so a client can warn before refusals start.
+            _ => {
+                let standing = self.agent().peek(account, op);
+                Verdict {
+                    admitted: true,
+                    factor: standing.factor,
+                    limit: standing.limit,
+                    retry_after: Duration::ZERO,
+                    reason: None,
+                }
+            }
+        };
+        crate::metrics::decided(&verdict);
+        verdict
+    }
+
+    /// What an (account, op) stands at, counting nothing.
+    pub fn peek(&self, account: &str, op: &str) -> Result<Standing, BadInput> {
+        validate(account, op)?;
+        Ok(self.agent().peek(account, op))
+    }
+}
+
+/// Checks an (account, op) pair's names.
+pub fn validate(account: &str, op: &str) -> Result<(), BadInput> {
+    name("account", account)?;
+    name("op", op)
+}

@@ -1,0 +1,60 @@
+"""Python grpcio against damper-agentd's damper.v1.Check, with stubs that
+grpcio-tools generates here from proto/damper/v1/check.proto (not this
+project's Rust code). Usage: grpc_check.py HOST:PORT PROTO_ROOT
+"""
+import os
+import sys
+import tempfile
+
+import grpc
+from grpc_tools import protoc
+
+address, proto_root = sys.argv[1], sys.argv[2]
+out = tempfile.mkdtemp(prefix="damper-check-stubs-")
+assert protoc.main(["protoc", f"-I{proto_root}", f"--python_out={out}", f"--grpc_python_out={out}",
+                    os.path.join(proto_root, "damper/v1/check.proto")]) == 0
+sys.path.insert(0, out)
+from damper.v1 import check_pb2 as pb, check_pb2_grpc as rpc  # noqa: E402
+
+stub = rpc.CheckStub(grpc.insecure_channel(address))
+
+# Unset cost counts 1; the limit is known from the sidecar's hello.
+reply = stub.Check(pb.CheckRequest(account="calm", op="messages"), timeout=5)
+assert reply.admitted and reply.factor == 0.0 and reply.limit == 1000.0, reply
+assert reply.reason == pb.REASON_UNSPECIFIED
+
+# A batch, answered in order.
+many = stub.CheckMany(pb.CheckManyRequest(checks=[
+    pb.CheckRequest(account="calm", op="messages", cost=3),
+    pb.CheckRequest(account="other", op="messages", cost=0),
+    pb.CheckRequest(account="calm", op="unlimited-op"),
+]), timeout=5)
+assert [r.admitted for r in many.replies] == [True, True, True], many
+assert many.replies[2].limit == 0.0, many.replies[2]
+
+# Bad input: INVALID_ARGUMENT naming the field.
+for call, request, says in [
+    (stub.Check, pb.CheckRequest(account="", op="messages"), "account is empty"),
+    (stub.Check, pb.CheckRequest(account="calm", op="x" * 257), "op is 257 bytes long"),
+    (stub.CheckMany, pb.CheckManyRequest(checks=[pb.CheckRequest(account="a", op="m"),
+                                                  pb.CheckRequest(account="", op="m")]),
+     "checks[1].account is empty"),
+    (stub.Peek, pb.PeekRequest(account="calm", op=""), "op is empty"),
+]:
+    try:
+        call(request, timeout=5)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and says in e.details(), (e.code(), e.details())
+    else:
+        raise AssertionError(f"{request} was accepted")
+
+# A flood through CheckMany is refused with the reason and a retry hint.
+batch = pb.CheckManyRequest(checks=[pb.CheckRequest(account="grpc-flood", op="messages")] * 5000)
+refused = [r for _ in range(4) for r in stub.CheckMany(batch, timeout=5).replies if not r.admitted]
+assert len(refused) > 10_000, len(refused)
+assert refused[-1].retry_after_ms > 0 and refused[-1].reason in (pb.REASON_ACCOUNT_LIMIT, pb.REASON_LOCAL_GUARD)
+peek = stub.Peek(pb.PeekRequest(account="grpc-flood", op="messages"), timeout=5)
+assert peek.tracked and peek.factor > 0.5 and peek.limit == 1000.0, peek
+untracked = stub.Peek(pb.PeekRequest(account="never-seen", op="messages"), timeout=5)
+assert not untracked.tracked and untracked.factor == 0.0 and untracked.limit == 1000.0, untracked
+print(f"grpc_check: ok ({len(refused)} of 20000 flood checks refused)")

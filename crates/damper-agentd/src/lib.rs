@@ -194,6 +194,35 @@ async fn tcp(
 }
 
 impl Listeners {
+    /// Each open door and where it listens (`("resp", "127.0.0.1:6380")`),
+    /// for logs.
+    pub fn addresses(&self) -> Vec<(&'static str, String)> {
+        let tcp = |door, l: &Option<TcpListener>| {
+            l.as_ref()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| (door, a.to_string()))
+        };
+        let mut out: Vec<_> = [
+            tcp("grpc", &self.grpc),
+            tcp("envoy", &self.envoy),
+            tcp("http", &self.http),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for l in &self.resp {
+            out.push(match l {
+                RespListener::Tcp(l) => (
+                    "resp",
+                    l.local_addr()
+                        .map_or_else(|e| e.to_string(), |a| a.to_string()),
+                ),
+                RespListener::Unix(_, path) => ("resp_unix", path.display().to_string()),
+            });
+        }
+        out
+    }
+
     /// Binds every address `config` names. A Unix socket's stale file (a
     /// socket nobody answers on) is replaced; any other file there is an
     /// error.

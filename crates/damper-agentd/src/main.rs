@@ -182,14 +182,10 @@ async fn serve(config: Config, json_logs: bool) -> anyhow::Result<()> {
         .context("cannot install the metrics recorder")?;
     let listeners = Listeners::bind(&config).await?;
     let agent = agent(&config)?;
-    tracing::info!(
-        grpc = ?listeners.grpc.as_ref().and_then(|l| l.local_addr().ok()),
-        envoy = ?listeners.envoy.as_ref().and_then(|l| l.local_addr().ok()),
-        resp = ?listeners.resp,
-        http = ?listeners.http.as_ref().and_then(|l| l.local_addr().ok()),
-        agent_id = agent.id(),
-        "damper-agentd serving"
-    );
+    for (door, address) in listeners.addresses() {
+        tracing::info!(door, address, "listening");
+    }
+    tracing::info!(agent_id = agent.id(), "damper-agentd serving");
     let sidecar = Sidecar::new(agent, config.limits.clone());
     run(
         sidecar,

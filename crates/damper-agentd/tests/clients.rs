@@ -42,11 +42,29 @@ async fn redis_cli_and_redis_benchmark_speak_to_it() {
         all
     };
 
-    let out = run_tool("redis-cli", cli(&["DAMPER.CHECK", "acme", "messages", "5"]), None).await;
+    let out = run_tool(
+        "redis-cli",
+        cli(&["DAMPER.CHECK", "acme", "messages", "5"]),
+        None,
+    )
+    .await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n0\n0\n1000\n");
-    let out = run_tool("redis-cli", cli(&["-3", "--no-raw", "DAMPER.CHECK", "acme", "messages"]), None).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "1) (integer) 1\n2) (double) 0\n3) (integer) 0\n4) (double) 1000\n");
-    let out = run_tool("redis-cli", cli(&["DAMPER.CHECK", "acme", "messages", "-2"]), None).await;
+    let out = run_tool(
+        "redis-cli",
+        cli(&["-3", "--no-raw", "DAMPER.CHECK", "acme", "messages"]),
+        None,
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1) (integer) 1\n2) (double) 0\n3) (integer) 0\n4) (double) 1000\n"
+    );
+    let out = run_tool(
+        "redis-cli",
+        cli(&["DAMPER.CHECK", "acme", "messages", "-2"]),
+        None,
+    )
+    .await;
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("ERR cost: not a non-negative integer"),
         "{out:?}"
@@ -57,8 +75,11 @@ async fn redis_cli_and_redis_benchmark_speak_to_it() {
     for i in 0..10_000 {
         let account = format!("pipe-{}", i % 10);
         bulk.extend_from_slice(
-            format!("*4\r\n$12\r\nDAMPER.CHECK\r\n${}\r\n{account}\r\n$8\r\nmessages\r\n$1\r\n1\r\n", account.len())
-                .as_bytes(),
+            format!(
+                "*4\r\n$12\r\nDAMPER.CHECK\r\n${}\r\n{account}\r\n$8\r\nmessages\r\n$1\r\n1\r\n",
+                account.len()
+            )
+            .as_bytes(),
         );
     }
     let out = run_tool("redis-cli", cli(&["--pipe"]), Some(bulk)).await;
@@ -68,14 +89,32 @@ async fn redis_cli_and_redis_benchmark_speak_to_it() {
     // redis-benchmark with the custom command, pipelined, over 4 connections.
     let out = run_tool(
         "redis-benchmark",
-        cli(&["-n", "20000", "-c", "4", "-P", "16", "-q", "DAMPER.CHECK", "bench", "messages", "1"]),
+        cli(&[
+            "-n",
+            "20000",
+            "-c",
+            "4",
+            "-P",
+            "16",
+            "-q",
+            "DAMPER.CHECK",
+            "bench",
+            "messages",
+            "1",
+        ]),
         None,
     )
     .await;
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && said.contains("requests per second"), "{said}");
+    assert!(
+        out.status.success() && said.contains("requests per second"),
+        "{said}"
+    );
     let peek = sidecar.sidecar.agent().peek("bench", "messages");
-    assert!(peek.tracked && peek.factor > 0.0, "20 000 checks at once are a flood: {peek:?}");
+    assert!(
+        peek.tracked && peek.factor > 0.0,
+        "20 000 checks at once are a flood: {peek:?}"
+    );
     sidecar.stop().await;
     master.stop().await;
 }
@@ -84,7 +123,11 @@ async fn redis_cli_and_redis_benchmark_speak_to_it() {
 async fn python_grpcio_checks_over_damper_v1() {
     let (master, sidecar) = served("grpcio").await;
     let proto = common::crate_dir().join("../../proto");
-    run_client("grpc_check.py", vec![sidecar.grpc.to_string(), proto.display().to_string()]).await;
+    run_client(
+        "grpc_check.py",
+        vec![sidecar.grpc.to_string(), proto.display().to_string()],
+    )
+    .await;
     sidecar.stop().await;
     master.stop().await;
 }

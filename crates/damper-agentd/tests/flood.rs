@@ -40,10 +40,24 @@ async fn a_flood_through_three_sidecars_is_held_and_a_calm_account_never_refused
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let field = |name: &str| -> u64 {
             let at = line.find(&format!("\"{name}\": ")).unwrap() + name.len() + 4;
-            line[at..].split([',', '}']).next().unwrap().trim().trim_matches('"').parse().unwrap_or(0)
+            line[at..]
+                .split([',', '}'])
+                .next()
+                .unwrap()
+                .trim()
+                .trim_matches('"')
+                .parse()
+                .unwrap_or(0)
         };
-        let account = if line.contains("\"flood\"") { "flood" } else { "calm" };
-        rows.insert((account, field("t")), (field("attempted"), field("admitted")));
+        let account = if line.contains("\"flood\"") {
+            "flood"
+        } else {
+            "calm"
+        };
+        rows.insert(
+            (account, field("t")),
+            (field("attempted"), field("admitted")),
+        );
     }
     let total = |account: &str| {
         rows.iter()
@@ -51,16 +65,33 @@ async fn a_flood_through_three_sidecars_is_held_and_a_calm_account_never_refused
             .fold((0, 0), |(t, a), (_, (at, ad))| (t + at, a + ad))
     };
     let (calm_attempted, calm_admitted) = total("calm");
-    assert!(calm_attempted >= 500 * (seconds - 1), "calm sent {calm_attempted}");
-    assert_eq!(calm_admitted, calm_attempted, "the calm account was refused: {rows:?}");
+    assert!(
+        calm_attempted >= 500 * (seconds - 1),
+        "calm sent {calm_attempted}"
+    );
+    assert_eq!(
+        calm_admitted, calm_attempted,
+        "the calm account was refused: {rows:?}"
+    );
     // Held from the fourth second on (rounds of 500 ms; the first seconds
     // are fast onset's, measured by the simulator and the README).
-    let held: Vec<_> = rows.iter().filter(|((a, t), _)| *a == "flood" && *t >= 4).collect();
+    let held: Vec<_> = rows
+        .iter()
+        .filter(|((a, t), _)| *a == "flood" && *t >= 4)
+        .collect();
     let attempted: u64 = held.iter().map(|(_, (at, _))| at).sum();
     let admitted: u64 = held.iter().map(|(_, (_, ad))| ad).sum();
     let secs = held.len() as f64;
-    assert!(attempted as f64 / secs > 9_000.0, "the driver kept up: {attempted} in {secs} s");
-    assert_held("flood through three sidecars", admitted as f64 / secs, 1000.0, 0.1);
+    assert!(
+        attempted as f64 / secs > 9_000.0,
+        "the driver kept up: {attempted} in {secs} s"
+    );
+    assert_held(
+        "flood through three sidecars",
+        admitted as f64 / secs,
+        1000.0,
+        0.1,
+    );
 
     // Stopping the sidecars sends their last rollups: the masters then
     // hold exactly what the sidecars counted.
@@ -70,8 +101,16 @@ async fn a_flood_through_three_sidecars_is_held_and_a_calm_account_never_refused
     }
     let ingested: Vec<_> = masters.iter().map(|m| m.master.ingested()).collect();
     let sum = |f: fn(&damper_master::Ingested) -> u64| ingested.iter().map(f).sum::<u64>();
-    assert_eq!(sum(|i| i.attempted), flood_attempted + calm_attempted, "{ingested:?}");
-    assert_eq!(sum(|i| i.admitted), flood_admitted + calm_admitted, "{ingested:?}");
+    assert_eq!(
+        sum(|i| i.attempted),
+        flood_attempted + calm_attempted,
+        "{ingested:?}"
+    );
+    assert_eq!(
+        sum(|i| i.admitted),
+        flood_admitted + calm_admitted,
+        "{ingested:?}"
+    );
     for m in masters {
         m.stop().await;
     }

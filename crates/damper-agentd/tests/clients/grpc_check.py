@@ -58,3 +58,14 @@ assert peek.tracked and peek.factor > 0.5 and peek.limit == 1000.0, peek
 untracked = stub.Peek(pb.PeekRequest(account="never-seen", op="messages"), timeout=5)
 assert not untracked.tracked and untracked.factor == 0.0 and untracked.limit == 1000.0, untracked
 print(f"grpc_check: ok ({len(refused)} of 20000 flood checks refused)")
+
+# gRPC health checking and reflection, as probes and grpcurl use them
+# (raw protobuf bytes, so no further stubs are needed).
+channel = grpc.insecure_channel(address)
+health = channel.unary_unary("/grpc.health.v1.Health/Check")
+service = b"damper.v1.Check"
+assert health(b"\n" + bytes([len(service)]) + service, timeout=5) == b"\x08\x01", "SERVING"
+reflection = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+listed = b"".join(reflection(iter([b"\x3a\x00"]), timeout=5))
+assert b"damper.v1.Check" in listed and b"grpc.health.v1.Health" in listed, listed
+print("grpc_check: health SERVING, reflection lists damper.v1.Check")

@@ -31,7 +31,11 @@ pub fn master_config(rollup_ms: u64) -> MasterConfig {
 
 /// A master on a fresh loopback port.
 pub async fn master(rollup_ms: u64) -> ServedMaster {
-    ServedMaster::start(Master::new(master_config(rollup_ms), MasterOptions::default()), None).await
+    ServedMaster::start(
+        Master::new(master_config(rollup_ms), MasterOptions::default()),
+        None,
+    )
+    .await
 }
 
 /// A sidecar served in-process on fresh loopback ports, every door open.
@@ -53,7 +57,9 @@ pub struct ServedSidecar {
 }
 
 async fn loopback() -> TcpListener {
-    TcpListener::bind("127.0.0.1:0").await.expect("a loopback port")
+    TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port")
 }
 
 impl ServedSidecar {
@@ -80,7 +86,12 @@ impl ServedSidecar {
             .start()
             .expect("the agent starts");
         let sidecar = Sidecar::new(agent, limits);
-        let unix = std::env::temp_dir().join(format!("damper-agentd-{}-{id}.sock", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let unix = std::env::temp_dir().join(format!(
+            "damper-agentd-{}-{id}-{n}.sock",
+            std::process::id()
+        ));
         let _ = std::fs::remove_file(&unix);
         let mut listeners = Listeners::default();
         listeners.grpc = Some(loopback().await);
@@ -88,11 +99,18 @@ impl ServedSidecar {
         listeners.http = Some(loopback().await);
         let resp = loopback().await;
         let addr = |l: &Option<TcpListener>| l.as_ref().unwrap().local_addr().unwrap();
-        let (grpc, envoy_addr, http) = (addr(&listeners.grpc), addr(&listeners.envoy), addr(&listeners.http));
+        let (grpc, envoy_addr, http) = (
+            addr(&listeners.grpc),
+            addr(&listeners.envoy),
+            addr(&listeners.http),
+        );
         let resp_addr = resp.local_addr().unwrap();
         listeners.resp = vec![
             RespListener::Tcp(resp),
-            RespListener::Unix(UnixListener::bind(&unix).expect("a unix socket"), unix.clone()),
+            RespListener::Unix(
+                UnixListener::bind(&unix).expect("a unix socket"),
+                unix.clone(),
+            ),
         ];
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(run(sidecar.clone(), listeners, envoy, None, async {
@@ -130,7 +148,10 @@ impl ServedSidecar {
             .await
             .expect("the server task does not panic")
             .expect("the sidecar serves without error");
-        assert!(!self.unix.exists(), "the unix socket is removed at shutdown");
+        assert!(
+            !self.unix.exists(),
+            "the unix socket is removed at shutdown"
+        );
     }
 }
 
@@ -168,14 +189,20 @@ pub async fn run_client(script: &str, args: Vec<String>) -> Output {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{script}:\n{stdout}{stderr}");
-    assert!(output.status.success(), "{script} failed:\n{stdout}{stderr}");
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{stdout}{stderr}"
+    );
     output
 }
 
 /// Runs a command (redis-cli, redis-benchmark) off the runtime's threads.
 pub async fn run_tool(program: &'static str, args: Vec<String>, stdin: Option<Vec<u8>>) -> Output {
     assert!(
-        Command::new("which").arg(program).output().is_ok_and(|o| o.status.success()),
+        Command::new("which")
+            .arg(program)
+            .output()
+            .is_ok_and(|o| o.status.success()),
         "{program} is missing: run crates/damper-agentd/tests/clients/setup.sh (.ci/run does)"
     );
     tokio::task::spawn_blocking(move || {
@@ -183,7 +210,11 @@ pub async fn run_tool(program: &'static str, args: Vec<String>, stdin: Option<Ve
         use std::process::Stdio;
         let mut child = Command::new(program)
             .args(&args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

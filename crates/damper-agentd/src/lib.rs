@@ -53,8 +53,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 pub use config::{Config, ConfigError, EnvoyConfig, Limits};
@@ -378,7 +378,14 @@ async fn serve_grpc(
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_routes(routes.add_service(health_service).add_service(reflection))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY: a reply's frames go out at once. Without it, Nagle
+        // holds the last frame of a reply for the client's delayed ACK,
+        // 40 ms per call (measured: CheckMany at 88 000 decisions/s, its
+        // p50 44 ms).
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use damper_proto::v1::master_server::MasterServer;
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::{Master, ServerTls};
@@ -161,7 +161,14 @@ pub async fn run_with_tls(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY, as tonic's own `serve` sets it: without it Nagle
+        // holds a reply's last segment for the agent's delayed ACK (40 ms;
+        // measured on the sidecar's gRPC door, whose batch replies went
+        // from 44 ms to 1 ms).
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await;
     evictor.abort();
     result.map_err(ServeError::from)

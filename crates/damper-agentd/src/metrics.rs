@@ -14,22 +14,59 @@
 //!   connections closed at accept (`max_connections`) or for idling
 //!   (`idle_timeout`), or dropped for a protocol error (`protocol`).
 
+use std::sync::OnceLock;
+
+use metrics::Counter;
+
 use crate::verdict::Verdict;
+
+/// The counters every decision touches, looked up in the recorder once
+/// (a lookup hashes the name and labels: measurable at half a million
+/// decisions a second). Taken from the recorder installed when first used,
+/// so the binary installs its recorder before serving.
+struct Hot {
+    admitted: Counter,
+    rejected: Counter,
+    /// `requests_total{result="ok"}` per door: grpc, envoy, resp.
+    ok: [Counter; 3],
+}
+
+fn hot() -> &'static Hot {
+    static HOT: OnceLock<Hot> = OnceLock::new();
+    HOT.get_or_init(|| {
+        Hot {
+        admitted: metrics::counter!("damper_agentd_decisions_total", "result" => "admitted"),
+        rejected: metrics::counter!("damper_agentd_decisions_total", "result" => "rejected"),
+        ok: ["grpc", "envoy", "resp"].map(|door| {
+            metrics::counter!("damper_agentd_requests_total", "door" => door, "result" => "ok")
+        }),
+    }
+    })
+}
 
 /// Counts one decision.
 pub(crate) fn decided(verdict: &Verdict) {
-    let result = if verdict.admitted {
-        "admitted"
+    let hot = hot();
+    if verdict.admitted {
+        hot.admitted.increment(1);
     } else {
-        "rejected"
-    };
-    metrics::counter!("damper_agentd_decisions_total", "result" => result).increment(1);
+        hot.rejected.increment(1);
+    }
 }
 
 /// Counts one call on a front door.
 pub(crate) fn request(door: &'static str, result: &'static str) {
-    metrics::counter!("damper_agentd_requests_total", "door" => door, "result" => result)
-        .increment(1);
+    let slot = match door {
+        "grpc" => 0,
+        "envoy" => 1,
+        _ => 2,
+    };
+    if result == "ok" {
+        hot().ok[slot].increment(1);
+    } else {
+        metrics::counter!("damper_agentd_requests_total", "door" => door, "result" => result)
+            .increment(1);
+    }
 }
 
 /// Counts an Envoy descriptor that named no account.

@@ -61,9 +61,11 @@ fn the_kubernetes_manifest_passes_flags_and_limits_the_master_accepts() {
 #[test]
 fn the_dockerfile_starts_the_master_with_flags_it_accepts() {
     let dockerfile = deploy("Dockerfile");
+    // The master's stage is the last (the default target).
     let cmd = dockerfile
         .lines()
-        .find_map(|l| l.strip_prefix("CMD "))
+        .filter_map(|l| l.strip_prefix("CMD "))
+        .next_back()
         .expect("a CMD line");
     let args: Vec<String> = serde_json::from_str(cmd).expect("CMD in exec form");
     accepts(&args, "[limits]\nmessages = 1000\n");

@@ -200,6 +200,9 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     match &state.metrics {
         Some(handle) => {
             state.master.record_gauges();
+            // The standard process metrics (process_resident_memory_bytes,
+            // CPU seconds, open descriptors), read from /proc per scrape.
+            metrics_process::Collector::default().collect();
             (
                 [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
                 handle.render(),

@@ -43,6 +43,33 @@ pub struct Ingested {
     pub foreign: u64,
 }
 
+/// When refusals of untrusted input were last logged (milliseconds since
+/// the epoch), so an attack is logged at most once per
+/// [`WARN_EVERY_MS`] per kind rather than once per request.
+#[derive(Default)]
+pub(crate) struct Warned {
+    implausible: AtomicU64,
+    max_pairs: AtomicU64,
+}
+
+/// How often refusals of one kind are logged.
+const WARN_EVERY_MS: u64 = 10_000;
+
+/// Whether a warning last logged at `last` may be logged again at `now`
+/// (claims the slot when it may).
+fn may_warn(last: &AtomicU64, now_ms: u64) -> bool {
+    let before = last.load(Relaxed);
+    now_ms >= before.saturating_add(WARN_EVERY_MS)
+        && last
+            .compare_exchange(before, now_ms, Relaxed, Relaxed)
+            .is_ok()
+}
+
+/// An agent id as logged: at most 64 characters of whatever a client sent.
+fn truncated(agent: &str) -> String {
+    agent.chars().take(64).collect()
+}
+
 /// One log line per (account, op) that starts or stops being suppressed.
 pub(crate) fn log_transitions(transitions: Vec<Transition>) {
     for t in transitions {
@@ -70,6 +97,10 @@ impl Master {
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
         rollup.validate(now, self.shared.options.max_entries)?;
+        rollup
+            .check_rates(self.shared.options.max_claimed_rate)
+            .map_err(|e| self.implausible(&rollup.agent_id, now, e))?;
+        let mut refused = 0;
         let (by_shard, totals) = self.by_shard(rollup);
         // Before the names move into the reply.
         let foreign = self.foreign_entries(rollup);
@@ -87,6 +118,7 @@ impl Master {
                     Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op)
                 }),
             );
+            let refused_before = state.refused_pairs();
             for &(i, j) in entries {
                 let verdict = state.ingest(now, &rollup.report(i, j)).map_err(|error| {
                     RollupError::Entry {
@@ -100,11 +132,13 @@ impl Master {
                     reply.add(i, || std::mem::take(names), &v);
                 }
             }
+            refused += state.refused_pairs() - refused_before;
             // Logged once the shard is free for other rollups.
             let transitions = state.take_transitions();
             drop(state);
             log_transitions(transitions);
         }
+        self.pairs_refused(&rollup.agent_id, now, refused);
         let reply = match reply {
             Some(reply) => reply,
             None => ReplyBuilder::new(
@@ -144,6 +178,9 @@ impl Master {
     pub fn answer_factors(&self, query: &FactorsQuery) -> Result<Reply, RollupError> {
         query.validate(self.shared.options.max_entries)?;
         let now = self.shared.clock.now();
+        query
+            .check_rates(self.shared.options.max_claimed_rate)
+            .map_err(|e| self.implausible(&query.agent_id, now, e))?;
         let config = self.lock(0).config().clone();
         let mut reply = query_reply(&config, query);
         // A repeat (the agent never heard the answer) is answered as a
@@ -162,6 +199,7 @@ impl Master {
                         // The verdict after the early report, marked for
                         // the recheck ([`MasterState::surge`]).
                         let mut state = self.lock(self.shard(account));
+                        let refused_before = state.refused_pairs();
                         let verdict = state
                             .surge(now, at, Pair::new(account, &op.op), *rates)
                             .map_err(|error| RollupError::Entry {
@@ -169,9 +207,11 @@ impl Master {
                                 account: j,
                                 error,
                             })?;
+                        let refused = state.refused_pairs() - refused_before;
                         let transitions = state.take_transitions();
                         drop(state);
                         log_transitions(transitions);
+                        self.pairs_refused(&query.agent_id, now, refused);
                         if let Some(v) = verdict {
                             reply.add(i, || account.clone(), &v);
                         }
@@ -190,6 +230,39 @@ impl Master {
             }
         }
         Ok(reply.finish(now, self.header(0)))
+    }
+
+    /// Counts and (at most every ten seconds) logs a request refused for
+    /// claiming more than `max_claimed_rate`; gives the error back.
+    fn implausible(
+        &self,
+        agent: &str,
+        now: damper_core::time::Nanos,
+        error: RollupError,
+    ) -> RollupError {
+        metrics::counter!("damper_master_implausible_requests_total").increment(1);
+        if may_warn(&self.shared.warned.implausible, now.as_millis()) {
+            tracing::warn!(
+                agent = %truncated(agent), %error,
+                "refused a request claiming more than max_claimed_rate (logged at most every 10 s)"
+            );
+        }
+        error
+    }
+
+    /// Counts and (at most every ten seconds) logs reports of new pairs
+    /// not tracked because `max_pairs` are.
+    fn pairs_refused(&self, agent: &str, now: damper_core::time::Nanos, refused: u64) {
+        if refused == 0 {
+            return;
+        }
+        metrics::counter!("damper_master_pairs_refused_total").increment(refused);
+        if may_warn(&self.shared.warned.max_pairs, now.as_millis()) {
+            tracing::warn!(
+                agent = %truncated(agent), refused, max_pairs = self.shared.options.max_pairs,
+                "new (account, op) pairs not tracked: max_pairs are (logged at most every 10 s)"
+            );
+        }
     }
 
     /// Takes one early report from `agent`, measured over the sub-window

@@ -86,6 +86,19 @@ pub struct MasterOptions {
     /// How long an (account, op) may go without a report before it is
     /// forgotten. Default: three windows.
     pub idle_after: Option<Duration>,
+    /// Most (account, op) pairs tracked at once, over all shards. Past it,
+    /// reports of new pairs are not tracked (they fail open) and are
+    /// counted; every pair already tracked keeps its state, so a client
+    /// sending made-up names cannot exhaust memory nor free a flood being
+    /// held. Default 8 000 000: about 1 GB of state at ~121 bytes a pair.
+    pub max_pairs: usize,
+    /// The most cost per second one agent may claim for one (account, op),
+    /// in a rollup (over its interval, or one second if shorter) or an
+    /// early report; a claim above it is refused with INVALID_ARGUMENT
+    /// naming the entry, so whoever reaches the port cannot set an
+    /// account's factor with a made-up deluge. Default 10 000 000, far
+    /// above what one node attempts.
+    pub max_claimed_rate: u64,
 }
 
 impl Default for MasterOptions {
@@ -96,6 +109,8 @@ impl Default for MasterOptions {
             max_entries: 100_000,
             max_message_bytes: 16 << 20,
             idle_after: None,
+            max_pairs: 8_000_000,
+            max_claimed_rate: 10_000_000,
         }
     }
 }
@@ -128,6 +143,8 @@ struct Shared {
     /// When each agent's last early report was taken: at most one per
     /// `policy.surge_min_gap` each.
     surge_budget: Mutex<damper_core::master::SurgeBudget>,
+    /// When the refusals of untrusted input were last logged.
+    warned: crate::ingest::Warned,
 }
 
 impl Master {
@@ -143,6 +160,7 @@ impl Master {
         clock: Arc<dyn Clock>,
     ) -> Master {
         let shards = options.shards.max(1);
+        let per_shard = options.max_pairs.div_ceil(shards).max(1);
         let w = &config.window;
         let window = w.sub_interval * w.sub_intervals.get() as u32 + w.settle();
         Master {
@@ -151,6 +169,7 @@ impl Master {
                     .map(|_| {
                         let mut state = MasterState::new(config.clone());
                         state.track_transitions(true);
+                        state.set_max_pairs(per_shard);
                         Mutex::new(state)
                     })
                     .collect(),
@@ -164,6 +183,7 @@ impl Master {
                 surge_budget: Mutex::default(),
                 ring: std::sync::OnceLock::new(),
                 suppressed_ops: Mutex::default(),
+                warned: crate::ingest::Warned::default(),
             }),
         }
     }

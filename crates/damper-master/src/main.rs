@@ -70,6 +70,21 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_entries: u32,
 
+    /// Most (account, op) pairs tracked at once; reports of new pairs past
+    /// it are not tracked (they fail open) and are counted, while every
+    /// pair tracked, every flood held, keeps its state. About 121 bytes
+    /// each: the default holds about 1 GB.
+    #[arg(long, value_name = "N", default_value_t = 8_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    max_pairs: u64,
+
+    /// The most cost per second one agent may claim for one (account, op);
+    /// a rollup or early report claiming more is refused (INVALID_ARGUMENT
+    /// naming the entry) and counted.
+    #[arg(long, value_name = "COST_PER_SEC", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_claimed_rate: u64,
+
     /// Snapshot file for the demand windows: written on SIGTERM or SIGINT,
     /// loaded at start if recent, so a restart keeps enforcing. A corrupt,
     /// old or mismatched snapshot is ignored with a warning.
@@ -279,6 +294,8 @@ fn load_config(
 fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
     let mut options = MasterOptions::default();
     options.max_entries = args.max_entries as usize;
+    options.max_pairs = args.max_pairs as usize;
+    options.max_claimed_rate = args.max_claimed_rate;
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }

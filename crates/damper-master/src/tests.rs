@@ -386,3 +386,91 @@ fn early_reports_move_the_estimate_within_a_budget() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("ops[0]"), "{status:?}");
 }
+
+/// A lying agent: a rollup or early report claiming more than one node
+/// could attempt is refused naming the entry and the ceiling, counts
+/// nothing, and does not suppress the account; honest reports go on.
+#[test]
+fn claims_above_max_claimed_rate_are_refused_and_count_nothing() {
+    let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 300)));
+    let m = master(clock.clone());
+    let lie = m
+        .rollup(&request(vec![(
+            "messages",
+            vec![counts("calm", 1_000, 1_000), counts("victim", u64::MAX, 0)],
+        )]))
+        .unwrap_err();
+    assert_eq!(lie.code(), Code::InvalidArgument);
+    assert!(lie.message().contains("ops[0].accounts[1]"), "{lie:?}");
+    assert!(lie.message().contains("max_claimed_rate"), "{lie:?}");
+    assert_eq!(m.ingested(), Ingested::default(), "nothing of it counted");
+    assert_eq!(m.len(), 0);
+
+    let early = FactorsRequest {
+        agent_id: "liar".into(),
+        ops: vec![OpAccounts {
+            op: "messages".into(),
+            accounts: vec!["victim".into()],
+            rates: vec![1e12],
+            baselines: vec![0.0],
+            surged: vec![false],
+        }],
+        surge_at_unix_ms: T0_MS + 200,
+    };
+    let lie = m.factors(&early).unwrap_err();
+    assert_eq!(lie.code(), Code::InvalidArgument);
+    assert!(lie.message().contains("max_claimed_rate"), "{lie:?}");
+    assert_eq!(
+        m.len(),
+        0,
+        "the victim is not tracked, let alone suppressed"
+    );
+
+    // 10 M cost/s over 2 s is the ceiling, and accepted.
+    let honest = m
+        .rollup(&request(vec![(
+            "messages",
+            vec![counts("big", 20_000_000, 1_000)],
+        )]))
+        .unwrap();
+    assert!(honest.ops[0].accounts[0].factor > 0.99);
+}
+
+/// Made-up names past `max_pairs` are not tracked, and a flood the master
+/// holds stays held through the attack.
+#[test]
+fn past_max_pairs_made_up_names_are_not_tracked_and_a_flood_stays_held() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let options = MasterOptions {
+        shards: 4,
+        max_pairs: 100,
+        ..MasterOptions::default()
+    };
+    let m = Master::with_clock(config, options, clock());
+    let flood = m
+        .rollup(&request(vec![(
+            "messages",
+            vec![counts("flood", 20_000, 2_000)],
+        )]))
+        .unwrap();
+    assert_eq!(flood.ops[0].accounts[0].factor, 0.9);
+    for batch in 0..100 {
+        let names: Vec<AccountCounts> = (0..1_000)
+            .map(|i| counts(&format!("made-up-{batch}-{i}"), 1, 1))
+            .collect();
+        m.rollup(&request(vec![("messages", names)])).unwrap();
+    }
+    assert!(m.len() <= 100, "{} pairs tracked", m.len());
+    let flood = m
+        .rollup(&request(vec![(
+            "messages",
+            vec![counts("flood", 20_000, 2_000)],
+        )]))
+        .unwrap();
+    let f = flood.ops[0]
+        .accounts
+        .iter()
+        .find(|a| a.account == "flood")
+        .unwrap();
+    assert!(f.factor > 0.85, "the flood is still held: {flood:?}");
+}

@@ -144,6 +144,9 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
     assert!(value(&metrics, "damper_master_ingest_duration_seconds_count").unwrap() >= 4.0);
     assert!(metrics.contains("damper_master_ingest_duration_seconds_bucket{le=\"0.001\"}"));
     assert_eq!(value(&metrics, "damper_master_accounts_tracked"), Some(1.0));
+    // The standard process metrics: memory is what an attack would grow.
+    let resident = value(&metrics, "process_resident_memory_bytes").unwrap_or(0.0);
+    assert!(resident > 1e6, "process_resident_memory_bytes: {resident}");
     // acme stopped being suppressed with the first reload, and the log said so.
     assert_eq!(
         value(

@@ -154,6 +154,11 @@ pub struct MasterState {
     hasher: RandomState,
     entries: Entries,
     dropped: Dropped,
+    /// Most pairs tracked at once ([`set_max_pairs`](Self::set_max_pairs));
+    /// unbounded by default.
+    max_pairs: usize,
+    /// Reports of new pairs not tracked because `max_pairs` were.
+    refused_pairs: u64,
     /// Suppression starts and stops not yet taken, when tracked
     /// ([`track_transitions`](Self::track_transitions)); `None` otherwise,
     /// so a caller that never takes them (the simulator) keeps nothing.
@@ -172,8 +177,26 @@ impl MasterState {
             hasher: RandomState::default(),
             entries: Entries::default(),
             dropped: Dropped::default(),
+            max_pairs: usize::MAX,
+            refused_pairs: 0,
             transitions: None,
         }
+    }
+
+    /// Tracks at most `max` pairs. Past it, reports of new pairs are not
+    /// tracked (their verdict is none: they fail open, as under a lost
+    /// master) and are counted ([`refused_pairs`](Self::refused_pairs));
+    /// every pair already tracked, every suppressed one among them, keeps
+    /// its state, so a flood stays held while someone floods the state
+    /// with made-up names. Room comes back as idle pairs are evicted.
+    pub fn set_max_pairs(&mut self, max: usize) {
+        self.max_pairs = max;
+    }
+
+    /// Reports of new pairs refused for `max_pairs` since the state was
+    /// made.
+    pub fn refused_pairs(&self) -> u64 {
+        self.refused_pairs
     }
 
     /// Starts (or stops) keeping a [`Transition`] each time an (account,
@@ -229,7 +252,12 @@ impl MasterState {
             end = now;
         }
         let op = self.op_id(report.op);
-        let i = self.find_or_insert(op, report.account, now);
+        // Past `max_pairs`, a new pair is not tracked: it fails open, as
+        // under a lost master, and every pair already tracked (every flood
+        // being held among them) keeps its state.
+        let Some(i) = self.find_or_insert(op, report.account, now) else {
+            return Ok(None);
+        };
         let window_config = &self.config.window;
         let key = self.entries.get_mut(i);
         let dropped =
@@ -257,7 +285,9 @@ impl MasterState {
         validate_name("account", pair.account)?;
         validate_name("op", pair.op)?;
         let op = self.op_id(pair.op);
-        let i = self.find_or_insert(op, pair.account, now);
+        let Some(i) = self.find_or_insert(op, pair.account, now) else {
+            return Ok(None);
+        };
         let key = self.entries.get_mut(i);
         // An agent whose clock runs ahead: its sub-window ended by now.
         key.window
@@ -424,7 +454,9 @@ impl MasterState {
             }
             let op = self.op_id(&k.op);
             let before = self.entries.len;
-            let i = self.find_or_insert(op, &k.account, k.last_report);
+            let Some(i) = self.find_or_insert(op, &k.account, k.last_report) else {
+                continue;
+            };
             if self.entries.len > before {
                 let key = self.entries.get_mut(i);
                 key.window = k.window;

@@ -139,8 +139,10 @@ impl MasterState {
             .copied()
     }
 
-    /// Where (op, account) is in `entries`, tracking it from `now` if new.
-    pub(super) fn find_or_insert(&mut self, op: u32, account: &str, now: Nanos) -> u32 {
+    /// Where (op, account) is in `entries`, tracking it from `now` if new;
+    /// `None` for a new pair when [`max_pairs`](MasterState::set_max_pairs)
+    /// are tracked already (counted in `refused_pairs`).
+    pub(super) fn find_or_insert(&mut self, op: u32, account: &str, now: Nanos) -> Option<u32> {
         let (entries, hasher) = (&self.entries, &self.hasher);
         let hash = Self::hash(hasher, op, account);
         let next = u32::try_from(entries.len).expect("fewer than 2^32 pairs per shard");
@@ -155,7 +157,11 @@ impl MasterState {
                 Self::hash(hasher, e.op, &e.account)
             },
         ) {
-            hash_table::Entry::Occupied(found) => *found.get(),
+            hash_table::Entry::Occupied(found) => Some(*found.get()),
+            hash_table::Entry::Vacant(_) if entries.len >= self.max_pairs => {
+                self.refused_pairs += 1;
+                None
+            }
             hash_table::Entry::Vacant(slot) => {
                 slot.insert(next);
                 self.entries.push(Entry {
@@ -168,7 +174,7 @@ impl MasterState {
                     window: DemandWindow::new(&self.config.window),
                 });
                 self.ops[op as usize].keys += 1;
-                next
+                Some(next)
             }
         }
     }

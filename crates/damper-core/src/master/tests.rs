@@ -721,3 +721,58 @@ fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
     assert_eq!(m.evict_idle(at(1_000_000), Duration::from_secs(30)), 5_001);
     assert!(m.is_empty() && m.suppressed_by_op().next().is_none());
 }
+
+/// Past `max_pairs`, made-up names are not tracked (counted), while a
+/// flood tracked before keeps its state and stays suppressed; room comes
+/// back as pairs are forgotten.
+#[test]
+fn past_max_pairs_new_pairs_fail_open_and_a_held_flood_stays_held() {
+    let mut m = master("latest-round");
+    for end in (2_000..=20_000).step_by(2_000) {
+        round(&mut m, end, 10_000.0);
+    }
+    m.set_max_pairs(m.len() + 10);
+    for i in 0..1_000 {
+        let name = format!("made-up-{i}");
+        let report = Report {
+            account: &name,
+            op: "messages",
+            start: at(20_000),
+            end: at(22_000),
+            attempted: 1_000_000,
+            admitted: 1_000_000,
+        };
+        let verdict = m.ingest(at(22_005), &report).unwrap();
+        assert_eq!(verdict.is_none(), i >= 10, "pair {i}");
+    }
+    assert_eq!(m.len(), 11);
+    assert_eq!(m.refused_pairs(), 990);
+    let factor = round(&mut m, 22_000, 10_000.0);
+    assert!(
+        (factor - 0.9).abs() < 0.01,
+        "the flood is still held: {factor}"
+    );
+}
+
+#[test]
+fn reports_claiming_more_than_the_ceiling_are_implausible() {
+    let report = |attempted, span_ms| Report {
+        account: "acme",
+        op: "messages",
+        start: at(0),
+        end: at(span_ms),
+        attempted,
+        admitted: 0,
+    };
+    let max = 10_000_000;
+    assert!(report(20_000_000, 2_000).check_rate(max).is_ok());
+    // A short interval is held to one second's worth.
+    assert!(report(10_000_000, 100).check_rate(max).is_ok());
+    let e = report(u64::MAX, 2_000).check_rate(max).unwrap_err();
+    assert!(
+        matches!(e, ReportError::Implausible { span_ms: 2_000, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("max_claimed_rate"), "{e}");
+    assert!(report(20_000_001, 2_000).check_rate(max).is_err());
+}

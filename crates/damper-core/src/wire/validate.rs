@@ -83,6 +83,21 @@ pub enum ReportError {
         /// Its length, in milliseconds.
         span_ms: u64,
     },
+    /// More cost than any real node attempts: over the interval, or over
+    /// one second when the interval is shorter, a rate above the master's
+    /// ceiling for one agent and one pair.
+    #[error(
+        "`attempted` ({attempted}) over {span_ms} ms is more than {max_rate} cost/s, \
+         the most one agent may report for one (account, op) (max_claimed_rate)"
+    )]
+    Implausible {
+        /// The attempted cost reported.
+        attempted: u64,
+        /// The interval it covers, in milliseconds.
+        span_ms: u64,
+        /// The ceiling, cost per second (whole: the config takes an integer).
+        max_rate: u64,
+    },
 }
 
 /// How far a report's end may be ahead of the master's clock. Within it, the
@@ -142,6 +157,24 @@ impl Report<'_> {
     }
 }
 
+impl Report<'_> {
+    /// Checks that the report claims no more than `max_rate` cost per
+    /// second (over its interval, or over one second if that is shorter,
+    /// so a short first interval is not held to a rate it cannot show).
+    pub fn check_rate(&self, max_rate: u64) -> Result<(), ReportError> {
+        let span = self.end.since(self.start);
+        let secs = span.as_secs_f64().max(1.0);
+        if self.attempted as f64 > max_rate as f64 * secs {
+            return Err(ReportError::Implausible {
+                attempted: self.attempted,
+                span_ms: ms(span),
+                max_rate,
+            });
+        }
+        Ok(())
+    }
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -182,7 +215,10 @@ pub enum RollupError {
         expected: usize,
     },
     /// A surge rate is negative or not a number.
-    #[error("ops[{op}].{field}s[{account}] is {rate}; a rate is a finite number of at least 0")]
+    #[error(
+        "ops[{op}].{field}s[{account}] is {rate}; a rate is a finite number of at least 0 \
+         and at most the master's max_claimed_rate"
+    )]
     SurgeRate {
         /// Index of the op.
         op: usize,
@@ -241,6 +277,42 @@ impl Rollup {
             report
                 .validate(now)
                 .map_err(|error| RollupError::Entry { op, account, error })?;
+        }
+        Ok(())
+    }
+}
+
+impl Rollup {
+    /// Checks that no entry claims more than `max_rate` cost per second
+    /// ([`Report::check_rate`]): one agent cannot set any account's factor
+    /// by claiming a deluge no node could attempt.
+    pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
+        for (op, account, report) in self.reports() {
+            report
+                .check_rate(max_rate)
+                .map_err(|error| RollupError::Entry { op, account, error })?;
+        }
+        Ok(())
+    }
+}
+
+impl FactorsQuery {
+    /// Checks that no early report's rate or baseline is above `max_rate`
+    /// cost per second (see [`Rollup::check_rates`]).
+    pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
+        for (i, op) in self.ops.iter().enumerate() {
+            for (j, s) in op.surges.iter().enumerate() {
+                for (field, rate) in [("rate", s.rate), ("baseline", s.baseline)] {
+                    if f64::from(rate) > max_rate as f64 {
+                        return Err(RollupError::SurgeRate {
+                            op: i,
+                            account: j,
+                            field,
+                            rate,
+                        });
+                    }
+                }
+            }
         }
         Ok(())
     }

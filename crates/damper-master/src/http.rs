@@ -10,8 +10,11 @@
 //! - `GET /metrics`: Prometheus text format, when a recorder handle is given.
 //! - `GET /healthz`: `ok` while the process serves (liveness).
 //!
-//! Read-only, unauthenticated: bind it to loopback or a private network
-//! (the binary's default is 127.0.0.1).
+//! Read-only. With a bearer token ([`serve_authenticated`]; the binary
+//! requires one when bound beyond loopback) every route but `/healthz`
+//! needs `Authorization: Bearer TOKEN`, or answers 401: probes stay simple,
+//! and who may read which accounts are suppressed is the operator's
+//! choice. Without one, bind it to loopback (the binary's default).
 
 use std::future::Future;
 
@@ -60,9 +63,61 @@ pub async fn serve(
     metrics: Option<PrometheusHandle>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(master, metrics))
+    serve_authenticated(listener, master, metrics, None, shutdown).await
+}
+
+/// [`serve`], with every route but `/healthz` behind `token` when given.
+pub async fn serve_authenticated(
+    listener: TcpListener,
+    master: Master,
+    metrics: Option<PrometheusHandle>,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, authenticated(router(master, metrics), token))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// `routes` with every path but `/healthz` requiring `Authorization:
+/// Bearer token` when a token is given (401 otherwise).
+pub fn authenticated(routes: Router, token: Option<String>) -> Router {
+    let Some(token) = token else {
+        return routes;
+    };
+    let token: std::sync::Arc<str> = token.into();
+    routes.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let token = token.clone();
+            async move {
+                let presented = request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                if request.uri().path() == "/healthz"
+                    || presented.is_some_and(|p| same(p.as_bytes(), token.as_bytes()))
+                {
+                    return next.run(request).await;
+                }
+                let mut refused = error(
+                    StatusCode::UNAUTHORIZED,
+                    "a bearer token is required: Authorization: Bearer TOKEN".to_string(),
+                );
+                refused.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+                refused
+            }
+        },
+    ))
+}
+
+/// Compares in time that depends on the lengths only, so a wrong token's
+/// timing does not tell how much of it was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// What `/v1/accounts` answers.

@@ -36,11 +36,17 @@ struct Args {
     config: Option<PathBuf>,
 
     /// Address of the operator's HTTP endpoint: the accounts page at `/`,
-    /// `/v1/accounts`, Prometheus `/metrics`, `/healthz`. Read-only and
-    /// unauthenticated, so loopback by default; expose it only on a private
-    /// network.
+    /// `/v1/accounts`, Prometheus `/metrics`, `/healthz`. Read-only;
+    /// loopback by default. Beyond loopback it requires a bearer token
+    /// (--http-token-file or DAMPER_HTTP_TOKEN).
     #[arg(long, default_value = "127.0.0.1:7080", value_name = "ADDR")]
     http: SocketAddr,
+
+    /// A file holding the bearer token the HTTP endpoint requires (every
+    /// route but /healthz); the environment variable DAMPER_HTTP_TOKEN
+    /// works too. Required when --http is beyond loopback.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_http")]
+    http_token_file: Option<PathBuf>,
 
     /// Serve no HTTP endpoint (and record no metrics).
     #[arg(long, conflicts_with = "http")]
@@ -154,6 +160,7 @@ async fn serve() -> anyhow::Result<()> {
     let (config, source, config_text) = load_config(args.config.as_deref())?;
     let options = master_options(&args)?;
     let tls = server_tls(&args)?;
+    let token = http_token(&args)?;
     let limits = config.limits.len();
     // The recorder goes in before anything records, so no early count is
     // lost. The agent library never installs one: this binary does.
@@ -195,6 +202,7 @@ async fn serve() -> anyhow::Result<()> {
             listener,
             &master,
             metrics.clone(),
+            token,
             stopped(),
         )?),
         None => None,
@@ -226,6 +234,7 @@ async fn serve() -> anyhow::Result<()> {
         },
         "damper-master serving"
     );
+    warn_if_exposed(&args, tls.is_some());
     let grpc = run_with_tls(listener, master.clone(), tls, {
         let stopped = stopped();
         async move {
@@ -360,18 +369,58 @@ fn set_ring(master: &Master, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The HTTP endpoint's bearer token: from `--http-token-file`, else
+/// `DAMPER_HTTP_TOKEN`; required when `--http` is beyond loopback, since
+/// the endpoint tells anyone who asks which accounts are suppressed.
+fn http_token(args: &Args) -> anyhow::Result<Option<String>> {
+    let token = match &args.http_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--http-token-file: cannot read {}", path.display()))?,
+        ),
+        None => std::env::var("DAMPER_HTTP_TOKEN").ok(),
+    };
+    let token = token.map(|t| t.trim().to_owned());
+    if token.as_deref() == Some("") {
+        anyhow::bail!("--http-token-file / DAMPER_HTTP_TOKEN: the token is empty");
+    }
+    if token.is_none() && !args.no_http && !args.http.ip().is_loopback() {
+        anyhow::bail!(
+            "--http {}: the HTTP endpoint is beyond loopback, so it requires a bearer token: \
+             give --http-token-file FILE or DAMPER_HTTP_TOKEN, or bind it to 127.0.0.1",
+            args.http
+        );
+    }
+    Ok(token)
+}
+
+/// Says loudly at start that agents' rollups would cross a network in the
+/// clear and that anyone who reaches the port may report for any account.
+fn warn_if_exposed(args: &Args, tls: bool) {
+    if !tls && !args.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %args.listen,
+            "gRPC is served beyond loopback WITHOUT TLS: anyone who reaches this port can report \
+             counts for any account; use --tls-cert/--tls-key with --tls-client-ca, or a private network"
+        );
+    }
+}
+
 /// Serves the operator's HTTP endpoint until `stopped`; returns its address.
 fn spawn_http(
     tasks: &mut tokio::task::JoinSet<()>,
     listener: tokio::net::TcpListener,
     master: &Master,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    token: Option<String>,
     stopped: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<std::net::SocketAddr> {
     let addr = listener.local_addr()?;
     let master = master.clone();
     tasks.spawn(async move {
-        if let Err(e) = damper_master::http::serve(listener, master, metrics, stopped).await {
+        let serving =
+            damper_master::http::serve_authenticated(listener, master, metrics, token, stopped);
+        if let Err(e) = serving.await {
             tracing::error!(error = %e, "HTTP endpoint failed");
         }
     });

@@ -171,3 +171,48 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
     assert!(master.terminate());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The HTTP endpoint beyond loopback needs a bearer token: without one the
+/// master refuses to start, naming the flag; with one, every route but
+/// `/healthz` asks for it.
+#[test]
+fn the_http_endpoint_beyond_loopback_requires_a_bearer_token() {
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_damper-master"))
+        .args(["--listen", "127.0.0.1:0", "--http", "0.0.0.0:0"])
+        .env_remove("DAMPER_HTTP_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--http-token-file") && stderr.contains("DAMPER_HTTP_TOKEN"),
+        "{stderr}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("damper-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_damper-master"))
+        .args(["--listen", "127.0.0.1:0", "--http-token-file"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("the token is empty"));
+
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let master = MasterProcess::start(
+        "127.0.0.1:0",
+        &["--http-token-file".as_ref(), file.as_os_str()],
+    );
+    let http = master.http.clone().unwrap();
+    assert_eq!(master.get("/v1/accounts").0, 401);
+    assert_eq!(master.get("/metrics").0, 401);
+    assert_eq!(master.get("/healthz").0, 200);
+    let (status, body) =
+        common::http_get_with(&http, "/v1/accounts", "Authorization: Bearer s3cret\r\n");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"accounts\""), "{body}");
+    assert!(master.terminate());
+}

@@ -378,3 +378,49 @@ async fn the_watcher_task_polls_answers_signals_and_stops_on_shutdown() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// With a token, every route but `/healthz` needs `Authorization: Bearer
+/// TOKEN`; a missing or wrong one is a 401 that says what is needed.
+#[tokio::test]
+async fn a_token_guards_every_route_but_healthz() {
+    let m = busy(clock());
+    let routes =
+        crate::http::authenticated(crate::http::router(m.clone(), None), Some("s3cret".into()));
+    let ask = |uri: &str, auth: Option<&str>| {
+        let mut request = HttpRequest::get(uri);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        routes.clone().oneshot(request.body(Body::empty()).unwrap())
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cre"),
+        Some("s3cret"),
+        Some("Basic s3cret"),
+    ] {
+        let response = ask("/v1/accounts", auth).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    }
+    assert_eq!(
+        ask("/v1/accounts", Some("Bearer s3cret"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        ask("/", Some("Bearer s3cret")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        ask("/healthz", None).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        ask("/", None).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+}

@@ -120,6 +120,11 @@ impl Drop for MasterProcess {
 /// A plain HTTP/1.1 GET over loopback, one connection per call: enough for
 /// the master's endpoint, which sets Content-Length on every reply.
 pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    http_get_with(address, path, "")
+}
+
+/// [`http_get`] with extra header lines (each ending in `\r\n`).
+pub fn http_get_with(address: &str, path: &str, headers: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("the HTTP endpoint accepts");
     stream
@@ -127,7 +132,7 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
         .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut response = String::new();

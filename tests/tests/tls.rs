@@ -5,6 +5,8 @@
 //! that presents one is served and its flood is suppressed; agents without
 //! a certificate, with one from another CA, or speaking plain TCP are
 //! refused: every rollup fails and the master counts nothing from them.
+//! With an allow-list of identities (`--tls-allow`), a certificate from the
+//! CA is not enough: its subject alternative name must match.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,4 +115,68 @@ async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
         agent.shutdown().await;
     }
     server.stop().await;
+}
+
+/// With an allow-list of identities, a certificate from the CA is not
+/// enough: only an agent whose SAN matches may report. The agent's
+/// certificate names `agent.damper.test`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowed_identities_may_report() {
+    let config = MasterConfig::from_toml(
+        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
+         [limits]\nmessages = 100\n",
+    )
+    .unwrap();
+    let mut outcomes = Vec::new();
+    for (patterns, allowed) in [
+        (vec!["*.damper.test".to_owned()], true),
+        (
+            vec![
+                "edge-*.damper.test".to_owned(),
+                "spiffe://prod/*".to_owned(),
+            ],
+            false,
+        ),
+    ] {
+        let tls = ServerTls::new(pem("master.pem"), pem("master.key"))
+            .require_client_ca(pem("ca.pem"))
+            .allow_identities(patterns.clone());
+        let server = ServedMaster::start(
+            Master::new(config.clone(), MasterOptions::default()),
+            Some(tls),
+        )
+        .await;
+        let agent = agent(
+            &server.address.to_string(),
+            "from-the-ca",
+            Some(AgentTls::new(pem("ca.pem")).identity(pem("agent.pem"), pem("agent.key"))),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while tokio::time::Instant::now() < deadline {
+            for _ in 0..10 {
+                agent.check("acme", "messages", 1);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = agent.stats();
+        if allowed {
+            assert!(
+                stats.rollups_sent >= 2 && stats.rollups_failed == 0,
+                "{patterns:?}: {stats:?}"
+            );
+            assert_eq!(server.master.len(), 1);
+        } else {
+            assert_eq!(stats.rollups_sent, 0, "{patterns:?}: {stats:?}");
+            assert!(stats.rollups_failed >= 2, "{patterns:?}: {stats:?}");
+            assert_eq!(
+                server.master.len(),
+                0,
+                "nothing of a refused agent is counted"
+            );
+        }
+        outcomes.push((patterns, stats.rollups_sent));
+        agent.shutdown().await;
+        server.stop().await;
+    }
+    eprintln!("{outcomes:?}");
 }

@@ -44,6 +44,7 @@
 
 mod accounts;
 pub mod http;
+mod identity;
 mod ingest;
 pub mod reload;
 mod ring_view;
@@ -60,6 +61,7 @@ use damper_core::master::MasterState;
 use damper_core::time::{Clock, Nanos, SystemClock};
 
 pub use accounts::{AccountsQuery, AccountsSort, ratio};
+pub use identity::AllowList;
 pub use ingest::Ingested;
 use ingest::{IngestedCounters, log_transitions};
 use ring_view::RingView;

@@ -129,6 +129,24 @@ struct Args {
     /// CA (PEM). Needs --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+
+    /// With --tls-client-ca: only agents whose certificate carries a
+    /// subject alternative name (DNS name or URI, such as a SPIFFE ID)
+    /// matching one of these patterns may report (`*` matches any run of
+    /// characters); others get PERMISSION_DENIED. Comma-separated.
+    #[arg(long, value_name = "PATTERN[,PATTERN...]", value_delimiter = ',',
+          requires = "tls_client_ca", value_parser = allow_pattern)]
+    tls_allow: Vec<String>,
+}
+
+/// A `--tls-allow` pattern: not empty, no spaces or control characters.
+fn allow_pattern(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{text:?}: a pattern is a DNS name or URI, with `*` for any run"
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 fn main() -> std::process::ExitCode {
@@ -317,11 +335,13 @@ fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
 /// TLS from `--tls-cert`, `--tls-key` and `--tls-client-ca`, if given.
 fn server_tls(args: &Args) -> anyhow::Result<Option<ServerTls>> {
     Ok(match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(ServerTls::from_files(
-            cert,
-            key,
-            args.tls_client_ca.as_deref(),
-        )?),
+        (Some(cert), Some(key)) => {
+            let tls = ServerTls::from_files(cert, key, args.tls_client_ca.as_deref())?;
+            Some(match args.tls_allow.is_empty() {
+                true => tls,
+                false => tls.allow_identities(args.tls_allow.clone()),
+            })
+        }
         _ => None,
     })
 }

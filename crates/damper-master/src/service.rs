@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
+use crate::AllowList;
 use crate::{Master, ServerTls};
 
 /// The status a refused request gets: RESOURCE_EXHAUSTED when it was too
@@ -29,12 +30,32 @@ pub fn status(error: RollupError) -> Status {
 #[derive(Clone)]
 pub struct MasterService {
     master: Master,
+    /// Who may report, with mutual TLS; anyone the TLS admits when `None`.
+    allowed: Option<AllowList>,
 }
 
 impl MasterService {
     /// The service over `master`.
     pub fn new(master: Master) -> MasterService {
-        MasterService { master }
+        MasterService {
+            master,
+            allowed: None,
+        }
+    }
+
+    /// Only clients whose certificate `allowed` admits may report.
+    pub fn with_allowed(mut self, allowed: Option<AllowList>) -> MasterService {
+        self.allowed = allowed;
+        self
+    }
+
+    /// PERMISSION_DENIED unless the peer's certificate is allowed (when an
+    /// allow-list is set).
+    fn admit<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match &self.allowed {
+            None => Ok(()),
+            Some(allowed) => allowed.check(request.peer_certs().as_deref().map(Vec::as_slice)),
+        }
     }
 }
 
@@ -44,6 +65,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
         &self,
         request: Request<RollupRequest>,
     ) -> Result<Response<RollupReply>, Status> {
+        self.admit(&request)?;
         let began = tokio::time::Instant::now();
         let mut rollup = Rollup::from(request.into_inner());
         let result = self.master.answer(&mut rollup);
@@ -64,6 +86,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
         &self,
         request: Request<FactorsRequest>,
     ) -> Result<Response<RollupReply>, Status> {
+        self.admit(&request)?;
         let query = FactorsQuery::from(request.into_inner());
         match self.master.answer_factors(&query) {
             Ok(reply) => Ok(Response::new(RollupReply::from(reply))),
@@ -122,7 +145,8 @@ pub async fn run_with_tls(
         })
     };
     let max = master.shared.options.max_message_bytes;
-    let service = MasterServer::new(MasterService::new(master))
+    let allowed = tls.as_ref().and_then(ServerTls::allowed);
+    let service = MasterServer::new(MasterService::new(master).with_allowed(allowed))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let mut server = tonic::transport::Server::builder();

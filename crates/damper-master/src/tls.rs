@@ -8,6 +8,7 @@ pub struct ServerTls {
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
     client_ca_pem: Option<Vec<u8>>,
+    allowed: Option<crate::AllowList>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -15,6 +16,7 @@ impl std::fmt::Debug for ServerTls {
         // Never the key.
         f.debug_struct("ServerTls")
             .field("mutual", &self.client_ca_pem.is_some())
+            .field("allowed", &self.allowed)
             .finish_non_exhaustive()
     }
 }
@@ -54,7 +56,21 @@ impl ServerTls {
             cert_pem: cert_pem.into(),
             key_pem: key_pem.into(),
             client_ca_pem: None,
+            allowed: None,
         }
+    }
+
+    /// With mutual TLS, only clients whose certificate carries a subject
+    /// alternative name matching one of `patterns` (`*` globs) may report;
+    /// others get PERMISSION_DENIED ([`AllowList`](crate::AllowList)).
+    pub fn allow_identities(mut self, patterns: impl IntoIterator<Item = String>) -> ServerTls {
+        self.allowed = Some(crate::AllowList::new(patterns));
+        self
+    }
+
+    /// The identities allowed to report, when restricted.
+    pub(crate) fn allowed(&self) -> Option<crate::AllowList> {
+        self.allowed.clone()
     }
 
     /// Mutual TLS: refuse agents without a client certificate that chains to

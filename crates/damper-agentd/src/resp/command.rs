@@ -416,4 +416,31 @@ mod tests {
         );
         assert_eq!(parse("PING\n").unwrap(), Command::Ping(None));
     }
+
+    proptest::proptest! {
+        /// Any arguments, known command names among them, are a command or
+        /// an error line; never a panic.
+        #[test]
+        fn arbitrary_arguments_never_panic(
+            name in proptest::prop_oneof![
+                proptest::strategy::Just(b"DAMPER.CHECK".to_vec()),
+                proptest::strategy::Just(b"hello".to_vec()),
+                proptest::strategy::Just(b"CLIENT".to_vec()),
+                proptest::strategy::Just(b"COMMAND".to_vec()),
+                proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..12),
+            ],
+            rest in proptest::collection::vec(proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..20), 0..6),
+        ) {
+            let mut buf = name.clone();
+            let mut args = vec![0..name.len()];
+            for a in &rest {
+                let start = buf.len();
+                buf.extend_from_slice(a);
+                args.push(start..buf.len());
+            }
+            if let Err(e) = Command::parse(&buf, &args) {
+                proptest::prop_assert!(e.0.starts_with("ERR ") || e.0.starts_with("NOPROTO"), "{}", e.0);
+            }
+        }
+    }
 }

@@ -230,4 +230,54 @@ mod tests {
         let deep = b"*1\r\n".repeat(100_000);
         assert!(words(&deep, 1 << 20).is_err());
     }
+
+    use proptest::prelude::*;
+
+    /// A command as a client library encodes it.
+    fn encode(args: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    proptest! {
+        /// Fuzzing on stable: any bytes are a command, an incomplete one,
+        /// or a protocol error; never a panic, never more than was there.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600), max in 16usize..1024) {
+            if let Ok(Some((args, used))) = next_command(&bytes, max) {
+                prop_assert!(used <= bytes.len());
+                for r in args {
+                    prop_assert!(r.end <= used);
+                }
+            }
+        }
+
+        /// Whatever a client encodes is cut back into the same arguments,
+        /// whole only once every byte is there, and pipelined commands
+        /// follow one another exactly.
+        #[test]
+        fn encoded_commands_round_trip_at_every_cut(
+            first in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..6),
+            second in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..6),
+        ) {
+            let (a, b) = (encode(&first), encode(&second));
+            let both = [a.clone(), b.clone()].concat();
+            for cut in 0..a.len() {
+                prop_assert_eq!(next_command(&both[..cut], 4096).unwrap(), None);
+            }
+            let (args, used) = next_command(&both, 4096).unwrap().unwrap();
+            prop_assert_eq!(used, a.len());
+            let got: Vec<Vec<u8>> = args.into_iter().map(|r| both[r].to_vec()).collect();
+            prop_assert_eq!(&got, &first);
+            let (args, used2) = next_command(&both[used..], 4096).unwrap().unwrap();
+            prop_assert_eq!(used2, b.len());
+            let got: Vec<Vec<u8>> = args.into_iter().map(|r| both[used..][r].to_vec()).collect();
+            prop_assert_eq!(&got, &second);
+        }
+    }
 }

@@ -432,7 +432,8 @@ mod tests {
             rest in proptest::collection::vec(proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..20), 0..6),
         ) {
             let mut buf = name.clone();
-            let mut args = Vec::from([0..name.len()]);
+            let mut args = Vec::with_capacity(rest.len() + 1);
+            args.push(0..name.len());
             for a in &rest {
                 let start = buf.len();
                 buf.extend_from_slice(a);

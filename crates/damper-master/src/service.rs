@@ -137,7 +137,12 @@ pub async fn run_with_tls(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let evicted = master.evict_idle();
+                // A pass over every pair: on a blocking thread, so the
+                // runtime's workers go on serving rollups meanwhile.
+                let pass = master.clone();
+                let evicted = tokio::task::spawn_blocking(move || pass.evict_idle())
+                    .await
+                    .unwrap_or(0);
                 if evicted > 0 {
                     tracing::debug!(evicted, "evicted idle (account, op) state");
                 }

@@ -390,9 +390,30 @@ impl MasterState {
     /// Forgets every (account, op) with no report for `idle_for`, so state
     /// stays proportional to the active accounts. Returns how many went.
     pub fn evict_idle(&mut self, now: Nanos, idle_for: Duration) -> usize {
+        let mut cursor = 0;
+        self.evict_idle_from(now, idle_for, &mut cursor, usize::MAX)
+            .0
+    }
+
+    /// One step of an eviction pass that a caller holding a lock can
+    /// spread over many short holds: looks at up to `budget` pairs from
+    /// `*cursor` (0 to start a pass), forgets those idle for `idle_for`,
+    /// and moves the cursor on. Returns how many went and whether the pass
+    /// is over. Between steps the state may take reports as usual: new
+    /// pairs go at the end, where the pass reaches them last (and keeps
+    /// them, fresh), and nothing else moves pairs but eviction.
+    pub fn evict_idle_from(
+        &mut self,
+        now: Nanos,
+        idle_for: Duration,
+        cursor: &mut u32,
+        budget: usize,
+    ) -> (usize, bool) {
         let before = self.entries.len;
-        let mut i = 0;
-        while (i as usize) < self.entries.len {
+        let mut i = *cursor;
+        let mut looked = 0usize;
+        while (i as usize) < self.entries.len && looked < budget {
+            looked += 1;
             let key = self.entries.get(i);
             if now.since(key.last_report) < idle_for {
                 i += 1;
@@ -413,9 +434,11 @@ impl MasterState {
                 }
             }
         }
+        *cursor = i;
+        let done = (i as usize) >= self.entries.len;
         // Give memory back once most pairs have gone, not after every pass
         // (each shrink rehashes every pair).
-        if self.index.capacity() > 4 * self.entries.len.max(1024) {
+        if done && self.index.capacity() > 4 * self.entries.len.max(1024) {
             let (entries, hasher) = (&self.entries, &self.hasher);
             self.index.shrink_to_fit(|&i| {
                 let e = entries.get(i);
@@ -423,7 +446,7 @@ impl MasterState {
             });
             self.entries.chunks.shrink_to_fit();
         }
-        before - self.entries.len
+        (before - self.entries.len, done)
     }
 
     /// Copies out every (account, op)'s window, for a snapshot that a

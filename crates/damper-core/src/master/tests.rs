@@ -776,3 +776,43 @@ fn reports_claiming_more_than_the_ceiling_are_implausible() {
     assert!(e.to_string().contains("max_claimed_rate"), "{e}");
     assert!(report(20_000_001, 2_000).check_rate(max).is_err());
 }
+
+/// An eviction spread over many short steps forgets exactly what one pass
+/// would, while reports arrive between the steps.
+#[test]
+fn eviction_in_steps_forgets_the_idle_and_keeps_what_reports_meanwhile() {
+    let mut m = master("latest-round");
+    let report = |m: &mut MasterState, name: &str, now_ms: u64| {
+        let r = Report {
+            account: name,
+            op: "messages",
+            start: at(now_ms - 2_000),
+            end: at(now_ms),
+            attempted: 10,
+            admitted: 10,
+        };
+        m.ingest(at(now_ms + 5), &r).unwrap();
+    };
+    for i in 0..1_000 {
+        report(&mut m, &format!("old-{i}"), 2_000);
+    }
+    for i in 0..10 {
+        report(&mut m, &format!("kept-{i}"), 100_000);
+    }
+    let idle = Duration::from_secs(60);
+    let (mut cursor, mut gone, mut steps) = (0, 0, 0);
+    loop {
+        let (n, done) = m.evict_idle_from(at(100_010), idle, &mut cursor, 64);
+        gone += n;
+        steps += 1;
+        if done {
+            break;
+        }
+        // A new pair between steps: fresh, so kept.
+        report(&mut m, &format!("new-{steps}"), 100_000);
+    }
+    assert!(steps > 10, "{steps} steps");
+    assert_eq!(gone, 1_000);
+    assert_eq!(m.len(), 10 + steps - 1);
+    assert!(m.verdict(at(100_010), "kept-3", "messages").is_some());
+}

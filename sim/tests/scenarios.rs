@@ -183,3 +183,31 @@ fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares(
         assert!(fairness < 0.05, "{name}: {fairness}");
     }
 }
+
+/// With 5% of messages lost, replies included, a rollup its master counted
+/// but whose reply was lost is sent again with its number and counted
+/// once: the masters count no more than the agents attempted (a little
+/// less: the last round's counts are still on their way when the run
+/// ends). Before rollups were numbered, each lost reply's counts were
+/// counted twice.
+#[test]
+fn lost_replies_are_not_counted_twice() {
+    let mut s = scenario("deluge");
+    s.cluster.loss = 0.05;
+    let mut masters =
+        damper_sim::engine::SimMasters::new(&s.master, s.cluster.masters as usize, engine::EPOCH);
+    let run = engine::Sim::with_masters(s, &mut masters).run(|_| {});
+    let summary = summarize(&run);
+    let attempted: u64 = summary.accounts.iter().map(|a| a.attempted).sum();
+    let (counted, repeats) = masters.counted();
+    eprintln!("attempted {attempted}, counted {counted}, repeats {repeats}");
+    assert!(repeats > 10, "the resends happened: {repeats}");
+    assert!(
+        counted <= attempted,
+        "counted {counted} of {attempted} attempted"
+    );
+    assert!(
+        counted as f64 >= 0.97 * attempted as f64,
+        "counted {counted} of {attempted}"
+    );
+}

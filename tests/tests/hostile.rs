@@ -33,6 +33,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
             accounts,
         }],
         ring_version: 0,
+        ..Default::default()
     }
 }
 

@@ -37,6 +37,8 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
         interval_start_unix_ms: end_ms - 2_000,
         interval_end_unix_ms: end_ms,
         ring_version: 0,
+        incarnation: 0,
+        sequence: 0,
         ops: vec![OpCounts {
             op: "messages".into(),
             accounts: (first..first + PER_ROLLUP)

@@ -38,6 +38,7 @@ fn rollup(end_ms: u64, accounts: impl Iterator<Item = String>) -> RollupRequest 
                 .collect(),
         }],
         ring_version: 0,
+        ..Default::default()
     }
 }
 

@@ -78,6 +78,7 @@ fn main() {
                         })
                         .collect(),
                 }],
+                ..Default::default()
             };
             master.rollup(&request).expect("a valid rollup");
         }

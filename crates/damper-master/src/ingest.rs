@@ -100,6 +100,12 @@ impl Master {
         rollup
             .check_rates(self.shared.options.max_claimed_rate)
             .map_err(|e| self.implausible(&rollup.agent_id, now, e))?;
+        if !self.first_time(now, rollup) {
+            // A resend of a rollup already counted (its reply was lost):
+            // the verdicts in force, nothing counted again.
+            metrics::counter!("damper_master_rollups_repeated_total").increment(1);
+            return self.answer_factors(&rollup.as_query());
+        }
         let mut refused = 0;
         let (by_shard, totals) = self.by_shard(rollup);
         // Before the names move into the reply.
@@ -230,6 +236,19 @@ impl Master {
             }
         }
         Ok(reply.finish(now, self.header(0)))
+    }
+
+    /// Whether `rollup` is counted for the first time (always, unnumbered),
+    /// recording it. Checked after validation, so a refused rollup's resend
+    /// is refused again rather than taken for a repeat.
+    fn first_time(&self, now: damper_core::time::Nanos, rollup: &Rollup) -> bool {
+        rollup.sequence == 0
+            || self
+                .shared
+                .rollup_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .first_time(now, &rollup.agent_id, rollup.incarnation, rollup.sequence)
     }
 
     /// Counts and (at most every ten seconds) logs a request refused for

@@ -154,6 +154,8 @@ struct Shared {
     surge_budget: Mutex<damper_core::master::SurgeBudget>,
     /// When the refusals of untrusted input were last logged.
     warned: crate::ingest::Warned,
+    /// The numbered rollups counted lately, so a resend is counted once.
+    rollup_log: Mutex<damper_core::master::RollupLog>,
 }
 
 impl Master {
@@ -193,6 +195,7 @@ impl Master {
                 ring: std::sync::OnceLock::new(),
                 suppressed_ops: Mutex::default(),
                 warned: crate::ingest::Warned::default(),
+                rollup_log: Mutex::default(),
             }),
         }
     }

@@ -215,6 +215,7 @@ mod tests {
                         start_unix_ms: 0,
                     }],
                 }],
+                ..Default::default()
             };
             m.rollup(&request).unwrap();
         }

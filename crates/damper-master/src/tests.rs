@@ -39,6 +39,7 @@ fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
                 accounts,
             })
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -473,4 +474,35 @@ fn past_max_pairs_made_up_names_are_not_tracked_and_a_flood_stays_held() {
         .find(|a| a.account == "flood")
         .unwrap();
     assert!(f.factor > 0.85, "the flood is still held: {flood:?}");
+}
+
+/// A numbered rollup sent again (its reply was lost) is answered with the
+/// verdicts in force and counted once; unnumbered ones (agents that
+/// predate numbering) are counted each time, as before.
+#[test]
+fn a_resent_rollup_is_counted_once() {
+    let m = master(clock());
+    let mut numbered = request(vec![("messages", vec![counts("flood", 8_000, 8_000)])]);
+    numbered.incarnation = 1_799_999_000_000;
+    numbered.sequence = 41;
+    let first = m.rollup(&numbered).unwrap();
+    let once = m.ingested();
+    assert_eq!(once.attempted, 8_000);
+    let again = m.rollup(&numbered).unwrap();
+    assert_eq!(m.ingested(), once, "the resend counts nothing");
+    assert_eq!(
+        again.ops[0].accounts[0].factor,
+        first.ops[0].accounts[0].factor
+    );
+    // The next number, or another run of the agent, is counted.
+    numbered.sequence = 42;
+    m.rollup(&numbered).unwrap();
+    numbered.incarnation += 1;
+    m.rollup(&numbered).unwrap();
+    assert_eq!(m.ingested().attempted, 24_000);
+    // Unnumbered: counted every time.
+    let old = request(vec![("messages", vec![counts("old", 100, 100)])]);
+    m.rollup(&old).unwrap();
+    m.rollup(&old).unwrap();
+    assert_eq!(m.ingested().attempted, 24_200);
 }

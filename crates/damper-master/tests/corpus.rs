@@ -60,6 +60,7 @@ fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
             })
             .collect(),
         ring_version: 0,
+        ..Default::default()
     }
 }
 
@@ -78,9 +79,19 @@ fn cases() -> Vec<(String, Vec<u8>)> {
     let mut cases = vec![
         ("ok--basic", good().encode_to_vec()),
         ("ok--empty-request", Vec::new()),
+        // A claim no node could make (it once saturated and was counted).
         (
-            "ok--saturating-counts",
+            "invalid_argument--implausible-counts",
             request(vec![("messages", vec![counts("acme", u64::MAX, u64::MAX)])]).encode_to_vec(),
+        ),
+        // The most one agent may claim, 10 M cost/s over the 2-s interval.
+        (
+            "ok--counts-at-the-ceiling",
+            request(vec![(
+                "messages",
+                vec![counts("acme", 20_000_000, 20_000_000)],
+            )])
+            .encode_to_vec(),
         ),
         (
             "ok--clock-slightly-ahead",

@@ -49,6 +49,7 @@ fn good_rollup() -> RollupRequest {
             }],
         }],
         ring_version: 0,
+        ..Default::default()
     }
 }
 
@@ -110,6 +111,7 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
             interval_end_unix_ms: end,
             ops,
             ring_version,
+            ..Default::default()
         })
 }
 

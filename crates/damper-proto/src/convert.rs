@@ -32,6 +32,8 @@ impl From<Rollup> for v1::RollupRequest {
             agent_id: r.agent_id,
             interval_start_unix_ms: r.start.as_millis(),
             interval_end_unix_ms: r.end.as_millis(),
+            incarnation: r.incarnation,
+            sequence: r.sequence,
             ops: r
                 .ops
                 .into_iter()
@@ -61,6 +63,8 @@ impl From<v1::RollupRequest> for Rollup {
             start: Nanos::from_millis(r.interval_start_unix_ms),
             end: Nanos::from_millis(r.interval_end_unix_ms),
             ring_version: r.ring_version,
+            incarnation: r.incarnation,
+            sequence: r.sequence,
             ops: r
                 .ops
                 .into_iter()
@@ -237,6 +241,7 @@ mod tests {
         fn rollup()(
             agent_id in "[a-z0-9-]{0,12}",
             start in 1u64..1u64 << 44, span in 0u64..60_000, ring_version: u64,
+            incarnation: u64, sequence: u64,
             ops in proptest::collection::vec(
                 ("[a-z/]{1,8}", proptest::collection::vec(
                     ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44)),
@@ -244,7 +249,7 @@ mod tests {
                 0..4),
         ) -> Rollup {
             Rollup {
-                agent_id, start: ms(start), end: ms(start + span), ring_version,
+                agent_id, start: ms(start), end: ms(start + span), ring_version, incarnation, sequence,
                 ops: ops.into_iter().map(|(op, accounts)| OpCounts {
                     op,
                     accounts: accounts.into_iter().map(|(account, attempted, admitted, since)| AccountCounts {

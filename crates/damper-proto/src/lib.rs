@@ -35,7 +35,7 @@
 //!     }],
 //!     // The digest of the ring the agent routed by (0: unknown).
 //!     ring_version: 0,
-//! };
+//!  ..Default::default() };
 //! let bytes = request.encode_to_vec();
 //! assert_eq!(RollupRequest::decode(bytes.as_slice()).unwrap(), request);
 //! ```

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
-use damper_core::master::{MasterState, SurgeBudget};
+use damper_core::master::{MasterState, RollupLog, SurgeBudget};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
 use damper_core::wire::{Reply, ReplyHeader};
@@ -38,8 +38,14 @@ pub struct SimMasters {
     masters: Vec<Option<MasterState>>,
     /// Each master's budget of early reports per agent.
     budgets: Vec<SurgeBudget>,
+    /// Each master's numbered rollups counted lately: a resend after a
+    /// lost reply is counted once, as by the service.
+    logs: Vec<RollupLog>,
     /// When each (last) started: a probe's answer says so.
     started: Vec<Nanos>,
+    /// Attempted cost counted by every master, and rollups answered as
+    /// repeats (resends of rollups already counted).
+    counted: (u64, u64),
 }
 
 impl SimMasters {
@@ -51,8 +57,17 @@ impl SimMasters {
                 .map(|_| Some(MasterState::new(config.clone())))
                 .collect(),
             budgets: (0..count).map(|_| SurgeBudget::default()).collect(),
+            logs: (0..count).map(|_| RollupLog::default()).collect(),
             started: vec![now - Duration::from_secs(3600); count],
+            counted: (0, 0),
         }
+    }
+
+    /// The attempted cost the masters counted, over the whole run (each
+    /// rollup once), and how many resent rollups they answered without
+    /// counting them again.
+    pub fn counted(&self) -> (u64, u64) {
+        self.counted
     }
 }
 
@@ -73,7 +88,21 @@ impl Masters for SimMasters {
         };
         let state = self.masters[m].as_mut().expect("answered only when up");
         let answered = match message {
-            Message::Rollup(rollup) => state.answer_rollup(now, rollup, MAX_ENTRIES, header),
+            Message::Rollup(rollup) => state
+                .answer_rollup_once(now, rollup, &mut self.logs[m], MAX_ENTRIES, header)
+                .map(|(reply, repeat)| {
+                    if repeat {
+                        self.counted.1 += 1;
+                    } else {
+                        let cost = rollup
+                            .ops
+                            .iter()
+                            .flat_map(|o| &o.accounts)
+                            .map(|c| c.attempted);
+                        self.counted.0 += cost.sum::<u64>();
+                    }
+                    reply
+                }),
             Message::Recheck(query) | Message::Probe(query) => {
                 state.answer_factors(now, query, MAX_ENTRIES, header)
             }
@@ -93,6 +122,7 @@ impl Masters for SimMasters {
         if self.masters[m].is_none() {
             self.masters[m] = Some(MasterState::new(self.config.clone()));
             self.budgets[m] = SurgeBudget::default();
+            self.logs[m] = RollupLog::default();
             self.started[m] = now;
         }
     }

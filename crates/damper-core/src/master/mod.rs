@@ -33,6 +33,7 @@
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
 
 mod budget;
+mod seen;
 mod table;
 
 use std::time::Duration;
@@ -49,6 +50,7 @@ use crate::window::{DemandWindow, Dropped, Rates};
 pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
+pub use seen::RollupLog;
 use table::{Entries, Op};
 
 /// What the master tells agents about one limited (account, op).

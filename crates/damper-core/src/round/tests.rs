@@ -144,7 +144,21 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
             // Both rounds' counts, from the start of the first.
             assert_eq!((counts.attempted, counts.since), (400, Some(T0)));
         }
+        let sent = rollup.clone();
         r.on_failure(now, t.id, &state);
+        // Sent again at once, as it was, with its number, up to
+        // ROLLUP_RESENDS times: its master may have counted it and only
+        // the reply was lost.
+        for _ in 0..super::machine::ROLLUP_RESENDS {
+            let again = r.poll_transmit().unwrap();
+            let Message::Rollup(resent) = &again.message else {
+                panic!("{again:?}")
+            };
+            assert_eq!(again.master, owner);
+            assert_eq!(resent, &sent);
+            assert!(resent.sequence > 0 && resent.incarnation > 0);
+            r.on_failure(now, again.id, &state);
+        }
     }
     let ev = events(&mut r);
     assert!(
@@ -460,6 +474,12 @@ fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
     assert!(matches!(lost.message, Message::Rollup(_)), "{lost:?}");
     let failed_at = now + Duration::from_secs(1);
     r.on_failure(failed_at, lost.id, &state);
+    // Sent again, and lost every time.
+    for _ in 0..super::machine::ROLLUP_RESENDS {
+        let resent = r.poll_transmit().unwrap();
+        assert!(matches!(resent.message, Message::Rollup(_)), "{resent:?}");
+        r.on_failure(failed_at, resent.id, &state);
+    }
     // At once: a recheck of the suppressed pair, to the same master.
     assert_eq!(r.poll_timeout(), Some(failed_at));
     r.handle_timeout(failed_at, &state);
@@ -531,4 +551,59 @@ fn a_pair_guarded_under_its_ops_default_asks_its_master_for_its_own_limit() {
         })
         .count();
     assert_eq!(refused, 0);
+}
+
+/// A rollup whose reply is lost is sent again with its number; the
+/// master, which counted it, answers without counting it twice, and the
+/// next round carries nothing over.
+#[test]
+fn a_rollup_whose_reply_is_lost_is_resent_and_counted_once() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut log = crate::master::RollupLog::default();
+    let mut r = round("edge-9", &["m1"]);
+    let header = ReplyHeader {
+        rollup_interval: Duration::from_secs(2),
+        started: T0,
+        ..ReplyHeader::default()
+    };
+    flood(&state, 10, 500);
+    r.handle_timeout(at(2_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    let t = r.poll_transmit().unwrap();
+    let Message::Rollup(rollup) = &t.message else {
+        panic!("{t:?}")
+    };
+    // Counted, but the reply never arrives.
+    let (_, repeat) = m
+        .answer_rollup_once(now, rollup, &mut log, 100, header)
+        .unwrap();
+    assert!(!repeat);
+    r.on_failure(now + Duration::from_secs(1), t.id, &state);
+    let again = r.poll_transmit().unwrap();
+    let Message::Rollup(resent) = &again.message else {
+        panic!("{again:?}")
+    };
+    assert_eq!(resent.sequence, rollup.sequence);
+    let (reply, repeat) = m
+        .answer_rollup_once(now, resent, &mut log, 100, header)
+        .unwrap();
+    assert!(repeat, "counted once");
+    r.on_reply(now + Duration::from_secs(1), again.id, &reply, &state);
+    // The next round reports only its own counts, numbered afresh.
+    flood(&state, 2_010, 500);
+    r.handle_timeout(at(4_000), &state);
+    let next_at = r.poll_timeout().unwrap();
+    r.handle_timeout(next_at, &state);
+    // (A recheck the repeat's reply asked for may go first.)
+    let next = std::iter::from_fn(|| r.poll_transmit())
+        .find(|t| matches!(t.message, Message::Rollup(_)))
+        .unwrap();
+    let Message::Rollup(next_rollup) = &next.message else {
+        unreachable!()
+    };
+    let counts = &next_rollup.ops[0].accounts[0];
+    assert_eq!((counts.attempted, counts.since), (1_000, None));
+    assert_eq!(next_rollup.sequence, rollup.sequence + 1);
 }

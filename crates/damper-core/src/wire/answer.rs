@@ -34,6 +34,26 @@ impl MasterState {
         Ok(reply.finish(now, header))
     }
 
+    /// [`answer_rollup`](Self::answer_rollup), counting a numbered rollup
+    /// once: a resend of one `log` has seen (its reply was lost) is answered
+    /// with the verdicts in force for its pairs and counts nothing. Returns
+    /// the reply and whether it was such a repeat.
+    pub fn answer_rollup_once(
+        &mut self,
+        now: Nanos,
+        rollup: &Rollup,
+        log: &mut crate::master::RollupLog,
+        max_entries: usize,
+        header: ReplyHeader,
+    ) -> Result<(Reply, bool), RollupError> {
+        rollup.validate(now, max_entries)?;
+        if !log.first_time(now, &rollup.agent_id, rollup.incarnation, rollup.sequence) {
+            let reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
+            return Ok((reply, true));
+        }
+        Ok((self.answer_rollup(now, rollup, max_entries, header)?, false))
+    }
+
     /// The verdicts in force at `now` for the pairs `query` names, counting
     /// nothing, as a compact reply. A query naming nothing (a probe, or a
     /// new agent's hello) is told every op's default limit.

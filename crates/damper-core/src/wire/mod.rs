@@ -44,7 +44,8 @@ pub use validate::{
 /// (`RollupRequest`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rollup {
-    /// The sending agent, for logs (and, later, de-duplication).
+    /// The sending agent, for logs and, with `incarnation` and `sequence`,
+    /// de-duplication.
     pub agent_id: String,
     /// Start of the interval the counts cover (whole milliseconds).
     pub start: Nanos,
@@ -53,6 +54,13 @@ pub struct Rollup {
     /// Digest of the ring the agent routed by (0: unknown), so a master can
     /// tell the agent's view differs from its own.
     pub ring_version: u64,
+    /// When the sending agent started (milliseconds since the epoch): one
+    /// run of one agent.
+    pub incarnation: u64,
+    /// This rollup's number in the incarnation, from 1; a resend carries
+    /// the same one, and is counted once ([`RollupLog`](crate::master::RollupLog)).
+    /// 0: not numbered.
+    pub sequence: u64,
     /// The counts, grouped by op so each op name is carried once.
     pub ops: Vec<OpCounts>,
 }
@@ -257,7 +265,27 @@ impl Rollup {
             start: whole_millis(start),
             end: whole_millis(end),
             ring_version,
+            incarnation: 0,
+            sequence: 0,
             ops,
+        }
+    }
+
+    /// A query for the verdicts of this rollup's pairs, counting nothing:
+    /// how a master answers a rollup it has already counted.
+    pub fn as_query(&self) -> FactorsQuery {
+        FactorsQuery {
+            agent_id: self.agent_id.clone(),
+            ops: self
+                .ops
+                .iter()
+                .map(|op| OpAccounts {
+                    op: op.op.clone(),
+                    accounts: op.accounts.iter().map(|c| c.account.clone()).collect(),
+                    surges: Vec::new(),
+                })
+                .collect(),
+            surge_at: None,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::time::Nanos;
 const REMEMBERED: usize = 8;
 
 /// The numbered rollups a master has counted lately, per agent run
-/// (`agent_id`, `incarnation`): the last [`REMEMBERED`] numbers of each,
+/// (`agent_id`, `incarnation`): the last eight numbers of each,
 /// forgotten `keep` after the run's last rollup, and at most `max_agents`
 /// runs (the stalest forgotten first), so a client inventing agent ids
 /// cannot grow it without bound.

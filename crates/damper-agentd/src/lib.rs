@@ -286,28 +286,24 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let (stop, stopped) = watch::channel(false);
     let mut doors: JoinSet<Result<(), ServeError>> = JoinSet::new();
-    if let Some(listener) = listeners.grpc {
-        let routes = Routes::new(CheckServer::new(grpc::CheckService::new(sidecar.clone())));
-        let name = "damper.v1.Check";
-        doors.spawn(serve_grpc(
-            listener,
-            routes,
-            name,
-            sidecar.limits().clone(),
-            stopped.clone(),
-        ));
-    }
-    if let Some(listener) = listeners.envoy {
-        let service = envoy::EnvoyService::new(sidecar.clone(), envoy);
-        let routes = Routes::new(RateLimitServiceServer::new(service));
-        let name = "envoy.service.ratelimit.v3.RateLimitService";
-        doors.spawn(serve_grpc(
-            listener,
-            routes,
-            name,
-            sidecar.limits().clone(),
-            stopped.clone(),
-        ));
+    let grpc_doors = [
+        listeners.grpc.map(|l| {
+            let service = CheckServer::new(grpc::CheckService::new(sidecar.clone()));
+            (l, Routes::new(service), "damper.v1.Check")
+        }),
+        listeners.envoy.map(|l| {
+            let service =
+                RateLimitServiceServer::new(envoy::EnvoyService::new(sidecar.clone(), envoy));
+            (
+                l,
+                Routes::new(service),
+                "envoy.service.ratelimit.v3.RateLimitService",
+            )
+        }),
+    ];
+    for (listener, routes, name) in grpc_doors.into_iter().flatten() {
+        let limits = sidecar.limits().clone();
+        doors.spawn(serve_grpc(listener, routes, name, limits, stopped.clone()));
     }
     if !listeners.resp.is_empty() {
         let (resp, sidecar, stopped) = (listeners.resp, sidecar.clone(), stopped.clone());

@@ -300,21 +300,7 @@ impl FactorsQuery {
     /// Checks that no early report's rate or baseline is above `max_rate`
     /// cost per second (see [`Rollup::check_rates`]).
     pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
-        for (i, op) in self.ops.iter().enumerate() {
-            for (j, s) in op.surges.iter().enumerate() {
-                for (field, rate) in [("rate", s.rate), ("baseline", s.baseline)] {
-                    if f64::from(rate) > max_rate as f64 {
-                        return Err(RollupError::SurgeRate {
-                            op: i,
-                            account: j,
-                            field,
-                            rate,
-                        });
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.surge_rates_within(max_rate as f64)
     }
 }
 
@@ -351,9 +337,17 @@ impl FactorsQuery {
                     expected,
                 });
             }
+        }
+        self.surge_rates_within(f64::INFINITY)
+    }
+
+    /// Checks that every early report's rate and baseline is a finite
+    /// number from 0 to `max` cost per second.
+    fn surge_rates_within(&self, max: f64) -> Result<(), RollupError> {
+        for (i, op) in self.ops.iter().enumerate() {
             for (j, s) in op.surges.iter().enumerate() {
                 for (field, rate) in [("rate", s.rate), ("baseline", s.baseline)] {
-                    if !(rate.is_finite() && rate >= 0.0) {
+                    if !(rate.is_finite() && rate >= 0.0 && f64::from(rate) <= max) {
                         return Err(RollupError::SurgeRate {
                             op: i,
                             account: j,

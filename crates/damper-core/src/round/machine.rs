@@ -43,7 +43,9 @@ const SURGE_PATIENCE: u32 = 2;
 /// twice. Each resend multiplies that chance by the loss rate: in the
 /// simulator's deluge at 5% loss the masters counted 105.1% of the cost
 /// attempted with no resend, 100.35% with one, and 99.9% (never more) with
-/// three, the rest still in flight when the run ends. A master that is down is given up on
+/// three, the rest still in flight when the run ends. The round counts the
+/// first failure at once, so resends never slow a dead master's leaving
+/// the ring; a master that is down gets none. A master that is down is given up on
 /// at once (its accounts move), one that refuses the rollup after three.
 pub(super) const ROLLUP_RESENDS: u8 = 3;
 
@@ -279,17 +281,25 @@ impl AgentRound {
                 round,
                 master,
                 rollup,
+                resent,
                 ..
             }) => {
                 self.check_interval(&master, reply);
-                if reply.foreign_entries > 0 {
+                // A resend's round was settled at its first failure.
+                if reply.foreign_entries > 0 && resent == 0 {
                     let open = self.open.entry(round).or_default();
                     open.foreign
                         .get_or_insert((master.clone(), reply.foreign_entries));
                 }
                 self.schedule_recheck(now, &master, reply);
                 state.apply_reply(now, reply, rollup.pairs());
-                self.finish_one(round, master, true, now, state);
+                if resent == 0 {
+                    self.finish_one(round, master, true, now, state);
+                } else if self.membership.is_up(&master) {
+                    // The failure the round counted was a lost reply: the
+                    // master is answering, so its failures start over.
+                    self.membership.succeeded(&master, now);
+                }
             }
             Some(InFlight::Recheck { master, pairs, .. }) => {
                 // The round may still not be whole (a report lost): the
@@ -329,8 +339,13 @@ impl AgentRound {
     pub fn on_failure(&mut self, now: Nanos, id: RequestId, state: &AgentState) {
         match self.in_flight.remove(&id) {
             // Whether the master counted it is unknown (a reply lost, a
-            // timeout): sent once more as it was, with its number, so a
-            // master that counted it answers without counting it again.
+            // timeout). The round counts the failure at once, as it always
+            // did (so a master that is down leaves the ring as soon as it
+            // did); the rollup is sent again as it was, with its number,
+            // while its master is up, so a master that counted it answers
+            // without counting it again. Once the resends are spent, or the
+            // master is down, the counts go into the next round, to
+            // whichever master then owns each account.
             Some(InFlight::Rollup {
                 round,
                 master,
@@ -338,30 +353,24 @@ impl AgentRound {
                 end,
                 rollup,
                 resent,
-            }) if resent < ROLLUP_RESENDS && self.membership.is_up(&master) => {
-                let flight = InFlight::Rollup {
-                    round,
-                    master: master.clone(),
-                    start,
-                    end,
-                    rollup: rollup.clone(),
-                    resent: resent + 1,
-                };
-                self.transmit(master, Message::Rollup(rollup), flight);
-            }
-            // Failed every time (or its master is down): the counts go into
-            // the next round, to whichever master then owns each account.
-            Some(InFlight::Rollup {
-                round,
-                master,
-                start,
-                end,
-                rollup,
-                ..
             }) => {
-                self.recheck_after_failure(now, &master, &rollup, state);
-                self.carry_over(rollup.pending(), start, end, state);
-                self.finish_one(round, master, false, now, state);
+                if resent == 0 {
+                    self.finish_one(round, master.clone(), false, now, state);
+                }
+                if resent < ROLLUP_RESENDS && self.membership.is_up(&master) {
+                    let flight = InFlight::Rollup {
+                        round,
+                        master: master.clone(),
+                        start,
+                        end,
+                        rollup: rollup.clone(),
+                        resent: resent + 1,
+                    };
+                    self.transmit(master, Message::Rollup(rollup), flight);
+                } else {
+                    self.recheck_after_failure(now, &master, &rollup, state);
+                    self.carry_over(rollup.pending(), start, end, state);
+                }
             }
             // A recheck is how a factor is lifted between rounds: a lost
             // one is sent once more at once (a master that is down fails

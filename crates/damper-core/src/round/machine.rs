@@ -45,8 +45,8 @@ const SURGE_PATIENCE: u32 = 2;
 /// attempted with no resend, 100.35% with one, and 99.9% (never more) with
 /// three, the rest still in flight when the run ends. The round counts the
 /// first failure at once, so resends never slow a dead master's leaving
-/// the ring; a master that is down gets none. A master that is down is given up on
-/// at once (its accounts move), one that refuses the rollup after three.
+/// the ring; a master that is down gets none (its accounts move), one that
+/// refuses the rollup gets three.
 pub(super) const ROLLUP_RESENDS: u8 = 3;
 
 /// A request sent and not yet answered.

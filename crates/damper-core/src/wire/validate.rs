@@ -155,9 +155,7 @@ impl Report<'_> {
         }
         Ok(())
     }
-}
 
-impl Report<'_> {
     /// Checks that the report claims no more than `max_rate` cost per
     /// second (over its interval, or over one second if that is shorter,
     /// so a short first interval is not held to a rate it cannot show).

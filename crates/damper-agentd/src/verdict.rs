@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use damper_agent::{Decision, RejectSource, Standing};
 use damper_core::MAX_NAME_LEN;
+use damper_core::wire::{ReportError, validate_name};
 
 use crate::Sidecar;
 
@@ -90,20 +91,19 @@ impl BadInput {
     }
 }
 
-/// Checks a name the way the masters do, naming `field` when it fails.
+/// Checks a name by the masters' own rule ([`validate_name`]), naming
+/// `field` (which may be indexed, `checks[3].account`) when it fails.
 pub fn name(field: &str, value: &str) -> Result<(), BadInput> {
-    if value.is_empty() {
-        return Err(BadInput::Empty {
+    validate_name("name", value).map_err(|e| match e {
+        ReportError::TooLong { len, .. } => BadInput::TooLong {
             field: field.into(),
-        });
-    }
-    if value.len() > MAX_NAME_LEN {
-        return Err(BadInput::TooLong {
+            len,
+        },
+        // `Empty`, the only other error a name can have.
+        _ => BadInput::Empty {
             field: field.into(),
-            len: value.len(),
-        });
-    }
-    Ok(())
+        },
+    })
 }
 
 impl Sidecar {

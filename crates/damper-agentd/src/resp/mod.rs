@@ -99,8 +99,7 @@ async fn accept(
         tokio::select! {
             accepted = accept_one(&listener, &door, &watching) => {
                 match accepted {
-                    Ok(Some(task)) => { connections.spawn(task); }
-                    Ok(None) => {}
+                    Ok(task) => { connections.spawn(task); }
                     // A failed accept (out of descriptors, a reset before
                     // accept) says nothing about the next one.
                     Err(e) => {
@@ -123,25 +122,22 @@ async fn accept(
 
 type Connection = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Accepts one connection: the future that serves it, or `None` when it
-/// was refused for `max_connections`.
+/// Accepts one connection: the future that serves it (or, past
+/// `max_connections`, tells it so and closes it).
 async fn accept_one(
     listener: &RespListener,
     door: &Door,
     shutdown: &watch::Receiver<bool>,
-) -> io::Result<Option<Connection>> {
-    let serve = |stream| -> Option<Connection> { door.clone().admit(stream, shutdown.clone()) };
-    Ok(match listener {
+) -> io::Result<Connection> {
+    let stream: Box<dyn Stream> = match listener {
         RespListener::Tcp(l) => {
             let (stream, _) = l.accept().await?;
             let _ = stream.set_nodelay(true);
-            serve(Box::new(stream) as Box<dyn Stream>)
+            Box::new(stream)
         }
-        RespListener::Unix(l, _) => {
-            let (stream, _) = l.accept().await?;
-            serve(Box::new(stream) as Box<dyn Stream>)
-        }
-    })
+        RespListener::Unix(l, _) => Box::new(l.accept().await?.0),
+    };
+    Ok(door.clone().admit(stream, shutdown.clone()))
 }
 
 /// A connection's byte stream, TCP or Unix.
@@ -149,23 +145,19 @@ trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 impl Door {
-    /// The connection's future, or `None` (after telling the client) when
-    /// `max_connections` are open.
-    fn admit(
-        self,
-        mut stream: Box<dyn Stream>,
-        shutdown: watch::Receiver<bool>,
-    ) -> Option<Connection> {
+    /// The connection's future; past `max_connections`, one that tells
+    /// the client so and closes.
+    fn admit(self, mut stream: Box<dyn Stream>, shutdown: watch::Receiver<bool>) -> Connection {
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             crate::metrics::connection_closed("max_connections");
-            return Some(Box::pin(async move {
+            return Box::pin(async move {
                 let _ = stream
                     .write_all(b"-ERR max number of clients reached\r\n")
                     .await;
                 let _ = stream.shutdown().await;
-            }));
+            });
         };
-        Some(Box::pin(async move {
+        Box::pin(async move {
             crate::metrics::connections("resp", self.open.fetch_add(1, Relaxed) + 1);
             let id = self.next_id.fetch_add(1, Relaxed);
             let mut session = Session::new(id, self.sidecar.clone());
@@ -174,7 +166,7 @@ impl Door {
             }
             crate::metrics::connections("resp", self.open.fetch_sub(1, Relaxed) - 1);
             drop(permit);
-        }))
+        })
     }
 }
 

@@ -1,4 +1,4 @@
-# Sourced by tests/soak.sh and tests/sizing.sh: builds the release binaries,
+# Sourced by docs/bench/soak.sh and tests/sizing.sh: builds the release binaries,
 # makes a scratch directory, stops everything started and removes the
 # directory on exit, and starts masters on loopback.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

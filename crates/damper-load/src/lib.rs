@@ -155,6 +155,10 @@ pub struct Tally {
     pub attempted: u64,
     /// Cost admitted.
     pub admitted: u64,
+    /// The slowest single `check`, in nanoseconds: `check` must never wait
+    /// on the network, whatever the link to the masters does (the chaos
+    /// test reads it).
+    pub slowest_check_ns: u64,
 }
 
 /// How often the driver issues the attempts that came due.
@@ -204,10 +208,13 @@ pub fn drive_spread(
                 let agent = &agents[(first[i] + next_agent[i]) % agents.len()];
                 next_agent[i] = (next_agent[i] + 1) % spread;
                 issued[i] += 1;
+                let before = tokio::time::Instant::now();
                 let admitted = agent.check(&t.account, &t.op, t.cost).is_admit();
+                let took = u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 for tally in [&mut second[i], &mut totals[i]] {
                     tally.attempted += t.cost;
                     tally.admitted += if admitted { t.cost } else { 0 };
+                    tally.slowest_check_ns = tally.slowest_check_ns.max(took);
                 }
             }
         }

@@ -14,8 +14,8 @@ use serde_json::json;
 /// Load generator for Damper, in the spirit of redis-benchmark: starts N
 /// agents in this process (as N edge nodes would be), spreads each traffic
 /// item's attempts evenly over them, and prints one JSON line per item per
-/// second: {"t":SECONDS,"account":..,"op":..,"attempted":COST,"admitted":COST},
-/// then one line per item with "summary":true and the totals, and one
+/// second: {"t":SECONDS,"account":..,"op":..,"attempted":COST,"admitted":COST,
+/// "slowest_check_us":MICROSECONDS}, then one line per item with "summary":true and the totals, and one
 /// "agents_summary" line: rollups, entries and bytes sent and received
 /// (bytes per entry, replies as a share of requests) and the rollup latency
 /// p50/p99. Counts are in cost units.
@@ -116,7 +116,8 @@ fn load() -> anyhow::Result<()> {
             println!(
                 "{}",
                 json!({"t": t, "account": item.account, "op": item.op,
-                       "attempted": tally.attempted, "admitted": tally.admitted})
+                       "attempted": tally.attempted, "admitted": tally.admitted,
+                       "slowest_check_us": tally.slowest_check_ns / 1_000})
             );
         }
     });
@@ -136,7 +137,8 @@ fn load() -> anyhow::Result<()> {
             json!({"summary": true, "account": item.account, "op": item.op,
                    "seconds": secs, "attempted": total.attempted, "admitted": total.admitted,
                    "attempted_per_sec": total.attempted as f64 / secs,
-                   "admitted_per_sec": total.admitted as f64 / secs})
+                   "admitted_per_sec": total.admitted as f64 / secs,
+                   "slowest_check_us": total.slowest_check_ns / 1_000})
         );
     }
     Ok(())

@@ -364,6 +364,10 @@ impl Master {
         add(&counted.admitted, totals.admitted);
         metrics::counter!("damper_master_rollups_total").increment(1);
         metrics::counter!("damper_master_entries_total").increment(totals.entries);
+        metrics::counter!("damper_master_cost_total", "count" => "attempted")
+            .increment(totals.attempted);
+        metrics::counter!("damper_master_cost_total", "count" => "admitted")
+            .increment(totals.admitted);
         metrics::counter!("damper_master_factors_sent_total").increment(listed as u64);
         if let Some(foreign) = foreign.filter(|&f| f > 0) {
             counted.foreign.fetch_add(foreign as u64, Relaxed);

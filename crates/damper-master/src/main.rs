@@ -267,7 +267,15 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.snapshot {
         write_snapshot(&master, path);
     }
-    tracing::info!("damper-master stopped");
+    // What this run counted, for reconciling with the agents' own counts
+    // after an incident (the chaos test does it).
+    let counted = master.ingested();
+    tracing::info!(
+        rollups = counted.rollups,
+        attempted = counted.attempted,
+        admitted = counted.admitted,
+        "damper-master stopped"
+    );
     Ok(())
 }
 

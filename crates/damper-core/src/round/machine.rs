@@ -49,6 +49,17 @@ const SURGE_PATIENCE: u32 = 2;
 /// refuses the rollup gets three.
 pub(super) const ROLLUP_RESENDS: u8 = 3;
 
+/// How long a rollup whose master went down unanswered is kept for that
+/// master (see [`AgentRound::park`]): less than the 60 s a master
+/// remembers an agent's rollup numbers ([`crate::master::RollupLog`]), so
+/// the master still knows whether it counted it when it answers again.
+pub(super) const IN_DOUBT_FOR: Duration = Duration::from_secs(45);
+
+/// At most this many rollups kept in doubt per master, the oldest dropped
+/// first: as many numbers as a master remembers per agent run. A master
+/// goes down after two failed rounds, so one or two is the rule.
+const IN_DOUBT_MAX: usize = 8;
+
 /// A request sent and not yet answered.
 #[derive(Debug)]
 enum InFlight {
@@ -60,6 +71,9 @@ enum InFlight {
         rollup: Arc<Rollup>,
         /// How many times it was sent again after a failure.
         resent: u8,
+        /// When it was first sent: a rollup kept in doubt is given up
+        /// [`IN_DOUBT_FOR`] after it.
+        sent_at: Nanos,
     },
     Recheck {
         master: String,
@@ -131,6 +145,20 @@ pub struct AgentRound {
     /// The number of the last rollup made, so each is numbered afresh and
     /// a resend keeps its number.
     sequence: u64,
+    /// Per master that went down with rollups unanswered: those rollups,
+    /// oldest first, to be sent to it again when it is back
+    /// ([`AgentRound::park`]).
+    in_doubt: BTreeMap<String, VecDeque<InDoubt>>,
+}
+
+/// A rollup its master may or may not have counted, kept for it.
+#[derive(Debug)]
+struct InDoubt {
+    round: u64,
+    start: Nanos,
+    end: Nanos,
+    rollup: Arc<Rollup>,
+    sent_at: Nanos,
 }
 
 impl AgentRound {
@@ -167,6 +195,7 @@ impl AgentRound {
             surging: BTreeMap::new(),
             incarnation: now.as_millis(),
             sequence: 0,
+            in_doubt: BTreeMap::new(),
             config,
         };
         if round.config.fast_onset.is_some() {
@@ -257,6 +286,13 @@ impl AgentRound {
         self.rechecks.clear();
         let end = now.max(self.start);
         self.cut(end, now, state);
+        // What is still in doubt is for masters that are down: given up.
+        let cost = std::mem::take(&mut self.in_doubt)
+            .into_values()
+            .flatten()
+            .map(|kept| kept.rollup.attempted())
+            .sum();
+        self.dropped(cost);
         while let Some(cut) = self.cuts.pop_front() {
             self.send(cut, now, state);
         }
@@ -353,11 +389,13 @@ impl AgentRound {
                 end,
                 rollup,
                 resent,
+                sent_at,
             }) => {
                 if resent == 0 {
                     self.finish_one(round, master.clone(), false, now, state);
                 }
-                if resent < ROLLUP_RESENDS && self.membership.is_up(&master) {
+                let up = self.membership.is_up(&master);
+                if resent < ROLLUP_RESENDS && up {
                     let flight = InFlight::Rollup {
                         round,
                         master: master.clone(),
@@ -365,11 +403,25 @@ impl AgentRound {
                         end,
                         rollup: rollup.clone(),
                         resent: resent + 1,
+                        sent_at,
                     };
                     self.transmit(master, Message::Rollup(rollup), flight);
-                } else {
-                    self.recheck_after_failure(now, &master, &rollup, state);
+                    return;
+                }
+                self.recheck_after_failure(now, &master, &rollup, state);
+                if up {
+                    // The master answers, only not this: into the next
+                    // round, to the same master.
                     self.carry_over(rollup.pending(), start, end, state);
+                } else {
+                    let kept = InDoubt {
+                        round,
+                        start,
+                        end,
+                        rollup,
+                        sent_at,
+                    };
+                    self.park(now, master, kept);
                 }
             }
             // A recheck is how a factor is lifted between rounds: a lost
@@ -574,6 +626,7 @@ impl AgentRound {
                 InFlight::Probe { master },
             );
         }
+        self.resend_in_doubt(end);
         let live = self.membership.live();
         let ring_version = live.version();
         let routed = state.drain_by_owner(end, live);
@@ -631,6 +684,7 @@ impl AgentRound {
                 end: cut.end,
                 rollup: rollup.clone(),
                 resent: 0,
+                sent_at: now,
             };
             self.transmit(master, Message::Rollup(rollup), flight);
         }
@@ -668,6 +722,73 @@ impl AgentRound {
         id
     }
 
+    /// Keeps `kept`, a rollup whose master went down before answering it,
+    /// for that master. Whether the master counted it is unknown: a lost
+    /// reply and a lost request look alike, and a one-way partition loses
+    /// only replies. Carried into the next round, its counts would go to
+    /// the account's next owner while the old one may have counted them
+    /// and still hold them: counted twice for as long as the partition
+    /// lasts, and in the ledger for good. Kept instead, it is sent again,
+    /// with its number, when the master is back
+    /// ([`resend_in_doubt`](Self::resend_in_doubt)), and the master counts
+    /// it only if it had not. The next owner estimates from the rounds that
+    /// follow (a round of one agent's counts is all it misses). Given up,
+    /// and reported dropped, after [`IN_DOUBT_FOR`], or when more than
+    /// [`IN_DOUBT_MAX`] wait for one master.
+    fn park(&mut self, now: Nanos, master: String, kept: InDoubt) {
+        if now.since(kept.sent_at) >= IN_DOUBT_FOR {
+            self.dropped(kept.rollup.attempted());
+            return;
+        }
+        let waiting = self.in_doubt.entry(master).or_default();
+        // Oldest first: a rollup parked again after its resend failed goes
+        // back in its place.
+        let at = waiting.partition_point(|k| k.sent_at <= kept.sent_at);
+        waiting.insert(at, kept);
+        let over = waiting.len().saturating_sub(IN_DOUBT_MAX);
+        let cost = waiting.drain(..over).map(|k| k.rollup.attempted()).sum();
+        self.dropped(cost);
+    }
+
+    /// At a cut: sends the rollups kept in doubt to their masters that are
+    /// up again, and gives up those kept too long.
+    fn resend_in_doubt(&mut self, now: Nanos) {
+        let masters: Vec<String> = self.in_doubt.keys().cloned().collect();
+        for master in masters {
+            let waiting = self.in_doubt.get_mut(&master).expect("listed");
+            let old = waiting
+                .iter()
+                .take_while(|k| now.since(k.sent_at) >= IN_DOUBT_FOR)
+                .count();
+            let cost: u64 = waiting.drain(..old).map(|k| k.rollup.attempted()).sum();
+            self.dropped(cost);
+            if self.membership.is_up(&master) {
+                let waiting = self.in_doubt.remove(&master).unwrap_or_default();
+                for kept in waiting {
+                    let flight = InFlight::Rollup {
+                        round: kept.round,
+                        master: master.clone(),
+                        start: kept.start,
+                        end: kept.end,
+                        rollup: kept.rollup.clone(),
+                        resent: ROLLUP_RESENDS,
+                        sent_at: kept.sent_at,
+                    };
+                    self.transmit(master.clone(), Message::Rollup(kept.rollup), flight);
+                }
+            } else if self.in_doubt[&master].is_empty() {
+                self.in_doubt.remove(&master);
+            }
+        }
+    }
+
+    /// Reports `cost` attempted dropped, if any.
+    fn dropped(&mut self, cost: u64) {
+        if cost > 0 {
+            self.events.push_back(RoundEvent::Dropped { cost });
+        }
+    }
+
     /// Puts back counts that could not be delivered; what is too old to
     /// fit any master's window is dropped, and said so.
     fn carry_over(&mut self, pending: Vec<Pending>, start: Nanos, end: Nanos, state: &AgentState) {
@@ -675,9 +796,7 @@ impl AgentRound {
             .into_iter()
             .map(|p| state.carry_over(p, start, end, self.config.max_carry))
             .sum();
-        if dropped > 0 {
-            self.events.push_back(RoundEvent::Dropped { cost: dropped });
-        }
+        self.dropped(dropped);
     }
 
     /// One request of `round` is done; the round settles with its last.

@@ -35,8 +35,24 @@ fn answer_all(
     master: &mut MasterState,
     now: Nanos,
 ) -> Vec<Transmit> {
+    answer_all_but(round, state, master, now, "")
+}
+
+/// [`answer_all`], but every request to `down` fails.
+fn answer_all_but(
+    round: &mut AgentRound,
+    state: &AgentState,
+    master: &mut MasterState,
+    now: Nanos,
+    down: &str,
+) -> Vec<Transmit> {
     let mut sent = Vec::new();
     while let Some(t) = round.poll_transmit() {
+        if t.master == down {
+            round.on_failure(now, t.id, state);
+            sent.push(t);
+            continue;
+        }
         let header = ReplyHeader {
             rollup_interval: Duration::from_secs(2),
             started: T0,
@@ -121,13 +137,14 @@ fn a_round_is_cut_on_the_grid_sent_after_the_spread_and_its_reply_applied() {
 }
 
 #[test]
-fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
+fn failed_rollups_are_resent_take_the_master_down_are_kept_for_it_and_probes_bring_it_back() {
     let state = AgentState::new(AgentConfig::default());
     let mut m = master();
     let mut r = round("edge-1", &["m1", "m2"]);
     let owner = r.membership().live().owner("flood").unwrap().to_owned();
     let other = if owner == "m1" { "m2" } else { "m1" };
     let mut now;
+    let mut in_doubt = None;
     // Two rounds fail: counts carried, then the owner goes down.
     for round_end in [2_000, 4_000] {
         flood(&state, round_end - 2_000, 100);
@@ -167,6 +184,7 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
             0
         };
         assert_eq!(resends, expected, "round ending at {round_end}");
+        in_doubt = Some(sent);
     }
     let ev = events(&mut r);
     assert!(
@@ -177,8 +195,11 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
         "{ev:?}"
     );
     assert_eq!(r.membership().live().owner("flood"), Some(other));
-    // The next round goes to the other master, with all the counts, and
-    // the down master's probe is due by then (1 s ± 25% after it went down).
+    // The next round goes to the other master with only its own counts:
+    // the failed one's may have been counted by the owner (a lost reply),
+    // so they are kept for it. The down master's probe is due by then (1 s
+    // ± 25% after it went down).
+    flood(&state, 4_000, 50);
     r.handle_timeout(at(6_000), &state);
     now = r.poll_timeout().unwrap();
     r.handle_timeout(now, &state);
@@ -191,8 +212,7 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
     let Message::Rollup(rollup) = &sent[1].message else {
         panic!("{sent:?}")
     };
-    let counts = &rollup.ops[0].accounts[0];
-    assert_eq!((counts.attempted, counts.since), (400, Some(T0)));
+    assert_eq!(rollup.ops[0].accounts[0].attempted, 100);
     // It answered the probe, saying it started at T0: it rejoins after its
     // warm-up, at T0 + 12 s, like every other agent that saw it.
     assert!(events(&mut r).contains(&RoundEvent::Rejoining {
@@ -205,6 +225,51 @@ fn failed_rollups_carry_counts_take_the_master_down_and_probes_bring_it_back() {
         master: owner.clone(),
         up: true
     }));
+    // Back, it gets the rollup kept for it, as it was, with its number:
+    // counted only if it had not been.
+    let t = r.poll_transmit().unwrap();
+    assert_eq!(t.master, owner);
+    let Message::Rollup(resent) = &t.message else {
+        panic!("{t:?}")
+    };
+    assert_eq!(Some(resent), in_doubt.as_ref());
+    assert_eq!(resent.ops[0].accounts[0].attempted, 400);
+    assert!(
+        !events(&mut r)
+            .iter()
+            .any(|e| matches!(e, RoundEvent::Dropped { .. }))
+    );
+}
+
+#[test]
+fn rollups_kept_in_doubt_are_given_up_and_reported_dropped_if_their_master_stays_away() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-1", &["m1", "m2"]);
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    // Every request to the owner fails: two rounds, then its probes.
+    let mut kept = 0;
+    let mut end = 2_000;
+    while end <= 2_000 + super::machine::IN_DOUBT_FOR.as_millis() as u64 + 4_000 {
+        flood(&state, end - 2_000, 100);
+        r.handle_timeout(at(end), &state);
+        let now = r.poll_timeout().unwrap();
+        r.handle_timeout(now, &state);
+        for t in answer_all_but(&mut r, &state, &mut m, now, &owner) {
+            if let (true, Message::Rollup(rollup)) = (t.master == owner, &t.message) {
+                kept = kept.max(rollup.attempted());
+            }
+        }
+        end += 2_000;
+    }
+    let dropped: u64 = events(&mut r)
+        .iter()
+        .map(|e| match e {
+            RoundEvent::Dropped { cost } => *cost,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!((kept, dropped), (400, 400));
 }
 
 /// An agent of `id` on master `m1` whose first round floods at 5 000/s

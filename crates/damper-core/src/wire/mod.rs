@@ -294,6 +294,14 @@ impl Rollup {
         self.ops.iter().map(|op| op.accounts.len()).sum()
     }
 
+    /// The attempted cost of every entry, summed (saturating).
+    pub fn attempted(&self) -> u64 {
+        self.ops
+            .iter()
+            .flat_map(|op| &op.accounts)
+            .fold(0u64, |sum, c| sum.saturating_add(c.attempted))
+    }
+
     /// The (account, op) of every entry.
     pub fn pairs(&self) -> impl Iterator<Item = Pair<'_>> {
         self.ops.iter().flat_map(|op| {

@@ -20,11 +20,12 @@
 //! assert_eq!(m.live().members().collect::<Vec<_>>(), ["m2:7070"]);
 //! let probe_at = m.next_probe("m1:7070").unwrap();
 //! assert!(m.probes_due(probe_at).contains(&"m1:7070".to_string()));
-//! // It answers a probe: it started 3 s ago, so it rejoins at start + 12 s.
-//! let started = probe_at - Duration::from_secs(3);
+//! // It answers a probe: it started 1 s ago, so it rejoins at start + 1.5 s
+//! // (on the 2-s rollup grid).
+//! let started = probe_at - Duration::from_secs(1);
 //! m.answered("m1:7070", Some(started), probe_at);
 //! assert_eq!(m.live().members().count(), 1);
-//! m.tick(probe_at + Duration::from_secs(10));
+//! m.tick(probe_at + Duration::from_millis(2_500));
 //! assert_eq!(m.live().members().count(), 2);
 //! ```
 
@@ -46,16 +47,21 @@ pub struct HealthConfig {
     /// Failed rollups in a row that take a master off the ring. Default 2:
     /// one failure can be a blip; two at 2 s intervals is an outage.
     pub fail_after: u32,
-    /// First probe delay after a master goes down. Default 1 s.
+    /// First probe delay after a master goes down. Default 500 ms.
     pub probe_initial: Duration,
-    /// Longest delay between probes. Default 8 s, so that every agent
-    /// notices a master is back within the warm-up.
+    /// Longest delay between probes. Default 1 s, so that every agent
+    /// notices a master is back within the warm-up, and a partition's heal
+    /// within a second or so. A probe is one small `Factors` call that
+    /// counts nothing: a thousand agents probing a dead master send it a
+    /// thousand connection attempts a second.
     pub probe_max: Duration,
     /// How long after a master (re)starts agents route to it again. Every
     /// agent rejoins it at the same instant, `started + warmup` rounded up to
     /// the rollup grid, so its accounts move back in one round instead of
     /// agent by agent (a split view halves what each master sees, which lets
-    /// a flood through). Longer than `probe_max` plus its jitter. Default 12 s.
+    /// a flood through). Longer than `probe_max` plus its jitter (25%).
+    /// Default 1.5 s: a restarted master is routed to again 1.5–3.5 s after
+    /// it started, at the first rollup cut after that.
     pub warmup: Duration,
     /// The rollup interval, the grid rejoins are aligned to. Default 2 s.
     pub rollup_interval: Duration,
@@ -65,9 +71,9 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             fail_after: 2,
-            probe_initial: Duration::from_secs(1),
-            probe_max: Duration::from_secs(8),
-            warmup: Duration::from_secs(12),
+            probe_initial: Duration::from_millis(500),
+            probe_max: Duration::from_secs(1),
+            warmup: Duration::from_millis(1_500),
             rollup_interval: crate::DEFAULT_ROLLUP_INTERVAL,
         }
     }
@@ -243,6 +249,27 @@ impl Membership {
         }
     }
 
+    /// A request to `member` was refused: nothing listens at its address
+    /// (a refused connection), so the master process is not running. Unlike
+    /// a timeout this is certain, and it goes down at once rather than
+    /// after `fail_after` rounds. Returns whether the live ring changed.
+    pub fn refused(&mut self, member: &str, now: Nanos) -> bool {
+        let config = self.config;
+        let jitter = self.jitter();
+        match self.health.get_mut(member) {
+            Some(h @ (Health::Up { .. } | Health::Rejoining { .. })) => {
+                let was_up = matches!(h, Health::Up { .. });
+                let backoff = config.probe_initial;
+                *h = Health::Down {
+                    next_probe: now + backoff.mul_f64(jitter),
+                    backoff,
+                };
+                was_up && self.rebuild()
+            }
+            _ => false,
+        }
+    }
+
     /// A master said it received counts it does not own under its view of
     /// the ring: this agent's view differs, most likely because it still has
     /// down a master the others see up. Brings every down member's next
@@ -369,18 +396,18 @@ mod tests {
             assert_eq!(m.probes_due(now), vec!["a:1".to_string()]);
             m.failed("a:1", now); // the probe fails too
         }
-        // Doubling from 1 s (± 25%) to at most 8 s (± 25%).
+        // Doubling from 500 ms (± 25%) to at most 1 s (± 25%).
         assert!(
-            waits[0] >= Duration::from_millis(750) && waits[0] < Duration::from_millis(1250),
+            waits[0] >= Duration::from_millis(375) && waits[0] < Duration::from_millis(625),
             "{waits:?}"
         );
-        assert!(waits[3] > waits[1] * 2, "{waits:?}");
+        assert!(waits[2] > waits[0], "{waits:?}");
         assert!(
-            waits.iter().all(|w| *w < Duration::from_millis(10_000)),
+            waits.iter().all(|w| *w < Duration::from_millis(1_250)),
             "{waits:?}"
         );
         assert!(
-            waits.last().unwrap() >= &Duration::from_millis(6_000),
+            waits.last().unwrap() >= &Duration::from_millis(750),
             "{waits:?}"
         );
     }
@@ -389,15 +416,15 @@ mod tests {
     fn agents_that_see_a_master_return_at_different_times_rejoin_it_together() {
         let started = t(100_300);
         let mut rejoined = Vec::new();
-        for (seed, seen_at) in [(1, t(101_000)), (2, t(104_500)), (3, t(109_900))] {
+        for (seed, seen_at) in [(1, t(100_400)), (2, t(100_900)), (3, t(101_700))] {
             let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), seed);
             m.failed("a:1", t(0));
             m.failed("a:1", t(0));
             m.answered("a:1", Some(started), seen_at);
             assert!(!m.is_up("a:1"), "not before the common instant");
-            // The common instant: 100.3 s + 12 s, up to the 2 s grid = 114 s.
-            assert!(!m.tick(t(113_999)));
-            assert!(m.tick(t(114_000)));
+            // The common instant: 100.3 s + 1.5 s, up to the 2 s grid = 102 s.
+            assert!(!m.tick(t(101_999)));
+            assert!(m.tick(t(102_000)));
             rejoined.push(m.live().version());
         }
         assert!(rejoined.windows(2).all(|w| w[0] == w[1]));
@@ -405,7 +432,7 @@ mod tests {
         let mut late = Membership::new(["a:1", "b:1"], HealthConfig::default(), 4);
         late.failed("a:1", t(0));
         late.failed("a:1", t(0));
-        assert!(late.answered("a:1", Some(started), t(120_000)));
+        assert!(late.answered("a:1", Some(started), t(102_500)));
         // Dying again while rejoining sends it back to probing.
         let mut m = Membership::new(["a:1", "b:1"], HealthConfig::default(), 5);
         m.failed("a:1", t(0));

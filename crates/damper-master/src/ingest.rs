@@ -50,6 +50,10 @@ pub struct Ingested {
 pub(crate) struct Warned {
     implausible: AtomicU64,
     max_pairs: AtomicU64,
+    new_pairs: AtomicU64,
+    refused: AtomicU64,
+    /// Refused requests not logged since the last line about them.
+    refused_unlogged: AtomicU64,
 }
 
 /// How often refusals of one kind are logged.
@@ -106,7 +110,8 @@ impl Master {
             metrics::counter!("damper_master_rollups_repeated_total").increment(1);
             return self.answer_factors(&rollup.as_query());
         }
-        let mut refused = 0;
+        let mut refused = Refused::default();
+        let mut allowance = self.new_pairs_left(&rollup.agent_id, now);
         let (by_shard, totals) = self.by_shard(rollup);
         // Before the names move into the reply.
         let foreign = self.foreign_entries(rollup);
@@ -125,26 +130,40 @@ impl Master {
                 }),
             );
             let refused_before = state.refused_pairs();
+            state.allow_new_pairs(Some(allowance));
+            let mut failed = None;
             for &(i, j) in entries {
-                let verdict = state.ingest(now, &rollup.report(i, j)).map_err(|error| {
-                    RollupError::Entry {
-                        op: i,
-                        account: j,
-                        error,
+                match state.ingest(now, &rollup.report(i, j)) {
+                    Ok(Some(v)) => {
+                        let names = &mut rollup.ops[i].accounts[j].account;
+                        reply.add(i, || std::mem::take(names), &v);
                     }
-                })?;
-                if let Some(v) = verdict {
-                    let names = &mut rollup.ops[i].accounts[j].account;
-                    reply.add(i, || std::mem::take(names), &v);
+                    Ok(None) => {}
+                    Err(error) => {
+                        failed = Some(RollupError::Entry {
+                            op: i,
+                            account: j,
+                            error,
+                        });
+                        break;
+                    }
                 }
             }
-            refused += state.refused_pairs() - refused_before;
+            let left = state.new_pairs_allowed().unwrap_or(0);
+            state.allow_new_pairs(None);
+            refused.add(state.refused_pairs() - refused_before, left == 0);
+            refused.added += allowance - left;
+            allowance = left;
             // Logged once the shard is free for other rollups.
             let transitions = state.take_transitions();
             drop(state);
             log_transitions(transitions);
+            if let Some(error) = failed {
+                self.new_pairs_added(&rollup.agent_id, now, &refused);
+                return Err(error);
+            }
         }
-        self.pairs_refused(&rollup.agent_id, now, refused);
+        self.new_pairs_added(&rollup.agent_id, now, &refused);
         let reply = match reply {
             Some(reply) => reply,
             None => ReplyBuilder::new(
@@ -206,18 +225,25 @@ impl Master {
                         // the recheck ([`MasterState::surge`]).
                         let mut state = self.lock(self.shard(account));
                         let refused_before = state.refused_pairs();
-                        let verdict = state
-                            .surge(now, at, Pair::new(account, &op.op), *rates)
-                            .map_err(|error| RollupError::Entry {
-                                op: i,
-                                account: j,
-                                error,
-                            })?;
-                        let refused = state.refused_pairs() - refused_before;
+                        let allowance = self.new_pairs_left(&query.agent_id, now);
+                        state.allow_new_pairs(Some(allowance));
+                        let verdict = state.surge(now, at, Pair::new(account, &op.op), *rates);
+                        let left = state.new_pairs_allowed().unwrap_or(0);
+                        state.allow_new_pairs(None);
+                        let mut refused = Refused {
+                            added: allowance - left,
+                            ..Refused::default()
+                        };
+                        refused.add(state.refused_pairs() - refused_before, left == 0);
                         let transitions = state.take_transitions();
                         drop(state);
                         log_transitions(transitions);
-                        self.pairs_refused(&query.agent_id, now, refused);
+                        self.new_pairs_added(&query.agent_id, now, &refused);
+                        let verdict = verdict.map_err(|error| RollupError::Entry {
+                            op: i,
+                            account: j,
+                            error,
+                        })?;
                         if let Some(v) = verdict {
                             reply.add(i, || account.clone(), &v);
                         }
@@ -271,16 +297,63 @@ impl Master {
 
     /// Counts and (at most every ten seconds) logs reports of new pairs
     /// not tracked because `max_pairs` are.
-    fn pairs_refused(&self, agent: &str, now: damper_core::time::Nanos, refused: u64) {
-        if refused == 0 {
-            return;
-        }
-        metrics::counter!("damper_master_pairs_refused_total").increment(refused);
-        if may_warn(&self.shared.warned.max_pairs, now.as_millis()) {
+    /// Logs a refused request (`what`: "rollup" or "factors request") at
+    /// most every 10 s, with how many were refused and not logged since:
+    /// a client sending bad requests in a loop must not flood the logs.
+    pub(crate) fn log_refused(&self, what: &str, agent: &str, status: &tonic::Status) {
+        let warned = &self.shared.warned;
+        if may_warn(&warned.refused, self.shared.clock.now().as_millis()) {
+            let unlogged = warned.refused_unlogged.swap(0, Relaxed);
             tracing::warn!(
-                agent = %truncated(agent), refused, max_pairs = self.shared.options.max_pairs,
-                "new (account, op) pairs not tracked: max_pairs are (logged at most every 10 s)"
+                agent = %truncated(agent), code = ?status.code(), message = status.message(),
+                refused_since_last_line = unlogged,
+                "{what} refused (logged at most every 10 s)"
             );
+        } else {
+            warned.refused_unlogged.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// What `agent` may still add in this round ([`NewPairBudget`]).
+    ///
+    /// [`NewPairBudget`]: damper_core::master::NewPairBudget
+    fn new_pairs_left(&self, agent: &str, now: damper_core::time::Nanos) -> usize {
+        self.shared
+            .new_pairs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .left(agent, now)
+    }
+
+    /// Records the new pairs `agent` added, and counts and (at most every
+    /// 10 s) logs those refused, by the cap that refused them.
+    fn new_pairs_added(&self, agent: &str, now: damper_core::time::Nanos, refused: &Refused) {
+        self.shared
+            .new_pairs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .spend(agent, now, refused.added);
+        if refused.max_pairs > 0 {
+            metrics::counter!("damper_master_pairs_refused_total", "cap" => "max_pairs")
+                .increment(refused.max_pairs);
+            if may_warn(&self.shared.warned.max_pairs, now.as_millis()) {
+                tracing::warn!(
+                    agent = %truncated(agent), refused = refused.max_pairs,
+                    max_pairs = self.shared.options.max_pairs,
+                    "new (account, op) pairs not tracked: max_pairs are (logged at most every 10 s)"
+                );
+            }
+        }
+        if refused.per_agent > 0 {
+            metrics::counter!("damper_master_pairs_refused_total", "cap" => "per_agent")
+                .increment(refused.per_agent);
+            if may_warn(&self.shared.warned.new_pairs, now.as_millis()) {
+                tracing::warn!(
+                    agent = %truncated(agent), refused = refused.per_agent,
+                    max_new_pairs_per_agent = self.shared.options.max_new_pairs_per_agent,
+                    "new (account, op) pairs not tracked: this agent added max_new_pairs_per_agent this round (logged at most every 10 s)"
+                );
+            }
         }
     }
 
@@ -385,6 +458,26 @@ impl Master {
             attempted: c.attempted.load(Relaxed),
             admitted: c.admitted.load(Relaxed),
             foreign: c.foreign.load(Relaxed),
+        }
+    }
+}
+
+/// New pairs one request added, and those refused, by the cap that
+/// refused them.
+#[derive(Debug, Default)]
+struct Refused {
+    added: usize,
+    max_pairs: u64,
+    per_agent: u64,
+}
+
+impl Refused {
+    /// `refused` more, refused by the agent's allowance if it was spent.
+    fn add(&mut self, refused: u64, allowance_spent: bool) {
+        if allowance_spent {
+            self.per_agent += refused;
+        } else {
+            self.max_pairs += refused;
         }
     }
 }

@@ -101,6 +101,13 @@ pub struct MasterOptions {
     /// account's factor with a made-up deluge. Default 10 000 000, far
     /// above what one node attempts.
     pub max_claimed_rate: u64,
+    /// The most new (account, op) pairs one agent may make this master
+    /// track per rollup interval. Past it, that agent's new pairs are not
+    /// tracked (they fail open) and are counted, while other agents' new
+    /// pairs are unaffected: one compromised or broken node cannot take
+    /// all of `max_pairs`. A node's first round names every account it
+    /// serves, so this must be above that. Default 250 000.
+    pub max_new_pairs_per_agent: usize,
 }
 
 impl Default for MasterOptions {
@@ -113,6 +120,7 @@ impl Default for MasterOptions {
             idle_after: None,
             max_pairs: 8_000_000,
             max_claimed_rate: 10_000_000,
+            max_new_pairs_per_agent: 250_000,
         }
     }
 }
@@ -156,6 +164,8 @@ struct Shared {
     warned: crate::ingest::Warned,
     /// The numbered rollups counted lately, so a resend is counted once.
     rollup_log: Mutex<damper_core::master::RollupLog>,
+    /// How many new pairs each agent added this round.
+    new_pairs: Mutex<damper_core::master::NewPairBudget>,
 }
 
 impl Master {
@@ -196,6 +206,11 @@ impl Master {
                 suppressed_ops: Mutex::default(),
                 warned: crate::ingest::Warned::default(),
                 rollup_log: Mutex::default(),
+                new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
+                    options.max_new_pairs_per_agent,
+                    w.rollup_interval,
+                    100_000,
+                )),
             }),
         }
     }

@@ -91,6 +91,14 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..))]
     max_claimed_rate: u64,
 
+    /// The most new (account, op) pairs one agent may add per rollup
+    /// interval; past it that agent's new pairs are not tracked (they fail
+    /// open) and are counted, so one node cannot take all of --max-pairs.
+    /// Keep it above the accounts one node serves.
+    #[arg(long, value_name = "N", default_value_t = 250_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    max_new_pairs_per_agent: u64,
+
     /// Snapshot file for the demand windows: written on SIGTERM or SIGINT,
     /// loaded at start if recent, so a restart keeps enforcing. A corrupt,
     /// old or mismatched snapshot is ignored with a warning.
@@ -331,6 +339,7 @@ fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
     options.max_entries = args.max_entries as usize;
     options.max_pairs = args.max_pairs as usize;
     options.max_claimed_rate = args.max_claimed_rate;
+    options.max_new_pairs_per_agent = args.max_new_pairs_per_agent as usize;
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }

@@ -76,7 +76,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
             Err(error) => {
                 let status = status(error);
                 metrics::counter!("damper_master_rollups_rejected_total").increment(1);
-                tracing::warn!(agent = %rollup.agent_id, code = ?status.code(), message = status.message(), "rollup refused");
+                self.master.log_refused("rollup", &rollup.agent_id, &status);
                 Err(status)
             }
         }
@@ -92,7 +92,8 @@ impl damper_proto::v1::master_server::Master for MasterService {
             Ok(reply) => Ok(Response::new(RollupReply::from(reply))),
             Err(error) => {
                 let status = status(error);
-                tracing::warn!(agent = %query.agent_id, code = ?status.code(), message = status.message(), "factors request refused");
+                self.master
+                    .log_refused("factors request", &query.agent_id, &status);
                 Err(status)
             }
         }

@@ -476,6 +476,44 @@ fn past_max_pairs_made_up_names_are_not_tracked_and_a_flood_stays_held() {
     assert!(f.factor > 0.85, "the flood is still held: {flood:?}");
 }
 
+/// One agent minting names past its per-round budget gets no more pairs
+/// tracked this round, while another agent's new pairs are, and the next
+/// round gives it its budget back.
+#[test]
+fn one_agent_adds_at_most_its_new_pairs_per_round() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let options = MasterOptions {
+        shards: 4,
+        max_new_pairs_per_agent: 50,
+        ..MasterOptions::default()
+    };
+    let clock = clock();
+    let m = Master::with_clock(config, options, clock.clone());
+    let names = |prefix: &str, n: usize| -> Vec<AccountCounts> {
+        (0..n)
+            .map(|i| counts(&format!("{prefix}-{i}"), 1, 1))
+            .collect()
+    };
+    let mut minting = request(vec![("messages", names("made-up", 200))]);
+    minting.agent_id = "minting".into();
+    m.rollup(&minting).unwrap();
+    assert_eq!(m.len(), 50);
+    // Its own new pairs in a second rollup of the same round: none.
+    let mut again = request(vec![("messages", names("more", 10))]);
+    again.agent_id = "minting".into();
+    m.rollup(&again).unwrap();
+    assert_eq!(m.len(), 50);
+    // Another agent is not affected.
+    let mut honest = request(vec![("messages", names("real", 20))]);
+    honest.agent_id = "honest".into();
+    m.rollup(&honest).unwrap();
+    assert_eq!(m.len(), 70);
+    // The next round: its budget again.
+    clock.advance(std::time::Duration::from_secs(2));
+    m.rollup(&again).unwrap();
+    assert_eq!(m.len(), 80);
+}
+
 /// A numbered rollup sent again (its reply was lost) is answered with the
 /// verdicts in force and counted once; unnumbered ones (agents that
 /// predate numbering) are counted each time, as before.

@@ -27,7 +27,8 @@ fn six_second_rates(seconds: &[Vec<Tally>], item: usize) -> Vec<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_without_a_burst() {
+async fn a_killed_master_s_accounts_are_held_again_within_seconds_and_move_back_within_seconds_without_a_burst()
+ {
     let dir = std::env::temp_dir().join(format!("damper-failover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("master.toml");
@@ -83,18 +84,44 @@ async fn a_killed_master_s_accounts_are_held_again_within_10_s_and_move_back_wit
     let after_kill = drive_seconds(&agents, &traffic, Duration::from_secs(24)).await;
     let per_sec: Vec<u64> = after_kill.iter().map(|s| s[0].admitted).collect();
     eprintln!("after kill -9, admitted per second: {per_sec:?}");
-    let rates = six_second_rates(&after_kill[10..], 0);
+    // The agents' connections are refused: the master leaves their rings
+    // at once and the counts go to the next owner in the same round. What
+    // some agents delivered to it just before it died is lost with it, so
+    // the next owner's first round may see part of the demand: up to two
+    // rounds above the limit (4 s; 1 s in most runs), hence 6 s here.
     assert!(
-        rates
+        per_sec[6..]
             .iter()
-            .all(|r| (*r - LIMIT as f64).abs() <= 0.1 * LIMIT as f64),
-        "not held again within 10 s of the kill: {rates:?}"
+            .all(|&a| (a as f64 - LIMIT as f64).abs() <= 0.15 * LIMIT as f64),
+        "not held again within 6 s of the kill: {per_sec:?}"
     );
 
-    // Restart it on the same address: its accounts move back.
+    // Restart it on the same address: its accounts move back, every agent
+    // at the first rollup cut 1.5 s after it started.
     let restarted = start_master(&owner, &config);
+    let restarted_at = tokio::time::Instant::now();
     masters[victim] = restarted;
-    let after_restart = drive_seconds(&agents, &traffic, Duration::from_secs(30)).await;
+    let driving = {
+        let (agents, traffic) = (agents.clone(), traffic.clone());
+        tokio::spawn(async move { drive_seconds(&agents, &traffic, Duration::from_secs(30)).await })
+    };
+    let moved_back = loop {
+        let (_, accounts) = masters[victim].get("/v1/accounts");
+        if accounts.contains("\"flood\"") {
+            break restarted_at.elapsed();
+        }
+        assert!(
+            restarted_at.elapsed() < Duration::from_secs(20),
+            "the flood never moved back: {accounts}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("the flood's counts reached the restarted master {moved_back:?} after its start");
+    assert!(
+        moved_back < Duration::from_secs(8),
+        "moved back only after {moved_back:?}"
+    );
+    let after_restart = driving.await.unwrap();
     let per_sec: Vec<u64> = after_restart.iter().map(|s| s[0].admitted).collect();
     eprintln!("after restart, admitted per second: {per_sec:?}");
     let peak = six_second_rates(&after_restart, 0)

@@ -8,9 +8,9 @@
 //! - Each agent's round is woken when it asks ([`AgentRound::poll_timeout`]);
 //!   what it sends crosses the network with delay, jitter and loss, is
 //!   answered by the owning master ([`Masters::answer`]), and comes back
-//!   the same way. A lost request or reply, a dead master or a partition
-//!   shows as a failure after the agent's request timeout, as it would to
-//!   the real agent; what the round then does (carry over, count the master
+//!   the same way. A lost request or reply, or a partition, shows as a
+//!   failure after the agent's request timeout, as it would to the real
+//!   agent; a killed master refuses the connection, one delay later; what the round then does (carry over, count the master
 //!   down, probe) is the product's own code.
 //! - Scenario events kill and restart masters and partition agents.
 //!
@@ -103,14 +103,26 @@ enum Event {
         sent: Nanos,
         transmit: Transmit,
     },
-    /// The answer (or, `None`, the failure) reaches the agent.
+    /// The answer, or the failure, reaches the agent.
     Answer {
         agent: usize,
         id: RequestId,
         rollup: bool,
-        reply: Option<Reply>,
+        outcome: Outcome,
     },
     Scenario(Action),
+}
+
+/// How a request ended, as the agent hears it.
+#[derive(Debug)]
+enum Outcome {
+    /// Its master's answer.
+    Reply(Reply),
+    /// Lost, timed out, or refused by a running master: whether it was
+    /// counted is unknown.
+    Failed,
+    /// The master's process is not running: nothing counted, for certain.
+    Refused,
 }
 
 /// One edge node: its agent state and the round that reports it.
@@ -294,8 +306,8 @@ impl<M: Masters> Sim<M> {
                     agent,
                     id,
                     rollup,
-                    reply,
-                } => self.answer(agent, id, rollup, reply),
+                    outcome,
+                } => self.answer(agent, id, rollup, outcome),
                 Event::Scenario(action) => self.act(action),
             }
         }
@@ -389,7 +401,16 @@ impl<M: Masters> Sim<M> {
         let rollup = matches!(transmit.message, Message::Rollup(_));
         let deadline = sent + self.timeout;
         if !self.masters.is_up(m) {
-            self.fail_at(deadline, a, transmit.id, rollup);
+            // A killed process on a host still up: the connection is
+            // refused, and the agent hears so one delay later.
+            let at = self.now + self.delay();
+            let refused = Event::Answer {
+                agent: a,
+                id: transmit.id,
+                rollup,
+                outcome: Outcome::Refused,
+            };
+            self.schedule(at.min(deadline), refused);
             return;
         }
         match self.masters.answer(m, self.now, &transmit.message) {
@@ -410,7 +431,7 @@ impl<M: Masters> Sim<M> {
                         agent: a,
                         id: transmit.id,
                         rollup,
-                        reply: Some(reply),
+                        outcome: Outcome::Reply(reply),
                     };
                     self.schedule(at, answer);
                 }
@@ -423,22 +444,26 @@ impl<M: Masters> Sim<M> {
             agent: a,
             id,
             rollup,
-            reply: None,
+            outcome: Outcome::Failed,
         };
         self.schedule(at, event);
     }
 
     /// An answer, or a failure, reaches agent `a`'s round.
-    fn answer(&mut self, a: usize, id: RequestId, rollup: bool, reply: Option<Reply>) {
+    fn answer(&mut self, a: usize, id: RequestId, rollup: bool, outcome: Outcome) {
         let agent = &mut self.agents[a];
-        match reply {
-            Some(reply) => {
+        match outcome {
+            Outcome::Reply(reply) => {
                 self.control.answered(&reply);
                 agent.round.on_reply(self.now, id, &reply, &agent.state);
             }
-            None => {
+            Outcome::Failed => {
                 self.rollups.1 += u64::from(rollup);
                 agent.round.on_failure(self.now, id, &agent.state);
+            }
+            Outcome::Refused => {
+                self.rollups.1 += u64::from(rollup);
+                agent.round.on_refused(self.now, id, &agent.state);
             }
         }
         self.sync(a);

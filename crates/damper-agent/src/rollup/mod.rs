@@ -11,9 +11,11 @@
 //! - this file: the loop, sending, answers, events.
 //! - `members`: the masters' addresses (static, or DNS re-resolved).
 //! - `clients`: one gRPC client per master.
+//! - `refused`: a refused connection told from other failures.
 
 mod clients;
 mod members;
+mod refused;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -206,6 +208,14 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
         took,
     } = answer;
     let now = shared.clock.now();
+    let refused = matches!(&result, Err(status) if refused::is_refused(status));
+    let failed = |round: &mut AgentRound| {
+        if refused {
+            round.on_refused(now, id, &shared.state);
+        } else {
+            round.on_failure(now, id, &shared.state);
+        }
+    };
     match (sent, result) {
         (
             Sent::Rollup {
@@ -228,8 +238,8 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
             metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
             shared.stats.rollups_failed.fetch_add(1, Relaxed);
             *undelivered += bytes;
-            tracing::warn!(%master, code = ?status.code(), message = status.message(), "rollup failed; carrying counts over");
-            round.on_failure(now, id, &shared.state);
+            tracing::warn!(%master, code = ?status.code(), message = status.message(), refused, "rollup failed");
+            failed(round);
         }
         (Sent::Recheck, Ok(reply)) => {
             metrics::counter!("damper_agent_rechecks_total", "result" => "ok").increment(1);
@@ -239,10 +249,10 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
             // The factor in force stays until the next rollup's reply.
             metrics::counter!("damper_agent_rechecks_total", "result" => "error").increment(1);
             tracing::debug!(%master, code = ?status.code(), "factor recheck failed");
-            round.on_failure(now, id, &shared.state);
+            failed(round);
         }
         (Sent::Probe, Ok(reply)) => round.on_reply(now, id, &Reply::from(reply), &shared.state),
-        (Sent::Probe, Err(_)) => round.on_failure(now, id, &shared.state),
+        (Sent::Probe, Err(_)) => failed(round),
         (Sent::Surge, Ok(reply)) => {
             shared.stats.early_reports.fetch_add(1, Relaxed);
             metrics::counter!("damper_agent_early_reports_total", "result" => "ok").increment(1);
@@ -253,7 +263,7 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
             shared.stats.early_reports_failed.fetch_add(1, Relaxed);
             metrics::counter!("damper_agent_early_reports_total", "result" => "error").increment(1);
             tracing::debug!(%master, code = ?status.code(), message = status.message(), "early report failed");
-            round.on_failure(now, id, &shared.state);
+            failed(round);
         }
     }
 }

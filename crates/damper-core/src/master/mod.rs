@@ -31,8 +31,12 @@
 //!   snapshots.
 //! - `table`: where the pairs are kept and how one is found.
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
+//! - `new_pairs`: [`NewPairBudget`], how many pairs one agent may add per
+//!   round.
+//! - `seen`: [`RollupLog`], the numbered rollups counted lately.
 
 mod budget;
+mod new_pairs;
 mod seen;
 mod table;
 
@@ -50,6 +54,7 @@ use crate::window::{DemandWindow, Dropped, Rates};
 pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
+pub use new_pairs::NewPairBudget;
 pub use seen::RollupLog;
 use table::{Entries, Op};
 
@@ -159,8 +164,13 @@ pub struct MasterState {
     /// Most pairs tracked at once ([`set_max_pairs`](Self::set_max_pairs));
     /// unbounded by default.
     max_pairs: usize,
-    /// Reports of new pairs not tracked because `max_pairs` were.
+    /// Reports of new pairs not tracked because `max_pairs` were, or the
+    /// caller's allowance was spent.
     refused_pairs: u64,
+    /// How many new pairs the current caller may still add
+    /// ([`allow_new_pairs`](Self::allow_new_pairs)); `None`: only
+    /// `max_pairs` bounds them.
+    new_pairs_allowed: Option<usize>,
     /// Suppression starts and stops not yet taken, when tracked
     /// ([`track_transitions`](Self::track_transitions)); `None` otherwise,
     /// so a caller that never takes them (the simulator) keeps nothing.
@@ -181,6 +191,7 @@ impl MasterState {
             dropped: Dropped::default(),
             max_pairs: usize::MAX,
             refused_pairs: 0,
+            new_pairs_allowed: None,
             transitions: None,
         }
     }
@@ -195,10 +206,25 @@ impl MasterState {
         self.max_pairs = max;
     }
 
-    /// Reports of new pairs refused for `max_pairs` since the state was
-    /// made.
+    /// Reports of new pairs refused for `max_pairs`, or past the caller's
+    /// allowance, since the state was made.
     pub fn refused_pairs(&self) -> u64 {
         self.refused_pairs
+    }
+
+    /// Lets the reports that follow add at most `allowed` new pairs
+    /// (`None`: as many as `max_pairs` leaves room for); past it, new pairs
+    /// are refused as past `max_pairs`. The master service sets each
+    /// agent's [`NewPairBudget`] here before its reports and reads back
+    /// what is left with [`new_pairs_allowed`](Self::new_pairs_allowed).
+    pub fn allow_new_pairs(&mut self, allowed: Option<usize>) {
+        self.new_pairs_allowed = allowed;
+    }
+
+    /// What is left of the allowance set by
+    /// [`allow_new_pairs`](Self::allow_new_pairs).
+    pub fn new_pairs_allowed(&self) -> Option<usize> {
+        self.new_pairs_allowed
     }
 
     /// Starts (or stops) keeping a [`Transition`] each time an (account,

@@ -158,12 +158,17 @@ impl MasterState {
             },
         ) {
             hash_table::Entry::Occupied(found) => Some(*found.get()),
-            hash_table::Entry::Vacant(_) if entries.len >= self.max_pairs => {
+            hash_table::Entry::Vacant(_)
+                if entries.len >= self.max_pairs || self.new_pairs_allowed == Some(0) =>
+            {
                 self.refused_pairs += 1;
                 None
             }
             hash_table::Entry::Vacant(slot) => {
                 slot.insert(next);
+                if let Some(left) = &mut self.new_pairs_allowed {
+                    *left -= 1;
+                }
                 self.entries.push(Entry {
                     account: CompactString::from(account),
                     op,

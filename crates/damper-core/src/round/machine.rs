@@ -96,6 +96,19 @@ enum InFlight {
     },
 }
 
+impl InFlight {
+    /// The master it went to; `None` for a hello, which tries the next.
+    fn master(&self) -> Option<&str> {
+        match self {
+            InFlight::Rollup { master, .. }
+            | InFlight::Recheck { master, .. }
+            | InFlight::Probe { master }
+            | InFlight::Surge { master, .. } => Some(master),
+            InFlight::Hello { .. } => None,
+        }
+    }
+}
+
 /// A recheck due: when, which master, which `(op, account)` pairs, and
 /// whether a failure sends it once more.
 type Recheck = (Nanos, String, Vec<OwnedPair>, bool);
@@ -345,8 +358,11 @@ impl AgentRound {
             }
             Some(InFlight::Probe { master }) => {
                 state.learn_op_limits(reply);
-                self.membership.answered(&master, reply.started, now);
-                if !self.membership.is_up(&master) {
+                if self.membership.answered(&master, reply.started, now) {
+                    // Its warm-up already past (a partition healed).
+                    self.events
+                        .push_back(RoundEvent::RingChanged { master, up: true });
+                } else if !self.membership.is_up(&master) {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
@@ -445,6 +461,96 @@ impl AgentRound {
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.forget_surge(&master, &pairs, state);
             }
+        }
+    }
+
+    /// Request `id` was refused at `now` without reaching a master: nothing
+    /// listens at its address (a refused connection; a process killed on a
+    /// host that is still up). Unlike [`on_failure`](Self::on_failure) this
+    /// is certain: the master did not count it and is not running. It goes
+    /// off the ring at once, and a rollup's counts go to their accounts'
+    /// next owners at once, in the same round, rather than two rounds
+    /// later: before the dead master's factors lapse.
+    pub fn on_refused(&mut self, now: Nanos, id: RequestId, state: &AgentState) {
+        let Some(master) = self.in_flight.get(&id).map(InFlight::master) else {
+            return;
+        };
+        let Some(master) = master.map(str::to_owned) else {
+            // A hello names no master it depends on: the next one.
+            return self.on_failure(now, id, state);
+        };
+        if self.membership.refused(&master, now) {
+            self.events.push_back(RoundEvent::RingChanged {
+                master: master.clone(),
+                up: false,
+            });
+        }
+        match self.in_flight.remove(&id) {
+            Some(InFlight::Rollup {
+                round,
+                start,
+                end,
+                rollup,
+                ..
+            }) => {
+                self.recheck_after_failure(now, &master, &rollup, state);
+                self.reroute(round, start, end, &rollup, now, state);
+                self.finish_one(round, master, false, now, state);
+            }
+            Some(other) => {
+                // As any failure: put back and handled there.
+                self.in_flight.insert(id, other);
+                self.on_failure(now, id, state);
+            }
+            None => {}
+        }
+    }
+
+    /// Sends the counts of `rollup`, refused by a master now down, to
+    /// their accounts' owners on the live ring, as part of `round` (or
+    /// into the next round when no master is up).
+    fn reroute(
+        &mut self,
+        round: u64,
+        start: Nanos,
+        end: Nanos,
+        rollup: &Rollup,
+        now: Nanos,
+        state: &AgentState,
+    ) {
+        let live = self.membership.live();
+        let ring_version = live.version();
+        let mut by_owner: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+        let mut unroutable = Vec::new();
+        for pending in rollup.pending() {
+            match live.owner(&pending.account) {
+                Some(owner) => by_owner.entry(owner.to_owned()).or_default().push(pending),
+                None => unroutable.push(pending),
+            }
+        }
+        self.carry_over(unroutable, start, end, state);
+        let open = self.open.contains_key(&round);
+        for (owner, pending) in by_owner {
+            let mut moved =
+                Rollup::from_drain(&self.config.agent_id, start, end, ring_version, pending);
+            self.sequence += 1;
+            moved.incarnation = self.incarnation;
+            moved.sequence = self.sequence;
+            let moved = Arc::new(moved);
+            if let Some(open) = self.open.get_mut(&round) {
+                open.outstanding += 1;
+            }
+            let flight = InFlight::Rollup {
+                round,
+                master: owner.clone(),
+                start,
+                end,
+                rollup: moved.clone(),
+                // Part of a round still open, or a resend of one settled.
+                resent: u8::from(!open),
+                sent_at: now,
+            };
+            self.transmit(owner, Message::Rollup(moved), flight);
         }
     }
 

@@ -213,20 +213,16 @@ fn failed_rollups_are_resent_take_the_master_down_are_kept_for_it_and_probes_bri
         panic!("{sent:?}")
     };
     assert_eq!(rollup.ops[0].accounts[0].attempted, 100);
-    // It answered the probe, saying it started at T0: it rejoins after its
-    // warm-up, at T0 + 12 s, like every other agent that saw it.
-    assert!(events(&mut r).contains(&RoundEvent::Rejoining {
-        master: owner.clone()
-    }));
-    assert!(!r.membership().is_up(&owner));
-    r.handle_timeout(at(12_000), &state);
+    // It answered the probe, saying it started at T0: it never restarted
+    // (a partition healed), its warm-up is long past, so it is back at once.
     assert!(r.membership().is_up(&owner));
     assert!(events(&mut r).contains(&RoundEvent::RingChanged {
         master: owner.clone(),
         up: true
     }));
-    // Back, it gets the rollup kept for it, as it was, with its number:
-    // counted only if it had not been.
+    // At the next cut it gets the rollup kept for it, as it was, with its
+    // number: counted only if it had not been.
+    r.handle_timeout(at(8_000), &state);
     let t = r.poll_transmit().unwrap();
     assert_eq!(t.master, owner);
     let Message::Rollup(resent) = &t.message else {
@@ -679,4 +675,37 @@ fn a_rollup_whose_reply_is_lost_is_resent_and_counted_once() {
     let counts = &next_rollup.ops[0].accounts[0];
     assert_eq!((counts.attempted, counts.since), (1_000, None));
     assert_eq!(next_rollup.sequence, rollup.sequence + 1);
+}
+
+#[test]
+fn a_refused_rollup_takes_its_master_down_at_once_and_its_counts_go_to_the_next_owner_in_the_same_round()
+ {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut r = round("edge-1", &["m1", "m2"]);
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    let other = if owner == "m1" { "m2" } else { "m1" };
+    flood(&state, 0, 100);
+    r.handle_timeout(at(2_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    let t = r.poll_transmit().unwrap();
+    assert_eq!(t.master, owner);
+    // Nothing listens at the owner's address: certain, so no resend and
+    // nothing kept in doubt; it is down after one failure, not two.
+    r.on_refused(now, t.id, &state);
+    assert!(!r.membership().is_up(&owner));
+    assert!(events(&mut r).contains(&RoundEvent::RingChanged {
+        master: owner.clone(),
+        up: false
+    }));
+    let sent = answer_all(&mut r, &state, &mut m, now);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].master, other);
+    let Message::Rollup(moved) = &sent[0].message else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(moved.attempted(), 200);
+    // Answered: the next owner's limit is in force at once.
+    assert!(state.peek(now, "flood", "messages").limit > 0.0);
 }

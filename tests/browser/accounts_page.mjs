@@ -1,6 +1,7 @@
 // Drives headless Chromium (Debian's, through playwright-core) through the
 // master's accounts page and checks what an operator would: the suppressed
-// account is in the table and marked, the filters and the sort work.
+// account is in the table and marked, the filters and the sort work, and
+// its suppression is in the live events list.
 //
 //   node accounts_page.mjs URL SUPPRESSED CALM
 //
@@ -75,6 +76,15 @@ try {
   }
   await page.locator("#accounts tbody tr").first().and(page.locator(row(suppressed))).waitFor();
 
+  // 5. The events: the flood's suppression started (before the page
+  // loaded: the page asks for every kept event), marked by kind.
+  const started = page.locator(`#events li[data-kind="suppression_started"][data-account="${suppressed}"][data-op="messages"]`);
+  await started.waitFor();
+  if (!(await started.innerText()).includes("suppression started")) throw new Error("event not described");
+  if ((await page.locator(`#events li[data-account="${calm}"][data-kind="suppression_started"]`).count()) !== 0) {
+    throw new Error(`${calm} shown as suppressed in the events`);
+  }
+
   // What the page shows, as text.
   const header = await page.locator("#accounts thead th").allInnerTexts();
   console.log(header.join(" | "));
@@ -82,6 +92,7 @@ try {
     console.log((await tr.locator("td").allInnerTexts()).join(" | "));
   }
   console.log(await page.locator("#status").innerText());
+  for (const li of await page.locator("#events li").all()) console.log(await li.innerText());
 } catch (e) {
   console.error(`accounts page: ${e.message}`);
   failed = true;

@@ -208,6 +208,11 @@ pub struct PolicySection {
     /// its limit. Default 5; 0 suppresses whenever a round's demand is
     /// over the limit. At most 20.
     pub confidence_sigmas: Option<f64>,
+    /// The share of its limit at which an account's demand counts as near
+    /// it: crossing it upwards, or back down, is an event (a log line and
+    /// an entry on `/v1/events`), so operators hear of an account close to
+    /// its limit before anything is refused. Default 0.8; in (0, 1).
+    pub near_limit_share: Option<f64>,
 }
 
 impl Default for PolicySection {
@@ -219,6 +224,7 @@ impl Default for PolicySection {
             surge_recheck_ms: None,
             surge_min_gap_ms: None,
             confidence_sigmas: None,
+            near_limit_share: None,
         }
     }
 }
@@ -391,6 +397,9 @@ pub struct PolicyConfig {
     /// How far over the limit, in standard deviations of its own scatter,
     /// a round's demand must be to suppress (0: any amount).
     pub confidence_sigmas: f64,
+    /// The share of its limit at which an account's demand counts as near
+    /// it (an event each way).
+    pub near_limit_share: f64,
 }
 
 impl PolicyConfig {
@@ -464,12 +473,22 @@ impl PolicyConfig {
                 ));
             }
         };
+        let near_limit_share = match p.near_limit_share.unwrap_or(0.8) {
+            share if share > 0.0 && share < 1.0 => share,
+            share => {
+                return Err(ConfigError::invalid(
+                    "policy.near_limit_share",
+                    format!("must be a number above 0 and below 1, got {share}"),
+                ));
+            }
+        };
         Ok(PolicyConfig {
             kind,
             factor_validity,
             surge_recheck,
             surge_min_gap,
             confidence_sigmas,
+            near_limit_share,
         })
     }
 }
@@ -603,6 +622,11 @@ mod tests {
                 "[policy]\nconfidence_sigmas = nan",
                 "policy.confidence_sigmas",
             ),
+            (
+                "[policy]\nnear_limit_share = 1.0",
+                "policy.near_limit_share",
+            ),
+            ("[policy]\nnear_limit_share = 0", "policy.near_limit_share"),
             ("[limits]\nmessages = 0", "limits.\"messages\""),
             ("[limits]\nmessages = -3", "limits.\"messages\""),
         ] {

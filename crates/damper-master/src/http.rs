@@ -7,6 +7,8 @@
 //! - `GET /v1/accounts/{account}`: one account's pairs (404 if untracked).
 //! - `GET /`: a page showing the same table, sortable and filterable,
 //!   refreshing every 2 s. Served from the binary: no build step.
+//! - `GET /v1/events`: accounts near their limit and suppression starting
+//!   and ending, as Server-Sent Events (see `events`).
 //! - `GET /metrics`: Prometheus text format, when a recorder handle is given.
 //! - `GET /healthz`: `ok` while the process serves (liveness).
 //!
@@ -15,6 +17,8 @@
 //! needs `Authorization: Bearer TOKEN`, or answers 401: probes stay simple,
 //! and who may read which accounts are suppressed is the operator's
 //! choice. Without one, bind it to loopback (the binary's default).
+
+mod events;
 
 use std::future::Future;
 
@@ -51,6 +55,7 @@ pub fn router(master: Master, metrics: Option<PrometheusHandle>) -> Router {
         .route("/", get(page))
         .route("/v1/accounts", get(accounts))
         .route("/v1/accounts/{account}", get(account))
+        .route("/v1/events", get(events::events))
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(AppState { master, metrics })
@@ -74,6 +79,13 @@ pub async fn serve_authenticated(
     token: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let events = master.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Event streams never end by themselves: end them, or the server
+        // would wait for them.
+        events.events().close();
+    };
     axum::serve(listener, authenticated(router(master, metrics), token))
         .with_graceful_shutdown(shutdown)
         .await

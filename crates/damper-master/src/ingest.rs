@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
-use damper_core::master::{SurgeTaken, Transition, TransitionKind};
+use damper_core::master::SurgeTaken;
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -74,24 +74,6 @@ fn truncated(agent: &str) -> String {
     agent.chars().take(64).collect()
 }
 
-/// One log line per (account, op) that starts or stops being suppressed.
-pub(crate) fn log_transitions(transitions: Vec<Transition>) {
-    for t in transitions {
-        match t.kind {
-            TransitionKind::Started => tracing::info!(
-                account = %t.account, op = %t.op, factor = t.factor, demand = t.demand, limit = t.limit,
-                "suppression started"
-            ),
-            TransitionKind::Stopped => tracing::info!(
-                account = %t.account, op = %t.op, demand = t.demand, "suppression stopped"
-            ),
-            other => tracing::info!(
-                account = %t.account, op = %t.op, kind = ?other, "suppression changed"
-            ),
-        }
-    }
-}
-
 impl Master {
     /// Ingests one rollup and answers it. The whole rollup is validated
     /// first: a bad one is refused, naming the field, and nothing of it is
@@ -157,7 +139,7 @@ impl Master {
             // Logged once the shard is free for other rollups.
             let transitions = state.take_transitions();
             drop(state);
-            log_transitions(transitions);
+            self.shared.events.publish(now, transitions);
             if let Some(error) = failed {
                 self.new_pairs_added(&rollup.agent_id, now, &refused);
                 return Err(error);
@@ -237,7 +219,7 @@ impl Master {
                         refused.add(state.refused_pairs() - refused_before, left == 0);
                         let transitions = state.take_transitions();
                         drop(state);
-                        log_transitions(transitions);
+                        self.shared.events.publish(now, transitions);
                         self.new_pairs_added(&query.agent_id, now, &refused);
                         let verdict = verdict.map_err(|error| RollupError::Entry {
                             op: i,
@@ -447,6 +429,12 @@ impl Master {
             metrics::counter!("damper_master_foreign_entries_total").increment(foreign as u64);
             tracing::debug!(agent = %rollup.agent_id, foreign, "rollup carries accounts this master does not own: the agent's ring differs");
         }
+    }
+
+    /// Its events: accounts near their limit, suppression started and
+    /// ended (`/v1/events`).
+    pub fn events(&self) -> &crate::events::Events {
+        &self.shared.events
     }
 
     /// What this master has counted since it started.

@@ -24,8 +24,11 @@
 //!   so a restart keeps the windows.
 //! - [`reload`]: live config changes ([`Master::reload`], the file watcher
 //!   [`reload::ConfigWatcher`]) that keep every window.
-//! - [`http`]: the operator's HTTP endpoint: `/v1/accounts`, the accounts
-//!   page at `/`, Prometheus `/metrics`.
+//! - [`events`]: accounts near their limit and suppression starting and
+//!   ending, numbered, logged, kept and sent to subscribers.
+//! - [`http`]: the operator's HTTP endpoint: `/v1/accounts`, the events
+//!   stream `/v1/events` (`http/events.rs`), the accounts page at `/`,
+//!   Prometheus `/metrics`.
 //! - `src/main.rs`: the `damper-master` binary (flags, logs, signals).
 //!
 //! # Example
@@ -43,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 mod accounts;
+pub mod events;
 pub mod http;
 mod identity;
 mod ingest;
@@ -63,7 +67,7 @@ use damper_core::time::{Clock, Nanos, SystemClock};
 pub use accounts::{AccountsQuery, AccountsSort, ratio};
 pub use identity::AllowList;
 pub use ingest::Ingested;
-use ingest::{IngestedCounters, log_transitions};
+use ingest::IngestedCounters;
 use ring_view::RingView;
 pub use ring_view::RingViewError;
 pub use service::{MasterService, ServeError, run, run_with_tls, status};
@@ -166,6 +170,8 @@ struct Shared {
     rollup_log: Mutex<damper_core::master::RollupLog>,
     /// How many new pairs each agent added this round.
     new_pairs: Mutex<damper_core::master::NewPairBudget>,
+    /// Accounts near their limit, suppression started and ended.
+    events: events::Events,
 }
 
 impl Master {
@@ -206,6 +212,7 @@ impl Master {
                 suppressed_ops: Mutex::default(),
                 warned: crate::ingest::Warned::default(),
                 rollup_log: Mutex::default(),
+                events: events::Events::default(),
                 new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
                     options.max_new_pairs_per_agent,
                     w.rollup_interval,
@@ -246,7 +253,7 @@ impl Master {
                         state.evict_idle_from(now, self.shared.idle_after, &mut cursor, EVICT_STEP);
                     (gone, done, state.take_transitions())
                 };
-                log_transitions(transitions);
+                self.shared.events.publish(now, transitions);
                 evicted += gone;
                 if done {
                     break;

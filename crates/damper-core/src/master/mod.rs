@@ -111,16 +111,49 @@ pub struct Transition {
     pub limit: f64,
 }
 
-/// Whether suppression started or stopped.
+/// What changed for an (account, op).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TransitionKind {
-    /// The factor went from 0 to positive.
+    /// Suppression started: the factor went from 0 to positive.
     Started,
-    /// The factor went back to 0, the limit was removed, or the pair went
-    /// idle and was forgotten.
+    /// Suppression stopped: the factor went back to 0, the limit was
+    /// removed, or the pair went idle and was forgotten.
     Stopped,
+    /// Its demand rose to `policy.near_limit_share` of its limit: it is
+    /// close to being refused, nothing refused yet.
+    NearLimit,
+    /// Its demand fell back under the near share, less a margin
+    /// ([`NEAR_LIMIT_MARGIN`]), or its limit was removed, or it went idle
+    /// and was forgotten.
+    NearLimitEnded,
 }
+
+impl TransitionKind {
+    /// Its name in events and logs: `suppression_started`,
+    /// `suppression_ended`, `near_limit`, `near_limit_ended`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransitionKind::Started => "suppression_started",
+            TransitionKind::Stopped => "suppression_ended",
+            TransitionKind::NearLimit => "near_limit",
+            TransitionKind::NearLimitEnded => "near_limit_ended",
+        }
+    }
+
+    /// Every kind, in the order a flood goes through them.
+    pub const ALL: [TransitionKind; 4] = [
+        TransitionKind::NearLimit,
+        TransitionKind::Started,
+        TransitionKind::Stopped,
+        TransitionKind::NearLimitEnded,
+    ];
+}
+
+/// How far under the near share, as a share of the limit, demand must fall
+/// before it is no longer near: an account hovering at the share would
+/// otherwise flap between the two events at every round.
+pub const NEAR_LIMIT_MARGIN: f64 = 0.05;
 
 /// One tracked (account, op) as the master sees it at some instant: what
 /// introspection shows.
@@ -343,17 +376,38 @@ impl MasterState {
             .and_then(|id| self.config.limits.get(id))
             .map(|limit| verdict(&self.config, &key.window, limit.rate, now));
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
+        let share = self.config.policy.near_limit_share;
+        let near = verdict.is_some_and(|v| {
+            let bar = if key.near {
+                share - NEAR_LIMIT_MARGIN
+            } else {
+                share
+            };
+            v.rates.demand >= bar * v.limit.get()
+        });
+        // Near comes before started, ended after stopped.
+        let mut changed = Vec::new();
+        if near && !key.near {
+            changed.push(TransitionKind::NearLimit);
+        }
         if suppressed != key.suppressed {
-            key.suppressed = suppressed;
-            if let Some(transitions) = &mut self.transitions {
+            changed.push(if suppressed {
+                TransitionKind::Started
+            } else {
+                TransitionKind::Stopped
+            });
+        }
+        if !near && key.near {
+            changed.push(TransitionKind::NearLimitEnded);
+        }
+        key.near = near;
+        key.suppressed = suppressed;
+        if let Some(transitions) = &mut self.transitions {
+            for kind in changed {
                 transitions.push(Transition {
                     op: op.to_owned(),
                     account: account.to_owned(),
-                    kind: if suppressed {
-                        TransitionKind::Started
-                    } else {
-                        TransitionKind::Stopped
-                    },
+                    kind,
                     factor: verdict.map_or(0.0, |v| v.factor),
                     demand: verdict.map_or(0.0, |v| v.rates.demand),
                     limit: verdict.map_or(0.0, |v| v.limit.get()),
@@ -449,12 +503,16 @@ impl MasterState {
             }
             // The last entry moves into `i`: look at `i` again.
             let gone = self.remove(i);
-            if gone.suppressed {
-                if let Some(transitions) = &mut self.transitions {
+            if let Some(transitions) = &mut self.transitions {
+                let ended = [
+                    (gone.suppressed, TransitionKind::Stopped),
+                    (gone.near, TransitionKind::NearLimitEnded),
+                ];
+                for (_, kind) in ended.into_iter().filter(|(was, _)| *was) {
                     transitions.push(Transition {
                         op: self.ops[gone.op as usize].name.to_string(),
                         account: gone.account.to_string(),
-                        kind: TransitionKind::Stopped,
+                        kind,
                         factor: 0.0,
                         demand: 0.0,
                         limit: 0.0,

@@ -28,6 +28,9 @@ pub(super) struct Entry {
     /// Whether the last verdict had a positive factor: a change is a
     /// [`Transition`].
     pub(super) suppressed: bool,
+    /// Whether the last verdict's demand was near the limit
+    /// (`policy.near_limit_share`): a change is a [`Transition`].
+    pub(super) near: bool,
     pub(super) last_report: Nanos,
     pub(super) window: DemandWindow,
 }
@@ -175,6 +178,7 @@ impl MasterState {
                     limit: None,
                     generation: self.generation.wrapping_sub(1),
                     suppressed: false,
+                    near: false,
                     last_report: now,
                     window: DemandWindow::new(&self.config.window),
                 });

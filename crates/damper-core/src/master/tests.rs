@@ -568,10 +568,18 @@ fn suppression_starts_and_stops_once_each_and_only_when_tracked() {
         round(&mut m, end, rate);
         kinds.extend(m.take_transitions());
     }
+    // Near the limit (0.8 of it, the default share) just before the start,
+    // and no longer near just after the stop: one of each.
     assert_eq!(
         kinds.iter().map(|t| t.kind).collect::<Vec<_>>(),
-        [TransitionKind::Started, TransitionKind::Stopped]
+        [
+            TransitionKind::NearLimit,
+            TransitionKind::Started,
+            TransitionKind::Stopped,
+            TransitionKind::NearLimitEnded
+        ]
     );
+    let kinds = &kinds[1..];
     let started = &kinds[0];
     assert_eq!(
         (started.account.as_str(), started.op.as_str()),
@@ -587,16 +595,41 @@ fn suppression_starts_and_stops_once_each_and_only_when_tracked() {
     assert!(quiet.take_transitions().is_empty());
 }
 
+/// An account that climbs to 0.85 of its limit and hovers there is near
+/// it once, not at every round; it is near no more only once it is under
+/// the share by the margin.
+#[test]
+fn near_the_limit_is_one_event_each_way_with_a_margin() {
+    let mut m = master("latest-round");
+    m.track_transitions(true);
+    let mut kinds = Vec::new();
+    let mut end = 2_000;
+    for share in [0.5, 0.85, 0.79, 0.84, 0.81, 0.76, 0.74, 0.5] {
+        round(&mut m, end, share * L);
+        kinds.extend(m.take_transitions().into_iter().map(|t| (end, t.kind)));
+        end += 2_000;
+    }
+    assert_eq!(
+        kinds,
+        [
+            (4_000, TransitionKind::NearLimit),
+            (14_000, TransitionKind::NearLimitEnded)
+        ]
+    );
+}
+
 #[test]
 fn a_suppressed_pair_that_goes_idle_stops_when_forgotten() {
     let mut m = master("latest-round");
     m.track_transitions(true);
     round(&mut m, 2_000, 4.0 * L);
-    assert_eq!(m.take_transitions()[0].kind, TransitionKind::Started);
+    assert_eq!(m.take_transitions()[1].kind, TransitionKind::Started);
     assert_eq!(m.evict_idle(at(600_000), Duration::from_secs(60)), 1);
-    let stopped = m.take_transitions();
-    assert_eq!(stopped.len(), 1);
-    assert_eq!(stopped[0].kind, TransitionKind::Stopped);
+    let stopped: Vec<TransitionKind> = m.take_transitions().iter().map(|t| t.kind).collect();
+    assert_eq!(
+        stopped,
+        [TransitionKind::Stopped, TransitionKind::NearLimitEnded]
+    );
 }
 
 #[test]

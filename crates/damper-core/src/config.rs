@@ -493,8 +493,8 @@ impl PolicyConfig {
     }
 }
 
-/// A master's configuration file: exactly the `[window]`, `[policy]` and
-/// `[limits]` tables. Unknown keys are errors.
+/// A master's configuration file: exactly the `[window]`, `[policy]`,
+/// `[limits]` and `[exempt]` tables. Unknown keys are errors.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConfigFile {
@@ -504,6 +504,8 @@ pub struct ConfigFile {
     pub policy: PolicySection,
     /// The `[limits]` table.
     pub limits: LimitsSection,
+    /// The `[exempt]` table.
+    pub exempt: crate::exempt::ExemptSection,
 }
 
 /// Everything the master state machine needs to know, validated.
@@ -515,6 +517,8 @@ pub struct MasterConfig {
     pub policy: PolicyConfig,
     /// The limits.
     pub limits: Limits,
+    /// The accounts never limited.
+    pub exempt: crate::exempt::Exemptions,
 }
 
 impl MasterConfig {
@@ -523,6 +527,7 @@ impl MasterConfig {
         let file: ConfigFile =
             toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         MasterConfig::from_sections(&file.window, &file.policy, &file.limits)
+            .and_then(|c| c.with_exemptions(&file.exempt))
             .map_err(|e| e.located(text))
     }
 
@@ -539,7 +544,18 @@ impl MasterConfig {
             window,
             policy,
             limits,
+            exempt: crate::exempt::Exemptions::default(),
         })
+    }
+
+    /// The same config with the `[exempt]` table's exemptions, validated
+    /// against its limits.
+    pub fn with_exemptions(
+        mut self,
+        exempt: &crate::exempt::ExemptSection,
+    ) -> Result<MasterConfig, ConfigError> {
+        self.exempt = crate::exempt::Exemptions::new(exempt, &self.limits)?;
+        Ok(self)
     }
 }
 
@@ -591,6 +607,30 @@ mod tests {
         assert_eq!(c.policy.kind, PolicyKind::LinearRamp { ramp: 2.0 });
         assert_eq!(c.policy.factor_validity, Duration::from_secs(4));
         assert_eq!(c.limits.lookup("acme", "messages").unwrap().rate.get(), 2.5);
+    }
+
+    #[test]
+    fn exemptions_are_read_and_checked_against_the_limits() {
+        let c = MasterConfig::from_toml(
+            "[limits]\nmessages = 10\n[exempt]\naccounts = [\"vip\"]\nmessages = [\"org/partner\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.exempt.covers("vip/team", "presence"), Some("vip"));
+        assert_eq!(
+            c.exempt.covers("org/partner", "messages"),
+            Some("org/partner")
+        );
+        assert_eq!(c.exempt.covers("org", "messages"), None);
+        let e = err("[limits]\n\"messages/vip\" = 10\n[exempt]\naccounts = [\"vip\"]\n");
+        assert!(
+            e.contains("limits.\"messages/vip\"") && e.contains("exempt"),
+            "{e}"
+        );
+        let e = err("[exempt]\naccounts = [\"a//b\"]\n");
+        assert!(e.contains("exempt.accounts[0]"), "{e}");
+        // Not a list: the parser's error, with the line.
+        let e = err("[exempt]\naccounts = \"vip\"\n");
+        assert!(e.contains("line 2") && e.contains("sequence"), "{e}");
     }
 
     #[test]

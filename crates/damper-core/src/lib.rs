@@ -78,6 +78,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod exempt;
 pub mod limits;
 pub mod local;
 pub mod master;

@@ -17,6 +17,15 @@ use std::fmt;
 pub struct Rate(f64);
 
 impl Rate {
+    /// No limit: what an exempt account is told (`f64::MAX`, finite, so
+    /// arithmetic on it stays finite; agents read it as no limit at all).
+    pub const UNLIMITED: Rate = Rate(f64::MAX);
+
+    /// Whether this is [`UNLIMITED`](Self::UNLIMITED).
+    pub fn is_unlimited(self) -> bool {
+        self.0 == f64::MAX
+    }
+
     /// A rate of `per_second`, if it is finite and greater than zero.
     pub fn per_second(per_second: f64) -> Option<Rate> {
         (per_second.is_finite() && per_second > 0.0).then_some(Rate(per_second))

@@ -104,6 +104,10 @@ impl Master {
                 format!("{k}: {} -> {}", show(before.get(k)), show(after.get(k)))
             })
             .collect();
+        let mut changed = changed;
+        if old.exempt != config.exempt {
+            changed.push("[exempt] changed".to_string());
+        }
         let summary = ReloadSummary {
             limits: config.limits.len(),
             changed,

@@ -20,8 +20,8 @@ pub struct Standing {
     pub source: Option<RejectSource>,
     /// The account-wide limit in cost per second: the one the master last
     /// sent for the pair, or else its op's default as learned from any
-    /// reply; 0 when no limit is known (none configured, or no master has
-    /// answered yet).
+    /// reply; 0 when no limit is known (none configured, the account is
+    /// exempt, or no master has answered yet).
     pub limit: f64,
     /// Whether this agent tracks the pair (it was checked or answered for
     /// and not forgotten since).
@@ -59,7 +59,11 @@ impl AgentState {
             entry.local_factor.load(Relaxed)
         };
         let stored = f64::from_bits(entry.limit.load(Relaxed));
-        let limit = if stored > 0.0 {
+        // An exempt account's master sends `f64::MAX`: no limit, as for
+        // an op that has none.
+        let limit = if stored >= f64::MAX {
+            0.0
+        } else if stored > 0.0 {
             stored
         } else {
             self.op_limit(op).unwrap_or(0.0)

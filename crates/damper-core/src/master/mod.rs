@@ -168,6 +168,9 @@ pub struct KeyView {
     pub limit: Option<f64>,
     /// The configured key that gave the limit, such as `messages/acme`.
     pub limit_key: Option<String>,
+    /// The `[exempt]` entry that exempts it (then `limit` is `None` and
+    /// `factor` 0), such as `org/vip`.
+    pub exempt: Option<String>,
     /// Estimated attempted cost per second (before suppression).
     pub demand: f64,
     /// Estimated admitted cost per second.
@@ -369,12 +372,16 @@ impl MasterState {
         let key = self.entries.get_mut(i);
         if key.generation != self.generation {
             key.limit = self.config.limits.lookup(account, op).map(|m| m.id);
+            key.exempt = self.config.exempt.covers(account, op).is_some();
             key.generation = self.generation;
         }
-        let verdict = key
-            .limit
-            .and_then(|id| self.config.limits.get(id))
-            .map(|limit| verdict(&self.config, &key.window, limit.rate, now));
+        let verdict = if key.exempt {
+            Some(exempt_verdict(&self.config, Some(&key.window), now))
+        } else {
+            key.limit
+                .and_then(|id| self.config.limits.get(id))
+                .map(|limit| verdict(&self.config, &key.window, limit.rate, now))
+        };
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
         let share = self.config.policy.near_limit_share;
         let near = verdict.is_some_and(|v| {
@@ -427,7 +434,12 @@ impl MasterState {
             if !keep(Pair::new(account, op)) {
                 continue;
             }
-            let limit = self.config.limits.lookup(account, op);
+            let exempt = self.config.exempt.covers(account, op);
+            let limit = self
+                .config
+                .limits
+                .lookup(account, op)
+                .filter(|_| exempt.is_none());
             let (factor, rates) = match limit {
                 Some(m) => {
                     let v = verdict(&self.config, &key.window, m.rate, now);
@@ -440,6 +452,7 @@ impl MasterState {
                 op: op.to_string(),
                 limit: limit.map(|m| m.rate.get()),
                 limit_key: limit.map(|m| m.key.to_owned()),
+                exempt: exempt.map(str::to_owned),
                 demand: rates.demand,
                 admitted: rates.admitted,
                 factor,
@@ -453,6 +466,10 @@ impl MasterState {
     /// `None` when no limit applies. An (account, op) the master has no
     /// reports for reads as zero demand.
     pub fn verdict(&self, now: Nanos, account: &str, op: &str) -> Option<Verdict> {
+        if self.config.exempt.covers(account, op).is_some() {
+            let window = self.find(op, account).map(|i| &self.entries.get(i).window);
+            return Some(exempt_verdict(&self.config, window, now));
+        }
         let rate = self.config.limits.lookup(account, op)?.rate;
         Some(match self.find(op, account) {
             Some(i) => verdict(&self.config, &self.entries.get(i).window, rate, now),
@@ -619,6 +636,19 @@ pub const SURGE_MARGIN: f64 = 1.15;
 /// account (18 operations a second against 20) reads 1.15× its limit by
 /// chance one time in twenty.
 pub const UNKNOWN_NOISE_MARGIN: f64 = 1.5;
+
+/// The verdict for an exempt pair: never suppressed, and no limit, so the
+/// agents' local guard never refuses it either ([`Rate::UNLIMITED`]); its
+/// demand is still estimated.
+fn exempt_verdict(config: &MasterConfig, window: Option<&DemandWindow>, now: Nanos) -> Verdict {
+    Verdict {
+        factor: 0.0,
+        limit: Rate::UNLIMITED,
+        valid_for: config.policy.factor_validity,
+        rates: window.map_or_else(Rates::default, |w| w.estimate(&config.window, now).rates),
+        recheck_at: None,
+    }
+}
 
 fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
     let mut estimate = window.estimate(&config.window, now);

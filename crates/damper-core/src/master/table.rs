@@ -31,6 +31,8 @@ pub(super) struct Entry {
     /// Whether the last verdict's demand was near the limit
     /// (`policy.near_limit_share`): a change is a [`Transition`].
     pub(super) near: bool,
+    /// Whether `[exempt]` covers it, under config `generation`.
+    pub(super) exempt: bool,
     pub(super) last_report: Nanos,
     pub(super) window: DemandWindow,
 }
@@ -179,6 +181,7 @@ impl MasterState {
                     generation: self.generation.wrapping_sub(1),
                     suppressed: false,
                     near: false,
+                    exempt: false,
                     last_report: now,
                     window: DemandWindow::new(&self.config.window),
                 });

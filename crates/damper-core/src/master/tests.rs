@@ -849,3 +849,44 @@ fn eviction_in_steps_forgets_the_idle_and_keeps_what_reports_meanwhile() {
     assert_eq!(m.len(), 10 + steps - 1);
     assert!(m.verdict(at(100_010), "kept-3", "messages").is_some());
 }
+
+/// An exempt account at 4× its op's limit is never suppressed and is told
+/// it has no limit; its demand is still estimated and shown. A config
+/// without the exemption suppresses it from the next report on.
+#[test]
+fn an_exempt_account_is_never_suppressed_until_a_reload_removes_the_exemption() {
+    let exempt = format!("[limits]\nmessages = {L}\n[exempt]\naccounts = [\"acme\"]\n");
+    let mut m = MasterState::new(MasterConfig::from_toml(&exempt).unwrap());
+    m.track_transitions(true);
+    for end in (2_000..=10_000).step_by(2_000) {
+        let report = Report {
+            account: "acme",
+            op: "messages",
+            start: at(end - 2_000),
+            end: at(end),
+            attempted: (8.0 * L) as u64,
+            admitted: (8.0 * L) as u64,
+        };
+        let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
+        assert_eq!(v.factor, 0.0);
+        assert!(v.limit.is_unlimited());
+    }
+    assert!(
+        m.take_transitions().is_empty(),
+        "no events for an exempt account"
+    );
+    let views = m.views(at(10_010), |_| true);
+    assert_eq!(views[0].exempt.as_deref(), Some("acme"));
+    assert_eq!(views[0].limit, None);
+    assert_eq!(views[0].demand, 4.0 * L);
+    assert!(
+        m.verdict(at(10_010), "acme", "messages")
+            .unwrap()
+            .limit
+            .is_unlimited()
+    );
+
+    m.set_config(MasterConfig::from_toml(&format!("[limits]\nmessages = {L}\n")).unwrap());
+    assert_eq!(round(&mut m, 12_000, 4.0 * L), 0.75);
+    assert_eq!(m.views(at(12_010), |_| true)[0].exempt, None);
+}

@@ -87,6 +87,14 @@ pub enum ServerFrame {
         /// When trying again may succeed, when known.
         #[serde(skip_serializing_if = "Option::is_none", default)]
         retry_after_ms: Option<u64>,
+        /// For `account_rate_limited`: the account's limit, message
+        /// deliveries per second over all nodes.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        limit: Option<f64>,
+        /// For `account_rate_limited`: the account's demand, deliveries
+        /// attempted per second over all nodes, as its master estimates it.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        demand: Option<f64>,
     },
 }
 
@@ -104,5 +112,7 @@ pub(crate) fn bad_request(reason: String) -> ServerFrame {
         code: ErrorCode::BadRequest,
         reason,
         retry_after_ms: None,
+        limit: None,
+        demand: None,
     }
 }

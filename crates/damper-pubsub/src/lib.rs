@@ -36,7 +36,8 @@
 //! → {"op":"publish","channel":"news","id":7,"data":"hi"}
 //!                                                ← {"type":"ack","id":7,"subscribers":3}
 //!                                   or           ← {"type":"error","id":7,"code":"account_rate_limited",
-//!                                                    "reason":"...","retry_after_ms":412}
+//!                                                    "reason":"...","retry_after_ms":412,
+//!                                                    "limit":1000.0,"demand":4210.5}
 //! ← {"type":"message","channel":"news","id":7,"data":"hi"}   (to every subscriber)
 //! ```
 //!

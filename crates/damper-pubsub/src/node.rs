@@ -193,6 +193,8 @@ impl Node {
             code,
             reason,
             retry_after_ms: retry.map(millis),
+            limit: None,
+            demand: None,
         };
         if let Err(reason) = check_name("channel", channel) {
             return refuse(ErrorCode::BadRequest, reason, None);
@@ -207,15 +209,17 @@ impl Node {
         let fanout = subscribers.map_or(0, |c| c.len() as u64);
         if let Decision::Reject(r) = s.agent.check(account, OP, 1 + fanout) {
             s.stats.rejected_account.fetch_add(1, Relaxed);
-            return refuse(
-                ErrorCode::AccountRateLimited,
-                format!(
-                    "account {account:?} is over its limit of {:.0} message deliveries per second over all nodes; {:.0}% of its publishes are refused",
-                    r.limit,
-                    r.factor * 100.0
-                ),
-                Some(r.retry_after),
+            let reason = format!(
+                "account {account:?} attempts {:.0} message deliveries per second over all nodes, over its limit of {:.0}; {:.0}% of its publishes are refused",
+                r.demand,
+                r.limit,
+                r.factor * 100.0
             );
+            let mut frame = refuse(ErrorCode::AccountRateLimited, reason, Some(r.retry_after));
+            if let ServerFrame::Error { limit, demand, .. } = &mut frame {
+                (*limit, *demand) = (Some(r.limit), Some(r.demand));
+            }
+            return frame;
         }
         s.stats.published.fetch_add(1, Relaxed);
         if let Some(subscribers) = subscribers {

@@ -87,6 +87,8 @@ async fn connection(
                         node.shared.config.subscriber_queue
                     ),
                     retry_after_ms: None,
+                    limit: None,
+                    demand: None,
                 })).await;
                 break;
             }

@@ -292,11 +292,16 @@ async fn a_flood_over_two_nodes_is_held_at_the_account_limit_and_nothing_accepte
                     code,
                     retry_after_ms,
                     reason,
+                    limit,
+                    demand,
                 } => {
                     assert!(!calm, "the calm account was refused: {reason}");
                     assert!(id.is_some(), "an error frame names its publish");
                     assert_eq!(*code, ErrorCode::AccountRateLimited, "{reason}");
                     assert!(retry_after_ms.is_some_and(|ms| ms > 0), "{reason}");
+                    // It says how far over: the limit, and a demand above it.
+                    let (limit, demand) = (limit.unwrap(), demand.unwrap());
+                    assert!(limit > 0.0 && demand > limit, "{limit} {demand}: {reason}");
                     flood_rejected += 1;
                 }
                 _ => unreachable!(),

@@ -293,10 +293,14 @@ impl Entry {
         } else {
             (RejectSource::Master, config.rollup_interval)
         };
+        let factor = factor_of(bits);
         Decision::Reject(Rejection {
-            factor: factor_of(bits),
+            factor,
             source,
             limit,
+            // A factor of 1 (everything refused) says the demand is far
+            // over; 1 000 × the limit stands for it, finite for any JSON.
+            demand: limit / (1.0 - factor.min(0.999)),
             retry_after,
         })
     }

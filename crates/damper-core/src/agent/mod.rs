@@ -155,6 +155,13 @@ pub struct Rejection {
     pub source: RejectSource,
     /// The account-wide limit in force, in cost per second.
     pub limit: f64,
+    /// The demand the factor was computed from, in cost per second: the
+    /// account's attempted rate over every agent as its master estimates
+    /// it (for the local guard, this agent's own rate), so a refusal can
+    /// say how far over its limit the account is. Under the default
+    /// `demand` policy the factor is `1 − limit / demand`, and this is
+    /// `limit / (1 − factor)`: at most 1 000 × the limit.
+    pub demand: f64,
     /// A hint for the publisher: the soonest the factor can change.
     pub retry_after: Duration,
 }

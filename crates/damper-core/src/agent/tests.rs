@@ -103,12 +103,31 @@ fn a_rejection_says_why_and_when_to_retry() {
             assert_eq!(r.source, RejectSource::Master);
             assert_eq!(r.limit, 500.0);
             assert_eq!(r.retry_after, Duration::from_secs(2));
+            assert!((r.demand - 500_000.0).abs() < 1e-3, "{}", r.demand);
         }
         other => panic!("{other:?}"),
     }
     // Rejected cost is attempted, not admitted.
     let d = drained(&agent);
     assert_eq!((d[0].2.attempted, d[0].2.admitted), (3, 0));
+    // A factor of 0.75 under a limit of 500 says 2 000 attempted a second.
+    agent.apply(
+        t(20),
+        "acme",
+        "messages",
+        0.75,
+        500.0,
+        Duration::from_secs(6),
+    );
+    let demand = (0..200)
+        .find_map(
+            |_| match agent.check(t(30), "acme", "messages", 1, &mut rng) {
+                Decision::Reject(r) => Some(r.demand),
+                _ => None,
+            },
+        )
+        .unwrap();
+    assert!((demand - 2_000.0).abs() < 1e-6, "{demand}");
 }
 
 #[test]

@@ -372,10 +372,11 @@ impl MasterState {
         let key = self.entries.get_mut(i);
         if key.generation != self.generation {
             key.limit = self.config.limits.lookup(account, op).map(|m| m.id);
-            key.exempt = self.config.exempt.covers(account, op).is_some();
+            let exempt = self.config.exempt.covers(account, op).is_some();
+            key.set(table::EXEMPT, exempt);
             key.generation = self.generation;
         }
-        let verdict = if key.exempt {
+        let verdict = if key.is(table::EXEMPT) {
             Some(exempt_verdict(&self.config, Some(&key.window), now))
         } else {
             key.limit
@@ -385,7 +386,7 @@ impl MasterState {
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
         let share = self.config.policy.near_limit_share;
         let near = verdict.is_some_and(|v| {
-            let bar = if key.near {
+            let bar = if key.is(table::NEAR) {
                 share - NEAR_LIMIT_MARGIN
             } else {
                 share
@@ -394,21 +395,21 @@ impl MasterState {
         });
         // Near comes before started, ended after stopped.
         let mut changed = Vec::new();
-        if near && !key.near {
+        if near && !key.is(table::NEAR) {
             changed.push(TransitionKind::NearLimit);
         }
-        if suppressed != key.suppressed {
+        if suppressed != key.is(table::SUPPRESSED) {
             changed.push(if suppressed {
                 TransitionKind::Started
             } else {
                 TransitionKind::Stopped
             });
         }
-        if !near && key.near {
+        if !near && key.is(table::NEAR) {
             changed.push(TransitionKind::NearLimitEnded);
         }
-        key.near = near;
-        key.suppressed = suppressed;
+        key.set(table::NEAR, near);
+        key.set(table::SUPPRESSED, suppressed);
         if let Some(transitions) = &mut self.transitions {
             for kind in changed {
                 transitions.push(Transition {
@@ -522,8 +523,8 @@ impl MasterState {
             let gone = self.remove(i);
             if let Some(transitions) = &mut self.transitions {
                 let ended = [
-                    (gone.suppressed, TransitionKind::Stopped),
-                    (gone.near, TransitionKind::NearLimitEnded),
+                    (gone.is(table::SUPPRESSED), TransitionKind::Stopped),
+                    (gone.is(table::NEAR), TransitionKind::NearLimitEnded),
                 ];
                 for (_, kind) in ended.into_iter().filter(|(was, _)| *was) {
                     transitions.push(Transition {
@@ -607,7 +608,7 @@ impl MasterState {
     /// computes nothing.
     pub fn suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
         let mut suppressed = vec![0usize; self.ops.len()];
-        for key in self.entries.iter().filter(|k| k.suppressed) {
+        for key in self.entries.iter().filter(|k| k.is(table::SUPPRESSED)) {
             suppressed[key.op as usize] += 1;
         }
         self.ops

@@ -25,16 +25,34 @@ pub(super) struct Entry {
     /// The limit that applied under config `generation`.
     pub(super) limit: Option<LimitId>,
     pub(super) generation: u16,
-    /// Whether the last verdict had a positive factor: a change is a
-    /// [`Transition`].
-    pub(super) suppressed: bool,
-    /// Whether the last verdict's demand was near the limit
-    /// (`policy.near_limit_share`): a change is a [`Transition`].
-    pub(super) near: bool,
-    /// Whether `[exempt]` covers it, under config `generation`.
-    pub(super) exempt: bool,
+    /// [`SUPPRESSED`], [`NEAR`] and [`EXEMPT`], one byte: the entry has
+    /// two bytes to spare before its 8-byte fields, not three.
+    pub(super) flags: u8,
     pub(super) last_report: Nanos,
     pub(super) window: DemandWindow,
+}
+
+/// Whether the last verdict had a positive factor: a change is a
+/// [`Transition`].
+pub(super) const SUPPRESSED: u8 = 1;
+/// Whether the last verdict's demand was near the limit
+/// (`policy.near_limit_share`): a change is a [`Transition`].
+pub(super) const NEAR: u8 = 2;
+/// Whether `[exempt]` covers it, under config `generation`.
+pub(super) const EXEMPT: u8 = 4;
+
+impl Entry {
+    pub(super) fn is(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    pub(super) fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+    }
 }
 
 /// An op name, interned: entries hold its index.
@@ -179,9 +197,7 @@ impl MasterState {
                     op,
                     limit: None,
                     generation: self.generation.wrapping_sub(1),
-                    suppressed: false,
-                    near: false,
-                    exempt: false,
+                    flags: 0,
                     last_report: now,
                     window: DemandWindow::new(&self.config.window),
                 });

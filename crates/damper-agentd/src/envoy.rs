@@ -373,6 +373,7 @@ mod tests {
             limit: 1000.0,
             retry_after: Duration::ZERO,
             reason: None,
+            demand: 0.0,
         };
         let refused = Verdict {
             admitted: false,
@@ -380,6 +381,7 @@ mod tests {
             limit: 250.4,
             retry_after: Duration::from_millis(1500),
             reason: Some(crate::verdict::Reason::AccountLimit),
+            demand: 2504.0,
         };
         let h = headers(&[("messages", admitted), ("up\"loads", refused)]);
         let pairs: Vec<(&str, &str)> = h

@@ -48,6 +48,7 @@ fn reply(v: Verdict) -> CheckReply {
         limit: v.limit,
         retry_after_ms: millis(v.retry_after),
         reason: wire_reason(v.reason),
+        demand: v.demand,
     }
 }
 

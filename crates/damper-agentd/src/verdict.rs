@@ -54,6 +54,11 @@ pub struct Verdict {
     pub retry_after: Duration,
     /// When refused, whose factor refused it.
     pub reason: Option<Reason>,
+    /// While the factor is positive, the demand it came from, cost per
+    /// second over every node ([`Rejection::demand`]); 0 otherwise.
+    ///
+    /// [`Rejection::demand`]: damper_agent::Rejection::demand
+    pub demand: f64,
 }
 
 /// A request that cannot be decided, and is not counted.
@@ -124,6 +129,7 @@ impl Sidecar {
                 limit: r.limit,
                 retry_after: r.retry_after,
                 reason: Some(Reason::of(r.source)),
+                demand: r.demand,
             },
             // Admitted (and whatever a later library version adds): say
             // what is in force, so a client can warn before refusals start.
@@ -135,6 +141,12 @@ impl Sidecar {
                     limit: standing.limit,
                     retry_after: Duration::ZERO,
                     reason: None,
+                    // As a refusal would say it (`Rejection::demand`).
+                    demand: if standing.factor > 0.0 {
+                        standing.limit / (1.0 - standing.factor.min(0.999))
+                    } else {
+                        0.0
+                    },
                 }
             }
         };

@@ -62,7 +62,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use builder::{AgentBuilder, AgentError, AgentTls, Masters};
-pub use damper_core::agent::{Decision, RejectSource, Rejection, Standing};
+pub use damper_core::agent::{Decision, RejectSource, Rejection, Standing, implied_demand};
 use stats::Stats;
 pub use stats::{AgentStats, LatencyHistogram};
 

@@ -142,11 +142,7 @@ impl Sidecar {
                     retry_after: Duration::ZERO,
                     reason: None,
                     // As a refusal would say it (`Rejection::demand`).
-                    demand: if standing.factor > 0.0 {
-                        standing.limit / (1.0 - standing.factor.min(0.999))
-                    } else {
-                        0.0
-                    },
+                    demand: damper_agent::implied_demand(standing.limit, standing.factor),
                 }
             }
         };

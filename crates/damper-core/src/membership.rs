@@ -94,6 +94,17 @@ enum Health {
     },
 }
 
+impl Health {
+    /// Just gone down at `now`: probed after the first backoff, `jitter`ed.
+    fn down(now: Nanos, config: &HealthConfig, jitter: f64) -> Health {
+        let backoff = config.probe_initial;
+        Health::Down {
+            next_probe: now + backoff.mul_f64(jitter),
+            backoff,
+        }
+    }
+}
+
 /// The configured masters, their health, and the live ring.
 #[derive(Clone, Debug)]
 pub struct Membership {
@@ -222,11 +233,7 @@ impl Membership {
                 if *failures < config.fail_after.max(1) {
                     return false;
                 }
-                let backoff = config.probe_initial;
-                *h = Health::Down {
-                    next_probe: now + backoff.mul_f64(jitter),
-                    backoff,
-                };
+                *h = Health::down(now, &config, jitter);
                 self.rebuild()
             }
             Health::Down {
@@ -239,11 +246,7 @@ impl Membership {
             }
             Health::Rejoining { .. } => {
                 // Gone again before it rejoined.
-                let backoff = config.probe_initial;
-                *h = Health::Down {
-                    next_probe: now + backoff.mul_f64(jitter),
-                    backoff,
-                };
+                *h = Health::down(now, &config, jitter);
                 false
             }
         }
@@ -259,11 +262,7 @@ impl Membership {
         match self.health.get_mut(member) {
             Some(h @ (Health::Up { .. } | Health::Rejoining { .. })) => {
                 let was_up = matches!(h, Health::Up { .. });
-                let backoff = config.probe_initial;
-                *h = Health::Down {
-                    next_probe: now + backoff.mul_f64(jitter),
-                    backoff,
-                };
+                *h = Health::down(now, &config, jitter);
                 was_up && self.rebuild()
             }
             _ => false,

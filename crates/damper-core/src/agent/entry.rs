@@ -12,7 +12,9 @@ use std::sync::atomic::{
 use compact_str::CompactString;
 use rand::Rng;
 
-use super::{AgentConfig, AgentState, Decision, RejectSource, Rejection, admission};
+use super::{
+    AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
+};
 use crate::time::{Nanos, duration_nanos};
 
 /// How much above an op's default limit the local guard lets a pair go
@@ -298,9 +300,7 @@ impl Entry {
             factor,
             source,
             limit,
-            // A factor of 1 (everything refused) says the demand is far
-            // over; 1 000 × the limit stands for it, finite for any JSON.
-            demand: limit / (1.0 - factor.min(0.999)),
+            demand: implied_demand(limit, factor),
             retry_after,
         })
     }

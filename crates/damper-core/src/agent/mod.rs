@@ -166,6 +166,18 @@ pub struct Rejection {
     pub retry_after: Duration,
 }
 
+/// The demand a factor of `factor` under `limit` was computed from, cost
+/// per second: `limit / (1 − factor)` (the `demand` policy's factor is
+/// `1 − limit / demand`); a factor of 1 (everything refused) reads as
+/// 1 000 × the limit, finite for any JSON. 0 when the factor is 0.
+pub fn implied_demand(limit: f64, factor: f64) -> f64 {
+    if factor > 0.0 {
+        limit / (1.0 - factor.min(0.999))
+    } else {
+        0.0
+    }
+}
+
 /// Which part of the limiter rejected an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

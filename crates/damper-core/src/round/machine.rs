@@ -395,9 +395,9 @@ impl AgentRound {
             // did (so a master that is down leaves the ring as soon as it
             // did); the rollup is sent again as it was, with its number,
             // while its master is up, so a master that counted it answers
-            // without counting it again. Once the resends are spent, or the
-            // master is down, the counts go into the next round, to
-            // whichever master then owns each account.
+            // without counting it again. Once the resends are spent, the
+            // counts go into the next round, to the same master; if the
+            // master is down, the rollup is kept for it (`park`).
             Some(InFlight::Rollup {
                 round,
                 master,
@@ -529,14 +529,15 @@ impl AgentRound {
             }
         }
         self.carry_over(unroutable, start, end, state);
-        let open = self.open.contains_key(&round);
+        let round_open = self.open.contains_key(&round);
         for (owner, pending) in by_owner {
-            let mut moved =
-                Rollup::from_drain(&self.config.agent_id, start, end, ring_version, pending);
-            self.sequence += 1;
-            moved.incarnation = self.incarnation;
-            moved.sequence = self.sequence;
-            let moved = Arc::new(moved);
+            let moved = self.numbered(Rollup::from_drain(
+                &self.config.agent_id,
+                start,
+                end,
+                ring_version,
+                pending,
+            ));
             if let Some(open) = self.open.get_mut(&round) {
                 open.outstanding += 1;
             }
@@ -547,7 +548,7 @@ impl AgentRound {
                 end,
                 rollup: moved.clone(),
                 // Part of a round still open, or a resend of one settled.
-                resent: u8::from(!open),
+                resent: u8::from(!round_open),
                 sent_at: now,
             };
             self.transmit(owner, Message::Rollup(moved), flight);
@@ -772,17 +773,13 @@ impl AgentRound {
         };
         self.open.insert(cut.round, open);
         for (master, pending) in cut.batches {
-            let mut rollup = Rollup::from_drain(
+            let rollup = self.numbered(Rollup::from_drain(
                 &self.config.agent_id,
                 cut.start,
                 cut.end,
                 cut.ring_version,
                 pending,
-            );
-            self.sequence += 1;
-            rollup.incarnation = self.incarnation;
-            rollup.sequence = self.sequence;
-            let rollup = Arc::new(rollup);
+            ));
             let flight = InFlight::Rollup {
                 round: cut.round,
                 master: master.clone(),
@@ -814,6 +811,15 @@ impl AgentRound {
             };
             self.transmit(master, Message::Recheck(query), flight);
         }
+    }
+
+    /// `rollup` with this run's incarnation and the next number: a resend
+    /// keeps it, so a master that counted it once does not again.
+    fn numbered(&mut self, mut rollup: Rollup) -> Arc<Rollup> {
+        self.sequence += 1;
+        rollup.incarnation = self.incarnation;
+        rollup.sequence = self.sequence;
+        Arc::new(rollup)
     }
 
     fn transmit(&mut self, master: String, message: Message, flight: InFlight) -> RequestId {

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
-use damper_core::master::SurgeTaken;
+use damper_core::master::{MasterState, SurgeTaken};
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -111,30 +111,25 @@ impl Master {
                     Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op)
                 }),
             );
-            let refused_before = state.refused_pairs();
-            state.allow_new_pairs(Some(allowance));
-            let mut failed = None;
-            for &(i, j) in entries {
-                match state.ingest(now, &rollup.report(i, j)) {
-                    Ok(Some(v)) => {
-                        let names = &mut rollup.ops[i].accounts[j].account;
-                        reply.add(i, || std::mem::take(names), &v);
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        failed = Some(RollupError::Entry {
-                            op: i,
-                            account: j,
-                            error,
-                        });
-                        break;
+            let (failed, left) = refused.within(&mut state, allowance, |state| {
+                for &(i, j) in entries {
+                    match state.ingest(now, &rollup.report(i, j)) {
+                        Ok(Some(v)) => {
+                            let names = &mut rollup.ops[i].accounts[j].account;
+                            reply.add(i, || std::mem::take(names), &v);
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            return Some(RollupError::Entry {
+                                op: i,
+                                account: j,
+                                error,
+                            });
+                        }
                     }
                 }
-            }
-            let left = state.new_pairs_allowed().unwrap_or(0);
-            state.allow_new_pairs(None);
-            refused.add(state.refused_pairs() - refused_before, left == 0);
-            refused.added += allowance - left;
+                None
+            });
             allowance = left;
             // Logged once the shard is free for other rollups.
             let transitions = state.take_transitions();
@@ -206,17 +201,11 @@ impl Master {
                         // The verdict after the early report, marked for
                         // the recheck ([`MasterState::surge`]).
                         let mut state = self.lock(self.shard(account));
-                        let refused_before = state.refused_pairs();
                         let allowance = self.new_pairs_left(&query.agent_id, now);
-                        state.allow_new_pairs(Some(allowance));
-                        let verdict = state.surge(now, at, Pair::new(account, &op.op), *rates);
-                        let left = state.new_pairs_allowed().unwrap_or(0);
-                        state.allow_new_pairs(None);
-                        let mut refused = Refused {
-                            added: allowance - left,
-                            ..Refused::default()
-                        };
-                        refused.add(state.refused_pairs() - refused_before, left == 0);
+                        let mut refused = Refused::default();
+                        let (verdict, _) = refused.within(&mut state, allowance, |state| {
+                            state.surge(now, at, Pair::new(account, &op.op), *rates)
+                        });
                         let transitions = state.take_transitions();
                         drop(state);
                         self.shared.events.publish(now, transitions);
@@ -277,8 +266,6 @@ impl Master {
         error
     }
 
-    /// Counts and (at most every ten seconds) logs reports of new pairs
-    /// not tracked because `max_pairs` are.
     /// Logs a refused request (`what`: "rollup" or "factors request") at
     /// most every 10 s, with how many were refused and not logged since:
     /// a client sending bad requests in a loop must not flood the logs.
@@ -460,13 +447,29 @@ struct Refused {
 }
 
 impl Refused {
-    /// `refused` more, refused by the agent's allowance if it was spent.
-    fn add(&mut self, refused: u64, allowance_spent: bool) {
-        if allowance_spent {
+    /// Runs `ingest` on a shard's `state` with at most `allowance` new
+    /// pairs allowed, and counts what it added and what was refused, by
+    /// cap (the agent's allowance if it ran out, else `max_pairs`).
+    /// Returns `ingest`'s result and what is left of the allowance.
+    fn within<T>(
+        &mut self,
+        state: &mut MasterState,
+        allowance: usize,
+        ingest: impl FnOnce(&mut MasterState) -> T,
+    ) -> (T, usize) {
+        let refused_before = state.refused_pairs();
+        state.allow_new_pairs(Some(allowance));
+        let out = ingest(state);
+        let left = state.new_pairs_allowed().unwrap_or(0);
+        state.allow_new_pairs(None);
+        let refused = state.refused_pairs() - refused_before;
+        if left == 0 {
             self.per_agent += refused;
         } else {
             self.max_pairs += refused;
         }
+        self.added += allowance - left;
+        (out, left)
     }
 }
 

@@ -124,3 +124,49 @@ async fn a_flood_is_reported_early_and_suppressed_within_the_first_round() {
     }
     served.stop().await;
 }
+
+/// Two agents of one process, both with the default id or both told the
+/// same one, started in the same millisecond: the master counts every
+/// rollup of both. Each run numbers its rollups from 1, so if the two
+/// runs looked alike the master would take one's rollups for resends of
+/// the other's and drop them (the flood over two pub/sub nodes was once
+/// admitted at twice its limit this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_of_one_process_are_told_apart_and_every_rollup_of_each_is_counted() {
+    let served = master("messages = 1000000").await;
+    let address = served.address.to_string();
+    let start = |id: Option<&str>| {
+        let builder = Agent::builder()
+            .masters([address.as_str()])
+            .rollup_interval(Duration::from_millis(200))
+            .request_timeout(Duration::from_millis(150));
+        match id {
+            Some(id) => builder.agent_id(id),
+            None => builder,
+        }
+        .start()
+        .unwrap()
+    };
+    let defaults = [start(None), start(None)];
+    assert_ne!(defaults[0].id(), defaults[1].id());
+    let twins = [start(Some("twin")), start(Some("twin"))];
+    let agents: Vec<Agent> = defaults.into_iter().chain(twins).collect();
+    // Five rounds of counts from each, the same count at the same moment.
+    let mut counted = 0u64;
+    for _ in 0..5 {
+        for (i, agent) in agents.iter().enumerate() {
+            assert!(
+                agent
+                    .check(&format!("account-{i}"), "messages", 3)
+                    .is_admit()
+            );
+            counted += 3;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for agent in agents {
+        agent.shutdown().await;
+    }
+    assert_eq!(served.master.ingested().attempted, counted);
+    served.stop().await;
+}

@@ -1,6 +1,7 @@
 //! The agent's settings ([`AgentBuilder`]), checked when it starts: every
 //! refusal names the setting.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -288,6 +289,7 @@ impl AgentBuilder {
         round.rollup_interval = self.rollup_interval;
         round.max_entries_per_request = self.max_entries_per_request;
         round.max_carry = self.max_carry;
+        round.incarnation = Some(crate::os_seeded_u64());
         round.health.fail_after = self.fail_after;
         round.fast_onset = self
             .fast_onset
@@ -388,7 +390,15 @@ fn parse_address(address: &str) -> Result<String, AgentError> {
     })
 }
 
+/// `host-pid`, and `host-pid-N` for the Nth agent started after it in the
+/// same process: the masters budget new pairs per agent id, so two agents
+/// must not share one unless told to.
 fn default_agent_id() -> String {
+    static STARTED: AtomicU64 = AtomicU64::new(0);
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "agent".into());
-    format!("{host}-{}", std::process::id())
+    let pid = std::process::id();
+    match STARTED.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("{host}-{pid}"),
+        n => format!("{host}-{pid}-{}", n + 1),
+    }
 }

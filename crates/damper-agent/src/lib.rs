@@ -103,11 +103,15 @@ impl std::fmt::Debug for Agent {
 thread_local! {
     /// Per-thread randomness for the probabilistic decision, seeded from the
     /// OS-seeded keys of std's `RandomState`: no shared state, no lock.
-    static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::seed_from_u64({
-        let mut h = std::hash::RandomState::new().build_hasher();
-        h.write_u64(0);
-        h.finish()
-    }));
+    static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::seed_from_u64(os_seeded_u64()));
+}
+
+/// 64 bits from the OS-seeded keys of std's `RandomState`, different on
+/// every call.
+pub(crate) fn os_seeded_u64() -> u64 {
+    let mut h = std::hash::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
 }
 
 impl Agent {

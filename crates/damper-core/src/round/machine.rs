@@ -153,7 +153,8 @@ pub struct AgentRound {
     /// ([`SURGE_PATIENCE`] sub-windows later).
     surging: BTreeMap<String, (RequestId, Nanos)>,
     /// This run of the agent, for the masters to tell its rollups from
-    /// another run's: when the round was made, in milliseconds.
+    /// another run's: [`RoundConfig::incarnation`], by default when the
+    /// round was made, in milliseconds.
     incarnation: u64,
     /// The number of the last rollup made, so each is numbered afresh and
     /// a resend keeps its number.
@@ -206,7 +207,7 @@ impl AgentRound {
             next_scan,
             last_scan: now,
             surging: BTreeMap::new(),
-            incarnation: now.as_millis(),
+            incarnation: config.incarnation.unwrap_or(now.as_millis()),
             sequence: 0,
             in_doubt: BTreeMap::new(),
             config,

@@ -89,6 +89,13 @@ pub struct RoundConfig {
     /// ops' default limits. `None` turns it off: rollups alone, every
     /// interval.
     pub fast_onset: Option<SurgeRule>,
+    /// This run of the agent, so the masters' exactly-once log tells its
+    /// numbered rollups from another run's with the same `agent_id`.
+    /// `None`: the round's start in milliseconds, which keeps the
+    /// simulator deterministic. A service sets a random one: two agents of
+    /// one process may share an id and start in the same millisecond, and
+    /// then a master would take one's rollups for resends of the other's.
+    pub incarnation: Option<u64>,
 }
 
 impl RoundConfig {
@@ -102,6 +109,7 @@ impl RoundConfig {
             max_carry: Duration::from_secs(30),
             health: HealthConfig::default(),
             fast_onset: Some(SurgeRule::default_for(crate::DEFAULT_ROLLUP_INTERVAL)),
+            incarnation: None,
         }
     }
 }

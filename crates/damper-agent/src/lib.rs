@@ -62,7 +62,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use builder::{AgentBuilder, AgentError, AgentTls, Masters};
-pub use damper_core::agent::{Decision, RejectSource, Rejection, Standing, implied_demand};
+pub use damper_core::agent::{
+    Admitted, Decision, RejectSource, Rejection, Standing, implied_demand,
+};
 use stats::Stats;
 pub use stats::{AgentStats, LatencyHistogram};
 
@@ -126,10 +128,27 @@ impl Agent {
     /// Never blocks, never fails because a master is slow or down. See
     /// [`AgentState::check`] for the edge cases (cost 0, empty or over-long
     /// names: admitted and not counted).
+    ///
+    /// Under a limit in shadow (the master's `[shadow]` table) what would
+    /// be refused is admitted, the refusal it would have been in
+    /// [`Admitted::would_reject`], and its cost counted in
+    /// [`AgentStats::would_reject_cost`].
     #[inline]
     pub fn check(&self, account: &str, op: &str, cost: u64) -> Decision {
         let now = self.shared.clock.now();
-        RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng))
+        let decision =
+            RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng));
+        if let Decision::Admit(Admitted {
+            would_reject: Some(_),
+            ..
+        }) = decision
+        {
+            self.shared
+                .stats
+                .would_reject_cost
+                .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
+        }
+        decision
     }
 
     /// The agent's coarse clock (updated every millisecond by a shared

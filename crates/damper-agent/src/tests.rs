@@ -115,11 +115,13 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                         limit: 1000.0,
                         valid_for_ms: 6_000,
                         recheck: false,
+                        shadow: false,
                     })
                     .into_iter()
                     .collect(),
                 unlisted_limit: 1000.0,
                 unlisted_valid_for_ms: 6_000,
+                unlisted_shadow: false,
             },
             // An op with no limit of its own: its unlisted accounts are
             // unlimited, so nothing is applied to them.
@@ -131,9 +133,11 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                     limit: 10.0,
                     valid_for_ms: 6_000,
                     recheck: false,
+                    shadow: false,
                 }],
                 unlisted_limit: 0.0,
                 unlisted_valid_for_ms: 0,
+                unlisted_shadow: false,
             },
         ],
         ..RollupReply::default()

@@ -494,7 +494,7 @@ impl PolicyConfig {
 }
 
 /// A master's configuration file: exactly the `[window]`, `[policy]`,
-/// `[limits]` and `[exempt]` tables. Unknown keys are errors.
+/// `[limits]`, `[exempt]` and `[shadow]` tables. Unknown keys are errors.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConfigFile {
@@ -506,6 +506,8 @@ pub struct ConfigFile {
     pub limits: LimitsSection,
     /// The `[exempt]` table.
     pub exempt: crate::exempt::ExemptSection,
+    /// The `[shadow]` table.
+    pub shadow: crate::shadow::ShadowSection,
 }
 
 /// Everything the master state machine needs to know, validated.
@@ -515,7 +517,7 @@ pub struct MasterConfig {
     pub window: WindowConfig,
     /// How rates become a factor.
     pub policy: PolicyConfig,
-    /// The limits.
+    /// The limits, those in shadow marked.
     pub limits: Limits,
     /// The accounts never limited.
     pub exempt: crate::exempt::Exemptions,
@@ -528,6 +530,7 @@ impl MasterConfig {
             toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         MasterConfig::from_sections(&file.window, &file.policy, &file.limits)
             .and_then(|c| c.with_exemptions(&file.exempt))
+            .and_then(|c| c.with_shadow(&file.shadow))
             .map_err(|e| e.located(text))
     }
 
@@ -555,6 +558,16 @@ impl MasterConfig {
         exempt: &crate::exempt::ExemptSection,
     ) -> Result<MasterConfig, ConfigError> {
         self.exempt = crate::exempt::Exemptions::new(exempt, &self.limits)?;
+        Ok(self)
+    }
+
+    /// The same config with the limits the `[shadow]` table names in
+    /// shadow.
+    pub fn with_shadow(
+        mut self,
+        shadow: &crate::shadow::ShadowSection,
+    ) -> Result<MasterConfig, ConfigError> {
+        shadow.apply(&mut self.limits)?;
         Ok(self)
     }
 }

@@ -87,6 +87,7 @@ mod pair;
 pub mod policy;
 pub mod ring;
 pub mod round;
+pub mod shadow;
 pub mod time;
 pub mod window;
 pub mod wire;

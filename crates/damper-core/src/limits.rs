@@ -53,6 +53,9 @@ pub struct LimitMatch<'a> {
     /// Where the key sits in its [`Limits`]: lets callers cache the match
     /// and get it back with [`Limits::get`].
     pub id: LimitId,
+    /// Whether the limit is in shadow (`[shadow]`): computed and reported
+    /// as usual, but agents admit what it would refuse, and say so.
+    pub shadow: bool,
 }
 
 /// Position of a key in one [`Limits`] value (not stable across reloads).
@@ -83,7 +86,7 @@ fn invalid(field: &str, reason: impl Into<String>) -> LimitsError {
 /// `[limits]` table of a config file.
 #[derive(Clone, Debug, Default)]
 pub struct Limits {
-    entries: Vec<(Box<str>, Rate)>,
+    entries: Vec<(Box<str>, Rate, bool)>,
     by_key: HashMap<Box<str>, LimitId>,
 }
 
@@ -110,7 +113,7 @@ impl Limits {
                         u32::try_from(limits.entries.len())
                             .map_err(|_| invalid("limits", "at most 2^32 limit keys"))?,
                     );
-                    limits.entries.push((key.into(), rate));
+                    limits.entries.push((key.into(), rate, false));
                     limits.by_key.insert(key.into(), id);
                 }
             }
@@ -122,11 +125,32 @@ impl Limits {
     pub fn get(&self, id: LimitId) -> Option<LimitMatch<'_>> {
         self.entries
             .get(id.0 as usize)
-            .map(|(key, rate)| LimitMatch {
+            .map(|(key, rate, shadow)| LimitMatch {
                 key,
                 rate: *rate,
                 id,
+                shadow: *shadow,
             })
+    }
+
+    /// Puts the limit of `key` in shadow; `false` when no such key.
+    pub fn set_shadow(&mut self, key: &str) -> bool {
+        match self.by_key.get(key) {
+            Some(id) => {
+                self.entries[id.0 as usize].2 = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the limit of `op` itself ([`op_limit`](Self::op_limit)) is
+    /// in shadow.
+    pub fn op_shadow(&self, op: &str) -> bool {
+        self.by_key
+            .get(op)
+            .and_then(|id| self.get(*id))
+            .is_some_and(|m| m.shadow)
     }
 
     /// The limit of `op` itself (the key `op`, without an account path):
@@ -194,13 +218,21 @@ impl Limits {
     pub fn default_ops(&self) -> impl Iterator<Item = &str> {
         self.entries
             .iter()
-            .map(|(k, _)| &**k)
+            .map(|(k, _, _)| &**k)
             .filter(|k| !k.contains('/'))
+    }
+
+    /// The keys whose limit is in shadow, in no particular order.
+    pub fn shadowed(&self) -> impl Iterator<Item = &str> {
+        self.entries
+            .iter()
+            .filter(|(_, _, shadow)| *shadow)
+            .map(|(k, _, _)| &**k)
     }
 
     /// The configured `(key, rate)` pairs, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, Rate)> {
-        self.entries.iter().map(|(k, r)| (&**k, *r))
+        self.entries.iter().map(|(k, r, _)| (&**k, *r))
     }
 }
 

@@ -174,10 +174,12 @@ impl From<Reply> for v1::RollupReply {
                             limit: l.factor.limit,
                             valid_for_ms: millis_u32(l.factor.valid_for),
                             recheck: l.recheck,
+                            shadow: l.factor.shadow,
                         })
                         .collect(),
                     unlisted_limit: op.unlisted.map_or(0.0, |u| u.limit),
                     unlisted_valid_for_ms: op.unlisted.map_or(0, |u| millis_u32(u.valid_for)),
+                    unlisted_shadow: op.unlisted.is_some_and(|u| u.shadow),
                 })
                 .collect(),
             rollup_interval_ms: r.rollup_interval.map_or(0, millis_u32),
@@ -205,6 +207,7 @@ impl From<v1::RollupReply> for Reply {
                                 factor: f.factor,
                                 limit: f.limit,
                                 valid_for: Duration::from_millis(u64::from(f.valid_for_ms)),
+                                shadow: f.shadow,
                             },
                             recheck: f.recheck,
                         })
@@ -214,6 +217,7 @@ impl From<v1::RollupReply> for Reply {
                     unlisted: (op.unlisted_limit > 0.0).then(|| Unlisted {
                         limit: op.unlisted_limit,
                         valid_for: Duration::from_millis(u64::from(op.unlisted_valid_for_ms)),
+                        shadow: op.unlisted_shadow,
                     }),
                     op: op.op,
                 })
@@ -264,8 +268,8 @@ mod tests {
         fn reply()(
             ops in proptest::collection::vec(
                 ("[a-z]{1,8}", proptest::collection::vec(
-                    ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>()), 0..4),
-                 proptest::option::of((0.5f64..1e9, 1u32..))),
+                    ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>(), any::<bool>()), 0..4),
+                 proptest::option::of((0.5f64..1e9, 1u32.., any::<bool>()))),
                 0..4),
             interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
             started in proptest::option::of(1u64..1 << 44), ring_version: u64, foreign_entries: u32,
@@ -274,10 +278,10 @@ mod tests {
             Reply {
                 ops: ops.into_iter().map(|(op, listed, unlisted)| OpVerdicts {
                     op,
-                    listed: listed.into_iter().map(|(account, factor, limit, valid, recheck)| Listed {
-                        account, factor: Factor { factor, limit, valid_for: d(valid) }, recheck,
+                    listed: listed.into_iter().map(|(account, factor, limit, valid, recheck, shadow)| Listed {
+                        account, factor: Factor { factor, limit, valid_for: d(valid), shadow }, recheck,
                     }).collect(),
-                    unlisted: unlisted.map(|(limit, valid)| Unlisted { limit, valid_for: d(valid) }),
+                    unlisted: unlisted.map(|(limit, valid, shadow)| Unlisted { limit, valid_for: d(valid), shadow }),
                 }).collect(),
                 rollup_interval: interval.map(d), recheck_after: recheck.map(d),
                 started: started.map(ms), ring_version, foreign_entries,

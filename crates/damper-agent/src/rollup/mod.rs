@@ -336,6 +336,8 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
         } => {
             metrics::gauge!("damper_agent_pending_bytes").set(*undelivered as f64);
             *undelivered = 0;
+            metrics::counter!("damper_agent_would_reject_cost_total")
+                .absolute(shared.stats.would_reject_cost.load(Relaxed));
             if lapsed > 0 {
                 shared
                     .stats

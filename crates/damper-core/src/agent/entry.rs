@@ -13,7 +13,8 @@ use compact_str::CompactString;
 use rand::Rng;
 
 use super::{
-    AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
+    AgentConfig, AgentState, Admitted, Decision, RejectSource, Rejection, admission,
+    implied_demand,
 };
 use crate::time::{Nanos, duration_nanos};
 
@@ -43,6 +44,24 @@ pub(super) fn factor_bits(factor: f64) -> u32 {
 #[inline]
 pub(super) fn factor_of(bits: u32) -> f64 {
     f64::from(f32::from_bits(bits))
+}
+
+/// A limit as an entry stores it: `f64` bits, negated when the limit is
+/// in shadow, so the flag costs no room in the check's cache line. 0.0 is
+/// no limit known, never in shadow.
+pub(super) fn limit_bits(limit: f64, shadow: bool) -> u64 {
+    if shadow && limit > 0.0 {
+        (-limit).to_bits()
+    } else {
+        limit.to_bits()
+    }
+}
+
+/// A stored limit and whether it is in shadow.
+#[inline]
+pub(super) fn limit_of(bits: u64) -> (f64, bool) {
+    let stored = f64::from_bits(bits);
+    (stored.abs(), stored < 0.0)
 }
 
 /// An (account, op) key, owned. Laid out so that confirming a lookup's
@@ -80,6 +99,8 @@ pub(super) struct OpInfo {
     /// second, as a master last said (`unlisted_limit`); `Some(0.0)` when
     /// the op has none; `None` until a reply mentions the op.
     pub(super) default_limit: Option<f64>,
+    /// Whether that limit is in shadow.
+    pub(super) default_shadow: bool,
 }
 
 impl OpInfo {
@@ -87,6 +108,7 @@ impl OpInfo {
         OpInfo {
             name: op.into(),
             default_limit: None,
+            default_shadow: false,
         }
     }
 }
@@ -111,7 +133,8 @@ pub(super) struct Entry {
     pub(super) local_factor: AtomicU32,
     /// When the master's factor expires (nanoseconds since the epoch).
     pub(super) master_expires: AtomicU64,
-    /// The account-wide limit from the master (`f64` bits; 0.0 = unknown).
+    /// The account-wide limit from the master ([`limit_bits`]: `f64`
+    /// bits, negative when in shadow; 0.0 = unknown).
     pub(super) limit: AtomicU64,
     /// Start of the local guard's current measurement.
     pub(super) local_start: AtomicU64,
@@ -184,9 +207,9 @@ pub(super) struct Entry {
 
 impl Entry {
     /// A new entry at `now`; `limit` is the op's default limit when known
-    /// (0.0 otherwise), which the local guard applies until a master
-    /// answers for the pair.
-    pub(super) fn new(now: Nanos, limit: f64) -> Entry {
+    /// (0.0 otherwise; [`limit_bits`]), which the local guard applies until
+    /// a master answers for the pair.
+    pub(super) fn new(now: Nanos, limit: u64) -> Entry {
         Entry {
             admitted: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -199,7 +222,7 @@ impl Entry {
             local_factor: AtomicU32::new(0),
             credit: AtomicI64::new(0),
             master_expires: AtomicU64::new(0),
-            limit: AtomicU64::new(limit.to_bits()),
+            limit: AtomicU64::new(limit),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
             expiry_counted: AtomicU64::new(0),
@@ -224,27 +247,23 @@ impl Entry {
     }
 
     /// The master's and the local guard's factors in force at `now` (as
-    /// stored: `f32` bits, which order as the factors do), and the limit.
+    /// stored: `f32` bits, which order as the factors do), the limit, and
+    /// whether it is in shadow.
     #[inline]
-    pub(super) fn factors(&self, now: u64, config: &AgentConfig) -> (u32, u32, f64) {
+    pub(super) fn factors(&self, now: u64, config: &AgentConfig) -> (u32, u32, f64, bool) {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // factor stored before it, never an older one.
         let expires = self.master_expires.load(Acquire);
+        let (limit, shadow) = limit_of(self.limit.load(Relaxed));
         let (master, limit) = if now < expires {
-            (
-                self.master_factor.load(Relaxed),
-                f64::from_bits(self.limit.load(Relaxed)),
-            )
+            (self.master_factor.load(Relaxed), limit)
         } else if expires == 0 {
             // No master has answered for this pair yet: the local guard
             // applies its op's default limit, if the entry was made knowing
             // it (0.0 otherwise: unknown), with room to spare, since the
             // account may have an override above it: a flood is caught,
             // a busy account is not refused before its master speaks.
-            (
-                0,
-                f64::from_bits(self.limit.load(Relaxed)) * UNCONFIRMED_ROOM,
-            )
+            (0, limit * UNCONFIRMED_ROOM)
         } else {
             // Expired: fail open, the local guard included, since the limit
             // it enforces is only known while the master is.
@@ -255,7 +274,7 @@ impl Entry {
         } else {
             0
         };
-        (master, local, limit)
+        (master, local, limit, shadow)
     }
 
     /// Whether one operation of `cost` is admitted under the factor (as
@@ -285,10 +304,10 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> Decision {
-        let (master, local, limit) = self.factors(now.as_nanos(), config);
+        let (master, local, limit, shadow) = self.factors(now.as_nanos(), config);
         let bits = master.max(local);
         if self.admits(bits, cost, rng, config.low_noise) {
-            return Decision::Admit;
+            return Decision::Admit(Admitted::PLAIN);
         }
         let (source, retry_after) = if local > master {
             (RejectSource::LocalGuard, config.local_window)
@@ -296,13 +315,20 @@ impl Entry {
             (RejectSource::Master, config.rollup_interval)
         };
         let factor = factor_of(bits);
-        Decision::Reject(Rejection {
+        let rejection = Rejection {
             factor,
             source,
             limit,
             demand: implied_demand(limit, factor),
             retry_after,
-        })
+        };
+        if shadow {
+            Decision::Admit(Admitted {
+                would_reject: Some(rejection),
+            })
+        } else {
+            Decision::Reject(rejection)
+        }
     }
 
     /// How many of `n` operations of `cost` at the same instant are
@@ -315,9 +341,16 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> u64 {
-        let (master, local, _) = self.factors(now.as_nanos(), config);
+        let (master, local, _, shadow) = self.factors(now.as_nanos(), config);
         let bits = master.max(local);
         if bits == 0 {
+            return n;
+        }
+        if shadow {
+            // Drawn all the same, so the admission credit moves as it would.
+            (0..n).for_each(|_| {
+                self.admits(bits, cost, rng, config.low_noise);
+            });
             return n;
         }
         (0..n)
@@ -466,18 +499,18 @@ impl AgentState {
     }
 
     /// The owned key for a new (account, op), with the op interned, and the
-    /// op's default limit for the local guard (0.0: unknown, none, or fast
-    /// onset off).
-    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, f64) {
+    /// op's default limit for the local guard, as stored ([`limit_bits`];
+    /// 0.0: unknown, none, or fast onset off).
+    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, u64) {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let known = match ops.get(op) {
             Some(known) => known,
             None => ops.entry(op.into()).or_insert_with(|| OpInfo::new(op)),
         };
         let limit = if self.config.fast_onset {
-            known.default_limit.unwrap_or(0.0)
+            limit_bits(known.default_limit.unwrap_or(0.0), known.default_shadow)
         } else {
-            0.0
+            0
         };
         let key = Key {
             op: known.name.clone(),

@@ -74,7 +74,7 @@ use rand::Rng;
 
 use crate::Pair;
 use crate::time::Nanos;
-use crate::wire::Reply;
+use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of};
 pub use peek::Standing;
@@ -132,17 +132,44 @@ impl Default for AgentConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Decision {
-    /// Go ahead.
-    Admit,
+    /// Go ahead; what comes with it says whether a limit in shadow would
+    /// have refused it.
+    Admit(Admitted),
     /// Refuse the operation now, at publish time.
     Reject(Rejection),
 }
 
 impl Decision {
-    /// Whether the operation was admitted.
+    /// Whether the operation was admitted (a would-be rejection under a
+    /// limit in shadow included).
     pub fn is_admit(&self) -> bool {
-        matches!(self, Decision::Admit)
+        matches!(self, Decision::Admit(_))
     }
+
+    /// The refusal this decision is or, under a limit in shadow, would
+    /// have been: what to log or count when trying a limit out.
+    pub fn would_reject(&self) -> Option<&Rejection> {
+        match self {
+            Decision::Admit(admitted) => admitted.would_reject.as_ref(),
+            Decision::Reject(rejection) => Some(rejection),
+        }
+    }
+}
+
+/// What comes with an admitted operation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Admitted {
+    /// Set when the account's limit is in shadow (the master's `[shadow]`
+    /// table) and the operation would have been refused: what the refusal
+    /// would have said. The operation is admitted and counted as admitted;
+    /// the limit is being tried out.
+    pub would_reject: Option<Rejection>,
+}
+
+impl Admitted {
+    /// Admitted, with nothing to say.
+    pub const PLAIN: Admitted = Admitted { would_reject: None };
 }
 
 /// Why an operation was refused, and when to try again.
@@ -333,14 +360,14 @@ impl AgentState {
         rng: &mut R,
     ) -> Decision {
         if cost == 0 {
-            return Decision::Admit;
+            return Decision::Admit(Admitted::PLAIN);
         }
         let guard = self.entries.guard();
         let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
             Some(entry) => entry,
             None => {
                 if !reportable(account) || !reportable(op) {
-                    return Decision::Admit;
+                    return Decision::Admit(Admitted::PLAIN);
                 }
                 let entry = self.entry(now, account, op, &guard);
                 entry.seed_quantum(cost);
@@ -455,13 +482,30 @@ impl AgentState {
         limit: f64,
         valid_for: Duration,
     ) {
+        self.apply_factor(
+            now,
+            Pair::new(account, op),
+            &Factor {
+                factor,
+                limit,
+                valid_for,
+                shadow: false,
+            },
+        );
+    }
+
+    /// [`apply`](Self::apply) for a verdict as a reply carries it, a limit
+    /// in shadow included: its refusals become admitted decisions that say
+    /// they would have been refused.
+    pub fn apply_factor(&self, now: Nanos, pair: Pair<'_>, verdict: &Factor) {
+        let (account, op) = (pair.account, pair.op);
         if !reportable(account) || !reportable(op) {
             return;
         }
         let guard = self.entries.guard();
         let entry = self.entry(now, account, op, &guard);
-        let limit = if limit.is_finite() && limit > 0.0 {
-            limit
+        let limit = if verdict.limit.is_finite() && verdict.limit > 0.0 {
+            verdict.limit
         } else {
             0.0
         };
@@ -470,13 +514,17 @@ impl AgentState {
             .iter()
             .find(|(o, _)| &**o == op)
             .map_or(Duration::ZERO, |(_, hold)| *hold);
-        entry.limit.store(limit.to_bits(), Relaxed);
-        entry.master_factor.store(factor_bits(factor), Relaxed);
+        entry
+            .limit
+            .store(entry::limit_bits(limit, verdict.shadow), Relaxed);
+        entry
+            .master_factor
+            .store(factor_bits(verdict.factor), Relaxed);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)
         entry
             .master_expires
-            .store((now + valid_for + hold).as_nanos(), Release);
+            .store((now + verdict.valid_for + hold).as_nanos(), Release);
     }
 
     /// Applies a master's reply at `now`: every verdict it lists, and
@@ -496,9 +544,7 @@ impl AgentState {
                 unmentioned.push(pair.op);
             }
         });
-        reply.expand(asked, |pair, f| {
-            self.apply(now, pair.account, pair.op, f.factor, f.limit, f.valid_for);
-        });
+        reply.expand(asked, |pair, f| self.apply_factor(now, pair, &f));
         if !unmentioned.is_empty() {
             // The master answered for these ops and had nothing to say:
             // they have no default limit.
@@ -544,14 +590,11 @@ impl AgentState {
             } else {
                 0.0
             };
-            match ops.get_mut(op.op.as_str()) {
-                Some(known) => known.default_limit = Some(limit),
-                None => {
-                    let mut known = OpInfo::new(&op.op);
-                    known.default_limit = Some(limit);
-                    ops.insert(op.op.as_str().into(), known);
-                }
-            }
+            let known = ops
+                .entry(op.op.as_str().into())
+                .or_insert_with(|| OpInfo::new(&op.op));
+            known.default_limit = Some(limit);
+            known.default_shadow = op.unlisted.is_some_and(|u| u.shadow);
         }
     }
 

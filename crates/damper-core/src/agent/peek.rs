@@ -58,7 +58,7 @@ impl AgentState {
         } else {
             entry.local_factor.load(Relaxed)
         };
-        let stored = f64::from_bits(entry.limit.load(Relaxed));
+        let (stored, _) = super::entry::limit_of(entry.limit.load(Relaxed));
         // An exempt account's master sends `f64::MAX`: no limit, as for
         // an op that has none.
         let limit = if stored >= f64::MAX {

@@ -358,7 +358,7 @@ impl AgentState {
                 entry.confirm_asked.store(true, Relaxed);
                 confirm(Pair::new(key.account.as_str(), &key.op));
             }
-            let own = f64::from_bits(entry.limit.load(Relaxed));
+            let (own, _) = super::entry::limit_of(entry.limit.load(Relaxed));
             let limit = if own > 0.0 {
                 Some(own)
             } else {

@@ -28,7 +28,7 @@ fn unknown_pairs_are_admitted_and_counted() {
     for _ in 0..10 {
         assert_eq!(
             agent.check(t(0), "acme", "messages", 1001, &mut rng),
-            Decision::Admit
+            Decision::Admit(Admitted::PLAIN)
         );
     }
     assert!(
@@ -726,4 +726,62 @@ fn sends_spread_over_the_first_fifth_of_the_interval() {
     );
     assert_eq!(send_spread("edge-1", two), send_spread("edge-1", two));
     assert_eq!(send_spread("x", Duration::from_millis(4)), Duration::ZERO);
+}
+
+/// Under a limit in shadow every operation is admitted and counted as
+/// admitted, and those the factor would refuse say so, in the same share
+/// as real refusals: the local guard's too, before any master answered.
+#[test]
+fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(7);
+    let factor = Factor {
+        factor: 0.75,
+        limit: 500.0,
+        valid_for: Duration::from_secs(6),
+        shadow: true,
+    };
+    agent.apply_factor(t(0), Pair::new("acme", "messages"), &factor);
+    let decisions: Vec<Decision> = (0..1_000)
+        .map(|_| agent.check(t(10), "acme", "messages", 1, &mut rng))
+        .collect();
+    assert!(decisions.iter().all(Decision::is_admit));
+    let would: Vec<&Rejection> = decisions.iter().filter_map(|d| d.would_reject()).collect();
+    // Low-noise admission: the share, within one operation (random phase).
+    assert!((749..=751).contains(&would.len()), "{}", would.len());
+    assert!(would.iter().all(|r| r.source == RejectSource::Master
+        && r.limit == 500.0
+        && (r.demand - 2_000.0).abs() < 1e-6));
+    let d = drained_at(&agent, t(20));
+    assert_eq!((d[0].2.attempted, d[0].2.admitted), (1_000, 1_000));
+
+    // The same verdict out of shadow refuses the same share.
+    agent.apply_factor(t(30), Pair::new("acme", "messages"), &Factor { shadow: false, ..factor });
+    let refused = (0..1_000)
+        .filter(|_| !agent.check(t(40), "acme", "messages", 1, &mut rng).is_admit())
+        .count();
+    assert!((745..=755).contains(&refused), "{refused}");
+
+    // An op whose default limit is in shadow: the local guard of a fresh
+    // pair flooding this agent marks, and refuses nothing.
+    let mut reply = Reply::default();
+    reply.ops.push(crate::wire::OpVerdicts {
+        op: "presence".into(),
+        listed: Vec::new(),
+        unlisted: Some(crate::wire::Unlisted {
+            limit: 10.0,
+            valid_for: Duration::from_secs(6),
+            shadow: true,
+        }),
+    });
+    agent.learn_op_limits(&reply);
+    let mut marked = 0;
+    for ms in 0..1_000 {
+        let d = agent.check(t(100 + ms), "flood", "presence", 1, &mut rng);
+        assert!(d.is_admit(), "{d:?}");
+        if d.would_reject().is_some_and(|r| r.source == RejectSource::LocalGuard) {
+            marked += 1;
+        }
+    }
+    assert!(marked > 900, "{marked} of 1 000 at 100× the limit marked");
 }

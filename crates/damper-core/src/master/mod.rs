@@ -47,7 +47,7 @@ use hashbrown::HashTable;
 
 use crate::Pair;
 use crate::config::{EstimatorKind, MasterConfig, PolicyKind};
-use crate::limits::Rate;
+use crate::limits::{LimitMatch, Rate};
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
 
@@ -69,6 +69,9 @@ pub struct Verdict {
     pub valid_for: Duration,
     /// The estimated rates the factor was computed from.
     pub rates: Rates,
+    /// Whether the limit is in shadow (`[shadow]`): agents admit what
+    /// `factor` would refuse, and say so.
+    pub shadow: bool,
     /// When the agent should ask again ([`MasterState::verdict`]) rather
     /// than hold this factor for a whole interval: the time by which the
     /// round it comes from should be whole. Set when that round is still
@@ -127,25 +130,53 @@ pub enum TransitionKind {
     /// ([`NEAR_LIMIT_MARGIN`]), or its limit was removed, or it went idle
     /// and was forgotten.
     NearLimitEnded,
+    /// As [`Started`](Self::Started), under a limit in shadow: from now on
+    /// the agents would refuse some of its operations, and admit them.
+    ShadowStarted,
+    /// As [`Stopped`](Self::Stopped), under a limit in shadow.
+    ShadowStopped,
 }
 
 impl TransitionKind {
     /// Its name in events and logs: `suppression_started`,
-    /// `suppression_ended`, `near_limit`, `near_limit_ended`.
+    /// `suppression_ended`, `near_limit`, `near_limit_ended`,
+    /// `shadow_suppression_started`, `shadow_suppression_ended`.
     pub fn name(self) -> &'static str {
         match self {
             TransitionKind::Started => "suppression_started",
             TransitionKind::Stopped => "suppression_ended",
             TransitionKind::NearLimit => "near_limit",
             TransitionKind::NearLimitEnded => "near_limit_ended",
+            TransitionKind::ShadowStarted => "shadow_suppression_started",
+            TransitionKind::ShadowStopped => "shadow_suppression_ended",
+        }
+    }
+
+    /// Suppression starting under a limit in shadow or not.
+    fn started(shadow: bool) -> TransitionKind {
+        if shadow {
+            TransitionKind::ShadowStarted
+        } else {
+            TransitionKind::Started
+        }
+    }
+
+    /// Suppression stopping under a limit in shadow or not.
+    fn stopped(shadow: bool) -> TransitionKind {
+        if shadow {
+            TransitionKind::ShadowStopped
+        } else {
+            TransitionKind::Stopped
         }
     }
 
     /// Every kind, in the order a flood goes through them.
-    pub const ALL: [TransitionKind; 4] = [
+    pub const ALL: [TransitionKind; 6] = [
         TransitionKind::NearLimit,
         TransitionKind::Started,
+        TransitionKind::ShadowStarted,
         TransitionKind::Stopped,
+        TransitionKind::ShadowStopped,
         TransitionKind::NearLimitEnded,
     ];
 }
@@ -168,6 +199,9 @@ pub struct KeyView {
     pub limit: Option<f64>,
     /// The configured key that gave the limit, such as `messages/acme`.
     pub limit_key: Option<String>,
+    /// Whether that limit is in shadow: `factor` is what agents would
+    /// refuse, and they admit it.
+    pub shadow: bool,
     /// The `[exempt]` entry that exempts it (then `limit` is `None` and
     /// `factor` 0), such as `org/vip`.
     pub exempt: Option<String>,
@@ -381,9 +415,10 @@ impl MasterState {
         } else {
             key.limit
                 .and_then(|id| self.config.limits.get(id))
-                .map(|limit| verdict(&self.config, &key.window, limit.rate, now))
+                .map(|limit| verdict(&self.config, &key.window, limit, now))
         };
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
+        let shadow = verdict.is_some_and(|v| v.shadow);
         let share = self.config.policy.near_limit_share;
         let near = verdict.is_some_and(|v| {
             let bar = if key.is(table::NEAR) {
@@ -393,21 +428,24 @@ impl MasterState {
             };
             v.rates.demand >= bar * v.limit.get()
         });
-        // Near comes before started, ended after stopped.
+        // Near comes before started, ended after stopped; a limit moved in
+        // or out of shadow while suppressing stops one kind and starts the
+        // other.
+        let (was_suppressed, was_shadow) = (key.is(table::SUPPRESSED), key.is(table::SHADOW));
         let mut changed = Vec::new();
         if near && !key.is(table::NEAR) {
             changed.push(TransitionKind::NearLimit);
         }
-        if suppressed != key.is(table::SUPPRESSED) {
-            changed.push(if suppressed {
-                TransitionKind::Started
-            } else {
-                TransitionKind::Stopped
-            });
+        if was_suppressed && (!suppressed || shadow != was_shadow) {
+            changed.push(TransitionKind::stopped(was_shadow));
+        }
+        if suppressed && (!was_suppressed || shadow != was_shadow) {
+            changed.push(TransitionKind::started(shadow));
         }
         if !near && key.is(table::NEAR) {
             changed.push(TransitionKind::NearLimitEnded);
         }
+        key.set(table::SHADOW, shadow);
         key.set(table::NEAR, near);
         key.set(table::SUPPRESSED, suppressed);
         if let Some(transitions) = &mut self.transitions {
@@ -443,7 +481,7 @@ impl MasterState {
                 .filter(|_| exempt.is_none());
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let v = verdict(&self.config, &key.window, m.rate, now);
+                    let v = verdict(&self.config, &key.window, m, now);
                     (v.factor, v.rates)
                 }
                 None => (0.0, key.window.estimate(&self.config.window, now).rates),
@@ -453,6 +491,7 @@ impl MasterState {
                 op: op.to_string(),
                 limit: limit.map(|m| m.rate.get()),
                 limit_key: limit.map(|m| m.key.to_owned()),
+                shadow: limit.is_some_and(|m| m.shadow),
                 exempt: exempt.map(str::to_owned),
                 demand: rates.demand,
                 admitted: rates.admitted,
@@ -471,16 +510,17 @@ impl MasterState {
             let window = self.find(op, account).map(|i| &self.entries.get(i).window);
             return Some(exempt_verdict(&self.config, window, now));
         }
-        let rate = self.config.limits.lookup(account, op)?.rate;
+        let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => verdict(&self.config, &self.entries.get(i).window, rate, now),
+            Some(i) => verdict(&self.config, &self.entries.get(i).window, limit, now),
             None => {
                 let rates = Rates::default();
                 Verdict {
-                    factor: self.config.policy.kind.factor(rate, rates),
-                    limit: rate,
+                    factor: self.config.policy.kind.factor(limit.rate, rates),
+                    limit: limit.rate,
                     valid_for: self.config.policy.factor_validity,
                     rates,
+                    shadow: limit.shadow,
                     recheck_at: None,
                 }
             }
@@ -523,7 +563,10 @@ impl MasterState {
             let gone = self.remove(i);
             if let Some(transitions) = &mut self.transitions {
                 let ended = [
-                    (gone.is(table::SUPPRESSED), TransitionKind::Stopped),
+                    (
+                        gone.is(table::SUPPRESSED),
+                        TransitionKind::stopped(gone.is(table::SHADOW)),
+                    ),
                     (gone.is(table::NEAR), TransitionKind::NearLimitEnded),
                 ];
                 for (_, kind) in ended.into_iter().filter(|(was, _)| *was) {
@@ -607,13 +650,26 @@ impl MasterState {
     /// last report got a positive factor), 0 included. Counts flags,
     /// computes nothing.
     pub fn suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
-        let mut suppressed = vec![0usize; self.ops.len()];
-        for key in self.entries.iter().filter(|k| k.is(table::SUPPRESSED)) {
-            suppressed[key.op as usize] += 1;
+        self.count_by_op(|k| k.is(table::SUPPRESSED) && !k.is(table::SHADOW))
+    }
+
+    /// Per op with tracked pairs: how many would be suppressed under a
+    /// limit in shadow (their agents admit everything, and mark it).
+    pub fn shadow_suppressed_by_op(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.count_by_op(|k| k.is(table::SUPPRESSED) && k.is(table::SHADOW))
+    }
+
+    fn count_by_op(
+        &self,
+        counted: impl Fn(&table::Entry) -> bool,
+    ) -> impl Iterator<Item = (&str, usize)> {
+        let mut counts = vec![0usize; self.ops.len()];
+        for key in self.entries.iter().filter(|k| counted(k)) {
+            counts[key.op as usize] += 1;
         }
         self.ops
             .iter()
-            .zip(suppressed)
+            .zip(counts)
             .filter(|(op, _)| op.keys > 0)
             .map(|(op, n)| (&*op.name, n))
     }
@@ -647,11 +703,18 @@ fn exempt_verdict(config: &MasterConfig, window: Option<&DemandWindow>, now: Nan
         limit: Rate::UNLIMITED,
         valid_for: config.policy.factor_validity,
         rates: window.map_or_else(Rates::default, |w| w.estimate(&config.window, now).rates),
+        shadow: false,
         recheck_at: None,
     }
 }
 
-fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos) -> Verdict {
+fn verdict(
+    config: &MasterConfig,
+    window: &DemandWindow,
+    matched: LimitMatch<'_>,
+    now: Nanos,
+) -> Verdict {
+    let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
     if estimate.surge && estimate.rates.demand <= limit.get() * SURGE_MARGIN {
         estimate.rates.demand = estimate.rates.demand.min(limit.get());
@@ -678,6 +741,7 @@ fn verdict(config: &MasterConfig, window: &DemandWindow, limit: Rate, now: Nanos
         limit,
         valid_for: config.policy.factor_validity,
         rates: estimate.rates,
+        shadow: matched.shadow,
         recheck_at: estimate
             .whole_by
             .filter(|_| factor > 0.0 || estimate.first_round),

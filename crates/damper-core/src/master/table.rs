@@ -25,7 +25,7 @@ pub(super) struct Entry {
     /// The limit that applied under config `generation`.
     pub(super) limit: Option<LimitId>,
     pub(super) generation: u16,
-    /// [`SUPPRESSED`], [`NEAR`] and [`EXEMPT`], one byte: the entry has
+    /// [`SUPPRESSED`], [`NEAR`], [`EXEMPT`] and [`SHADOW`], one byte: the entry has
     /// two bytes to spare before its 8-byte fields, not three.
     pub(super) flags: u8,
     pub(super) last_report: Nanos,
@@ -40,6 +40,9 @@ pub(super) const SUPPRESSED: u8 = 1;
 pub(super) const NEAR: u8 = 2;
 /// Whether `[exempt]` covers it, under config `generation`.
 pub(super) const EXEMPT: u8 = 4;
+/// Whether the last verdict's limit was in shadow: a change while
+/// suppressed is a [`Transition`].
+pub(super) const SHADOW: u8 = 8;
 
 impl Entry {
     pub(super) fn is(&self, flag: u8) -> bool {

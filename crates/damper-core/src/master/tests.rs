@@ -890,3 +890,37 @@ fn an_exempt_account_is_never_suppressed_until_a_reload_removes_the_exemption() 
     assert_eq!(round(&mut m, 12_000, 4.0 * L), 0.75);
     assert_eq!(m.views(at(12_010), |_| true)[0].exempt, None);
 }
+
+/// A limit in shadow is computed as any other, its verdict marked: the
+/// factor an account at 4× its limit gets is the same, and its events are
+/// the shadow kinds. A reload that takes the limit out of shadow keeps the
+/// window and turns would-be suppression into real suppression at the next
+/// report: one shadow event ends, the real one starts.
+#[test]
+fn a_limit_in_shadow_gives_the_same_factor_marked_and_its_own_events() {
+    let shadow = format!("[limits]\nmessages = {L}\n[shadow]\nops = [\"messages\"]\n");
+    let mut m = MasterState::new(MasterConfig::from_toml(&shadow).unwrap());
+    m.track_transitions(true);
+    let mut enforced = master("latest-round");
+    for end in (2_000..=6_000).step_by(2_000) {
+        assert_eq!(round(&mut m, end, 4.0 * L), round(&mut enforced, end, 4.0 * L));
+    }
+    let v = m.verdict(at(6_010), "acme", "messages").unwrap();
+    assert!(v.shadow && v.factor == 0.75, "{v:?}");
+    assert!(m.views(at(6_010), |_| true)[0].shadow);
+    let kinds = |m: &mut MasterState| -> Vec<TransitionKind> {
+        m.take_transitions().iter().map(|t| t.kind).collect()
+    };
+    assert_eq!(
+        kinds(&mut m),
+        [TransitionKind::NearLimit, TransitionKind::ShadowStarted]
+    );
+
+    m.set_config(MasterConfig::from_toml(&format!("[limits]\nmessages = {L}\n")).unwrap());
+    assert_eq!(round(&mut m, 8_000, 4.0 * L), 0.75);
+    assert!(!m.verdict(at(8_010), "acme", "messages").unwrap().shadow);
+    assert_eq!(
+        kinds(&mut m),
+        [TransitionKind::ShadowStopped, TransitionKind::Started]
+    );
+}

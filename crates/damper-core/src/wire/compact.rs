@@ -42,6 +42,7 @@ impl Unlisted {
         config.limits.op_limit(op).map(|limit| Unlisted {
             limit: limit.get(),
             valid_for: whole(config.policy.factor_validity),
+            shadow: config.limits.op_shadow(op),
         })
     }
 
@@ -51,6 +52,7 @@ impl Unlisted {
         verdict.factor == 0.0
             && verdict.recheck_at.is_none()
             && verdict.limit.get() == self.limit
+            && verdict.shadow == self.shadow
             && whole(verdict.valid_for) == self.valid_for
     }
 
@@ -60,6 +62,7 @@ impl Unlisted {
             factor: 0.0,
             limit: self.limit,
             valid_for: self.valid_for,
+            shadow: self.shadow,
         }
     }
 }
@@ -77,6 +80,7 @@ impl Listed {
                 factor: verdict.factor,
                 limit: verdict.limit.get(),
                 valid_for: whole(verdict.valid_for),
+                shadow: verdict.shadow,
             },
             recheck: verdict.recheck_at.is_some(),
         }

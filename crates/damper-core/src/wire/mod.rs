@@ -188,6 +188,9 @@ pub struct Factor {
     pub limit: f64,
     /// How long it holds without a fresher one (whole milliseconds).
     pub valid_for: Duration,
+    /// Whether the limit is in shadow: admit what `factor` would refuse,
+    /// and say so.
+    pub shadow: bool,
 }
 
 /// The verdict a reply implies for the accounts of an op it does not list.
@@ -197,6 +200,8 @@ pub struct Unlisted {
     pub limit: f64,
     /// How long their factor 0 holds (whole milliseconds).
     pub valid_for: Duration,
+    /// Whether the op's own limit is in shadow.
+    pub shadow: bool,
 }
 
 /// Groups `(op, item)` pairs that come grouped by op (sorted, or as a

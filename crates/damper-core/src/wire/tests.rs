@@ -25,7 +25,8 @@ fn config() -> MasterConfig {
 
 const NOW: Nanos = Nanos::from_secs(1_800_000_000);
 
-/// A verdict a master could give: `kind` picks the factor and recheck.
+/// A verdict a master could give: `kind` picks the factor, the recheck
+/// and, from 4 on, whether the limit is in shadow.
 fn verdict(
     config: &MasterConfig,
     account: &str,
@@ -39,7 +40,8 @@ fn verdict(
         limit,
         valid_for: config.policy.factor_validity,
         rates: Rates::default(),
-        recheck_at: (kind >= 2).then_some(NOW + Duration::from_millis(137)),
+        shadow: kind >= 4,
+        recheck_at: (kind % 4 >= 2).then_some(NOW + Duration::from_millis(137)),
     })
 }
 
@@ -48,6 +50,7 @@ fn factor_of(v: &Verdict) -> Factor {
         factor: v.factor,
         limit: v.limit.get(),
         valid_for: Duration::from_millis(v.valid_for.as_millis() as u64),
+        shadow: v.shadow,
     }
 }
 
@@ -59,7 +62,7 @@ proptest! {
     #[test]
     fn expansion_gives_back_exactly_the_verdicts_compaction_took(
         entries in proptest::collection::vec(
-            (0usize..3, 0usize..6, 0u8..4, 0.01f64..1.0), 0..60),
+            (0usize..3, 0usize..6, 0u8..8, 0.01f64..1.0), 0..60),
     ) {
         let config = config();
         let ops = ["messages", "presence", "typing"];
@@ -119,7 +122,8 @@ fn a_reply_lists_only_what_differs_and_asks_for_rechecks() {
         reply.ops[0].unlisted,
         Some(Unlisted {
             limit: 1000.0,
-            valid_for: Duration::from_secs(6)
+            valid_for: Duration::from_secs(6),
+            shadow: false,
         })
     );
     assert_eq!(reply.recheck_after, Some(Duration::from_millis(137)));

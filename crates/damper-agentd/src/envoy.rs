@@ -373,6 +373,7 @@ mod tests {
             limit: 1000.0,
             retry_after: Duration::ZERO,
             reason: None,
+            would_reject: false,
             demand: 0.0,
         };
         let refused = Verdict {
@@ -381,6 +382,7 @@ mod tests {
             limit: 250.4,
             retry_after: Duration::from_millis(1500),
             reason: Some(crate::verdict::Reason::AccountLimit),
+            would_reject: false,
             demand: 2504.0,
         };
         let h = headers(&[("messages", admitted), ("up\"loads", refused)]);

@@ -49,6 +49,7 @@ fn reply(v: Verdict) -> CheckReply {
         retry_after_ms: millis(v.retry_after),
         reason: wire_reason(v.reason),
         demand: v.demand,
+        would_reject: v.would_reject,
     }
 }
 

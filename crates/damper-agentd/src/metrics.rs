@@ -3,7 +3,9 @@
 //! installs the Prometheus recorder that `/metrics` renders.
 //!
 //! - `damper_agentd_decisions_total{result="admitted|rejected"}`: every
-//!   decision, whichever front door asked.
+//!   decision, whichever front door asked;
+//!   `damper_agentd_would_reject_total`: those admitted that a limit in
+//!   shadow would have refused (counted in `admitted` too).
 //! - `damper_agentd_requests_total{door, result="ok|invalid|error"}`: calls
 //!   per front door (`grpc`, `envoy`, `resp`); `invalid` ones were refused
 //!   for bad input and counted nothing.
@@ -27,6 +29,7 @@ use crate::verdict::Verdict;
 struct Hot {
     admitted: Counter,
     rejected: Counter,
+    would_reject: Counter,
     /// `requests_total{result="ok"}` per door: grpc, envoy, resp.
     ok: [Counter; 3],
 }
@@ -37,6 +40,7 @@ fn hot() -> &'static Hot {
         Hot {
         admitted: metrics::counter!("damper_agentd_decisions_total", "result" => "admitted"),
         rejected: metrics::counter!("damper_agentd_decisions_total", "result" => "rejected"),
+        would_reject: metrics::counter!("damper_agentd_would_reject_total"),
         ok: ["grpc", "envoy", "resp"].map(|door| {
             metrics::counter!("damper_agentd_requests_total", "door" => door, "result" => "ok")
         }),
@@ -49,6 +53,9 @@ pub(crate) fn decided(verdict: &Verdict) {
     let hot = hot();
     if verdict.admitted {
         hot.admitted.increment(1);
+        if verdict.would_reject {
+            hot.would_reject.increment(1);
+        }
     } else {
         hot.rejected.increment(1);
     }

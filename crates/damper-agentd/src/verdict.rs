@@ -52,8 +52,12 @@ pub struct Verdict {
     pub limit: f64,
     /// When refused, the soonest the factor can change; zero when admitted.
     pub retry_after: Duration,
-    /// When refused, whose factor refused it.
+    /// When refused, whose factor refused it; when admitted under a limit
+    /// in shadow that would have refused it (`would_reject`), whose factor
+    /// would have.
     pub reason: Option<Reason>,
+    /// Admitted, but a limit in shadow would have refused it.
+    pub would_reject: bool,
     /// While the factor is positive, the demand it came from, cost per
     /// second over every node ([`Rejection::demand`]); 0 otherwise.
     ///
@@ -129,8 +133,21 @@ impl Sidecar {
                 limit: r.limit,
                 retry_after: r.retry_after,
                 reason: Some(Reason::of(r.source)),
+                would_reject: false,
                 demand: r.demand,
             },
+            Decision::Admit(admitted) if admitted.would_reject.is_some() => {
+                let r = admitted.would_reject.expect("matched");
+                Verdict {
+                    admitted: true,
+                    factor: r.factor,
+                    limit: r.limit,
+                    retry_after: Duration::ZERO,
+                    reason: Some(Reason::of(r.source)),
+                    would_reject: true,
+                    demand: r.demand,
+                }
+            }
             // Admitted (and whatever a later library version adds): say
             // what is in force, so a client can warn before refusals start.
             _ => {
@@ -141,6 +158,7 @@ impl Sidecar {
                     limit: standing.limit,
                     retry_after: Duration::ZERO,
                     reason: None,
+                    would_reject: false,
                     // As a refusal would say it (`Rejection::demand`).
                     demand: damper_agent::implied_demand(standing.limit, standing.factor),
                 }

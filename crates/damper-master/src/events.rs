@@ -30,8 +30,9 @@ pub struct Event {
     pub id: u64,
     /// When the master saw it, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
-    /// `near_limit`, `near_limit_ended`, `suppression_started` or
-    /// `suppression_ended`.
+    /// `near_limit`, `near_limit_ended`, `suppression_started`,
+    /// `suppression_ended`, or under a limit in shadow
+    /// `shadow_suppression_started` and `shadow_suppression_ended`.
     pub kind: &'static str,
     /// The account.
     pub account: String,
@@ -156,6 +157,13 @@ fn log(t: &Transition) {
         ),
         TransitionKind::NearLimitEnded => {
             tracing::info!(%account, %op, demand = t.demand, "no longer near the limit")
+        }
+        TransitionKind::ShadowStarted => tracing::info!(
+            %account, %op, factor = t.factor, demand = t.demand, limit = t.limit,
+            "suppression would start: the limit is in shadow, nothing is refused"
+        ),
+        TransitionKind::ShadowStopped => {
+            tracing::info!(%account, %op, demand = t.demand, "shadow suppression stopped")
         }
         other => tracing::info!(%account, %op, kind = other.name(), "account changed"),
     }

@@ -267,16 +267,20 @@ impl Master {
     }
 
     /// Sets the gauges that describe the whole state (pairs tracked, pairs
-    /// suppressed per op) on the `metrics` recorder. Called before each
-    /// scrape: a walk over every pair, so not per rollup.
+    /// suppressed per op, and would-be suppressed under limits in shadow)
+    /// on the `metrics` recorder. Called before each scrape: a walk over
+    /// every pair, so not per rollup.
     pub fn record_gauges(&self) {
-        let mut tracked = 0usize;
-        let mut suppressed: std::collections::BTreeMap<String, usize> = Default::default();
+        type PerOp = std::collections::BTreeMap<String, usize>;
+        let (mut tracked, mut suppressed, mut shadow) = (0usize, PerOp::new(), PerOp::new());
         for s in 0..self.shared.shards.len() {
             let state = self.lock(s);
             tracked += state.len();
             for (op, n) in state.suppressed_by_op() {
                 *suppressed.entry(op.to_owned()).or_default() += n;
+            }
+            for (op, n) in state.shadow_suppressed_by_op() {
+                *shadow.entry(op.to_owned()).or_default() += n;
             }
         }
         metrics::gauge!("damper_master_accounts_tracked").set(tracked as f64);
@@ -287,15 +291,16 @@ impl Master {
             .unwrap_or_else(|e| e.into_inner());
         // An op that had suppressed accounts and has none now reads 0, not
         // its last value.
-        for op in seen.iter() {
-            if !suppressed.contains_key(op) {
-                metrics::gauge!("damper_master_accounts_suppressed", "op" => op.clone()).set(0.0);
+        for (name, counts) in [
+            ("damper_master_accounts_suppressed", &suppressed),
+            ("damper_master_accounts_shadow_suppressed", &shadow),
+        ] {
+            for op in seen.iter().chain(counts.keys()) {
+                let n = counts.get(op).copied().unwrap_or(0);
+                metrics::gauge!(name, "op" => op.clone()).set(n as f64);
             }
         }
-        for (op, n) in suppressed {
-            metrics::gauge!("damper_master_accounts_suppressed", "op" => op.clone()).set(n as f64);
-            seen.insert(op);
-        }
+        seen.extend(suppressed.into_keys().chain(shadow.into_keys()));
     }
 
     /// Number of (account, op) pairs tracked, over all shards.

@@ -108,6 +108,15 @@ impl Master {
         if old.exempt != config.exempt {
             changed.push("[exempt] changed".to_string());
         }
+        let shadowed = |c: &MasterConfig| -> Vec<String> {
+            let mut keys: Vec<String> = c.limits.shadowed().map(str::to_owned).collect();
+            keys.sort_unstable();
+            keys
+        };
+        let (was, now) = (shadowed(&old), shadowed(&config));
+        if was != now {
+            changed.push(format!("[shadow] {was:?} -> {now:?}"));
+        }
         let summary = ReloadSummary {
             limits: config.limits.len(),
             changed,

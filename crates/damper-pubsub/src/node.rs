@@ -86,6 +86,7 @@ pub(crate) struct NodeCounters {
     pub(crate) rejected_connection: AtomicU64,
     pub(crate) rejected_channel: AtomicU64,
     pub(crate) rejected_account: AtomicU64,
+    pub(crate) would_reject_account: AtomicU64,
 }
 
 /// What a node has done since start.
@@ -101,6 +102,9 @@ pub struct NodeStats {
     pub rejected_channel: u64,
     /// Publishes refused by the account-wide limit.
     pub rejected_account: u64,
+    /// Publishes accepted that the account-wide limit would have refused,
+    /// were it not in shadow (the master's `[shadow]` table).
+    pub would_reject_account: u64,
 }
 
 pub(crate) fn channel_key(account: &str, channel: &str) -> String {
@@ -151,6 +155,7 @@ impl Node {
             rejected_connection: s.rejected_connection.load(Relaxed),
             rejected_channel: s.rejected_channel.load(Relaxed),
             rejected_account: s.rejected_account.load(Relaxed),
+            would_reject_account: s.would_reject_account.load(Relaxed),
         }
     }
 
@@ -207,7 +212,11 @@ impl Node {
         let subs = s.subscriptions.read().unwrap_or_else(|e| e.into_inner());
         let subscribers = subs.get(&key);
         let fanout = subscribers.map_or(0, |c| c.len() as u64);
-        if let Decision::Reject(r) = s.agent.check(account, OP, 1 + fanout) {
+        let decision = s.agent.check(account, OP, 1 + fanout);
+        if decision.is_admit() && decision.would_reject().is_some() {
+            s.stats.would_reject_account.fetch_add(1, Relaxed);
+        }
+        if let Decision::Reject(r) = decision {
             s.stats.rejected_account.fetch_add(1, Relaxed);
             let reason = format!(
                 "account {account:?} attempts {:.0} message deliveries per second over all nodes, over its limit of {:.0}; {:.0}% of its publishes are refused",

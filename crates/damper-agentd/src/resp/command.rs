@@ -3,7 +3,7 @@
 //!
 //! | command | reply |
 //! |---|---|
-//! | `DAMPER.CHECK account op [cost]` | `[admitted 0\|1, factor, retry_after_ms, limit]` |
+//! | `DAMPER.CHECK account op [cost]` | `[admitted 0\|1, factor, retry_after_ms, limit]` (kept at four: clients unpack it) |
 //! | `DAMPER.PEEK account op` | `[factor, limit, reason]`, counting nothing |
 //! | `PING [message]`, `ECHO message` | as Redis |
 //! | `HELLO [2\|3 [SETNAME name]]` | the server's description; switches RESP2/RESP3 |

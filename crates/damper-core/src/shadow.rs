@@ -42,7 +42,9 @@ impl ShadowSection {
             if !limits.set_shadow(key) {
                 return Err(ConfigError::invalid(
                     &format!("shadow.limits[{i}]"),
-                    format!("{key:?} is not a key of [limits]: only a configured limit can be in shadow"),
+                    format!(
+                        "{key:?} is not a key of [limits]: only a configured limit can be in shadow"
+                    ),
                 ));
             }
         }
@@ -95,7 +97,10 @@ mod tests {
     fn names_that_match_no_limit_are_refused_naming_the_entry() {
         let e = config("[limits]\nmessages = 10\n[shadow]\nlimits = [\"messages/acme\"]\n")
             .unwrap_err();
-        assert!(e.contains("shadow.limits[0]") && e.contains("messages/acme"), "{e}");
+        assert!(
+            e.contains("shadow.limits[0]") && e.contains("messages/acme"),
+            "{e}"
+        );
         let e = config("[limits]\nmessages = 10\n[shadow]\nops = [\"messages\", \"mess\"]\n")
             .unwrap_err();
         assert!(e.contains("shadow.ops[1]") && e.contains("\"mess\""), "{e}");

@@ -83,18 +83,21 @@ impl Master {
         };
         views.retain(|v| v.factor >= query.min_factor);
         let matched = views.len();
-        let key = |v: &KeyView| match query.sort {
-            AccountsSort::Factor => v.factor,
-            AccountsSort::Demand => v.demand,
-            AccountsSort::Ratio => ratio(v),
-            AccountsSort::Account => 0.0,
-        };
-        views.sort_by(|a, b| {
-            key(b)
-                .total_cmp(&key(a))
-                .then_with(|| (&a.account, &a.op).cmp(&(&b.account, &b.op)))
-        });
+        views.sort_by(|a, b| order(query.sort, a, b));
         views.truncate(query.limit);
         (views, matched)
     }
+}
+
+/// The order of `sort`: largest first, ties by account then op.
+pub(crate) fn order(sort: AccountsSort, a: &KeyView, b: &KeyView) -> std::cmp::Ordering {
+    let key = |v: &KeyView| match sort {
+        AccountsSort::Factor => v.factor,
+        AccountsSort::Demand => v.demand,
+        AccountsSort::Ratio => ratio(v),
+        AccountsSort::Account => 0.0,
+    };
+    key(b)
+        .total_cmp(&key(a))
+        .then_with(|| (&a.account, &a.op).cmp(&(&b.account, &b.op)))
 }

@@ -3,8 +3,13 @@
 //!
 //! - `GET /v1/accounts`: tracked (account, op) pairs as JSON, with filters
 //!   `op`, `prefix`, `min_factor`, the order `sort=factor|demand|ratio|account`
-//!   (largest first) and `limit` (rows, default 100, at most 10 000).
-//! - `GET /v1/accounts/{account}`: one account's pairs (404 if untracked).
+//!   (largest first) and `limit` (rows, default 100, at most 10 000). With
+//!   a ring (`--ring`), every master's pairs: this master asks its peers
+//!   and merges ([`Master::ring_accounts`]), each row naming its `master`,
+//!   and `partial: true` with the `missing` masters when some did not
+//!   answer; `local=true` keeps to this master's own.
+//! - `GET /v1/accounts/{account}`: one account's pairs (404 if untracked),
+//!   ring-wide the same way.
 //! - `GET /`: a page showing the same table, sortable and filterable,
 //!   refreshing every 2 s. Served from the binary: no build step.
 //! - `GET /v1/events`: accounts near their limit and suppression starting
@@ -137,10 +142,20 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 struct AccountsReply {
     /// The master's clock when the rows were computed.
     now_unix_ms: u64,
-    /// Rows that matched the filters, before `limit` cut them.
+    /// Rows that matched the filters, before `limit` cut them, over every
+    /// master that answered.
     matched: usize,
     /// The rows, in the requested order.
     accounts: Vec<Row>,
+    /// Whether some master of the ring did not answer: its rows are not
+    /// here.
+    partial: bool,
+    /// The masters whose rows these are (empty without a ring: this one's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    masters: Vec<String>,
+    /// The masters that did not answer, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    missing: Vec<crate::Missing>,
 }
 
 /// One (account, op): the core's view plus its demand/limit ratio.
@@ -150,6 +165,9 @@ struct Row {
     view: KeyView,
     /// Demand over limit (0 when unlimited).
     ratio: f64,
+    /// The master that holds it, in a ring-wide view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    master: Option<String>,
 }
 
 impl From<KeyView> for Row {
@@ -157,6 +175,47 @@ impl From<KeyView> for Row {
         Row {
             ratio: crate::ratio(&view),
             view,
+            master: None,
+        }
+    }
+}
+
+impl AccountsReply {
+    /// `query` over the ring when this master has one and `local` is not
+    /// asked, else over this master alone.
+    async fn of(master: &Master, query: &AccountsQuery, local: bool) -> AccountsReply {
+        let ring = if local {
+            None
+        } else {
+            master.ring_accounts(query).await
+        };
+        match ring {
+            Some(ring) => AccountsReply {
+                now_unix_ms: master.now().as_millis(),
+                matched: ring.matched,
+                accounts: ring
+                    .rows
+                    .into_iter()
+                    .map(|r| Row {
+                        master: Some(r.master),
+                        ..Row::from(r.view)
+                    })
+                    .collect(),
+                partial: !ring.missing.is_empty(),
+                masters: ring.answered,
+                missing: ring.missing,
+            },
+            None => {
+                let (views, matched) = master.accounts(query);
+                AccountsReply {
+                    now_unix_ms: master.now().as_millis(),
+                    matched,
+                    accounts: views.into_iter().map(Row::from).collect(),
+                    partial: false,
+                    masters: Vec::new(),
+                    missing: Vec::new(),
+                }
+            }
         }
     }
 }
@@ -168,10 +227,12 @@ fn error(status: StatusCode, message: String) -> Response {
 
 /// Parses the query string strictly: an unknown parameter or a bad value
 /// is a 400 naming it, never silently ignored.
-fn parse_query(params: &[(String, String)]) -> Result<AccountsQuery, String> {
+fn parse_query(params: &[(String, String)]) -> Result<(AccountsQuery, bool), String> {
     let mut query = AccountsQuery::default();
+    let mut local = false;
     for (name, value) in params {
         match name.as_str() {
+            "local" => local = parse_local(value)?,
             "op" => query.op = Some(value.clone()).filter(|v| !v.is_empty()),
             "prefix" => query.prefix = Some(value.clone()).filter(|v| !v.is_empty()),
             "min_factor" => {
@@ -209,34 +270,56 @@ fn parse_query(params: &[(String, String)]) -> Result<AccountsQuery, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown parameter `{other}`; known: op, prefix, min_factor, sort, limit"
+                    "unknown parameter `{other}`; known: op, prefix, min_factor, sort, limit, local"
                 ));
             }
         }
     }
-    Ok(query)
+    Ok((query, local))
+}
+
+/// `local=true|false`: this master's own rows only, or the ring's.
+fn parse_local(value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("`local` must be true or false, not {value:?}")),
+    }
 }
 
 async fn accounts(
     State(state): State<AppState>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Response {
-    let query = match parse_query(&params) {
-        Ok(query) => query,
+    let (query, local) = match parse_query(&params) {
+        Ok(parsed) => parsed,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    let (views, matched) = state.master.accounts(&query);
-    Json(AccountsReply {
-        now_unix_ms: state.master.now().as_millis(),
-        matched,
-        accounts: views.into_iter().map(Row::from).collect(),
-    })
-    .into_response()
+    Json(AccountsReply::of(&state.master, &query, local).await).into_response()
 }
 
-async fn account(State(state): State<AppState>, Path(account): Path<String>) -> Response {
+async fn account(
+    State(state): State<AppState>,
+    Path(account): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Response {
     if let Err(e) = validate_name("account", &account) {
         return error(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    let mut local = false;
+    for (name, value) in &params {
+        match name.as_str() {
+            "local" => match parse_local(value) {
+                Ok(l) => local = l,
+                Err(message) => return error(StatusCode::BAD_REQUEST, message),
+            },
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown parameter `{other}`; known: local"),
+                );
+            }
+        }
     }
     let query = AccountsQuery {
         account: Some(account.clone()),
@@ -244,17 +327,34 @@ async fn account(State(state): State<AppState>, Path(account): Path<String>) -> 
         limit: MAX_ROWS,
         ..AccountsQuery::default()
     };
-    let (views, _) = state.master.accounts(&query);
-    if views.is_empty() {
+    let reply = AccountsReply::of(&state.master, &query, local).await;
+    if reply.accounts.is_empty() {
+        let missing = if reply.partial {
+            format!(
+                " (masters that did not answer: {})",
+                reply
+                    .missing
+                    .iter()
+                    .map(|m| m.master.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            String::new()
+        };
         return error(
             StatusCode::NOT_FOUND,
-            format!("account {account:?} has no recent reports on this master"),
+            format!(
+                "account {account:?} has no recent reports on any master that answered{missing}"
+            ),
         );
     }
     Json(serde_json::json!({
-        "now_unix_ms": state.master.now().as_millis(),
+        "now_unix_ms": reply.now_unix_ms,
         "account": account,
-        "ops": views.into_iter().map(Row::from).collect::<Vec<_>>(),
+        "ops": reply.accounts,
+        "partial": reply.partial,
+        "missing": reply.missing,
     }))
     .into_response()
 }

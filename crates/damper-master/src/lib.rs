@@ -51,6 +51,7 @@ pub mod http;
 mod identity;
 mod ingest;
 pub mod reload;
+mod ring_accounts;
 mod ring_view;
 mod service;
 mod snapshot;
@@ -68,6 +69,7 @@ pub use accounts::{AccountsQuery, AccountsSort, ratio};
 pub use identity::AllowList;
 pub use ingest::Ingested;
 use ingest::IngestedCounters;
+pub use ring_accounts::{Missing, PEER_TIMEOUT, RingAccounts, RingRow};
 use ring_view::RingView;
 pub use ring_view::RingViewError;
 pub use service::{MasterService, ServeError, run, run_with_tls, status};
@@ -172,6 +174,8 @@ struct Shared {
     new_pairs: Mutex<damper_core::master::NewPairBudget>,
     /// Accounts near their limit, suppression started and ended.
     events: events::Events,
+    /// The other masters of the ring, for one view of all accounts.
+    peers: ring_accounts::Peers,
 }
 
 impl Master {
@@ -213,6 +217,7 @@ impl Master {
                 warned: crate::ingest::Warned::default(),
                 rollup_log: Mutex::default(),
                 events: events::Events::default(),
+                peers: ring_accounts::Peers::default(),
                 new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
                     options.max_new_pairs_per_agent,
                     w.rollup_interval,

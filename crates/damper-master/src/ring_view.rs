@@ -31,6 +31,18 @@ pub enum RingViewError {
     AlreadySet,
 }
 
+impl RingView {
+    /// This master's address in the ring.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The other members.
+    pub(crate) fn peers(&self) -> impl Iterator<Item = &str> {
+        self.ring.members().filter(move |m| *m != self.me)
+    }
+}
+
 impl Master {
     /// Tells this master the ring the masters form (every configured master,
     /// as agents address them) and its own address in it. It then counts the

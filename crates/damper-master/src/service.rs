@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use damper_core::wire::{FactorsQuery, Rollup, RollupError};
 use damper_proto::v1::master_server::MasterServer;
-use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
+use damper_proto::v1::{
+    AccountsReply, AccountsRequest, FactorsRequest, RollupReply, RollupRequest,
+};
 
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
@@ -98,6 +100,20 @@ impl damper_proto::v1::master_server::Master for MasterService {
             }
         }
     }
+
+    async fn accounts(
+        &self,
+        request: Request<AccountsRequest>,
+    ) -> Result<Response<AccountsReply>, Status> {
+        self.admit(&request)?;
+        let query = crate::ring_accounts::query(request.into_inner())
+            .map_err(|bad| Status::invalid_argument(bad.to_string()))?;
+        let now = self.master.shared.clock.now().as_millis();
+        let (views, matched) = self.master.accounts(&query);
+        Ok(Response::new(crate::ring_accounts::reply(
+            now, views, matched,
+        )))
+    }
 }
 
 /// Why serving stopped.
@@ -152,6 +168,10 @@ pub async fn run_with_tls(
     };
     let max = master.shared.options.max_message_bytes;
     let allowed = tls.as_ref().and_then(ServerTls::allowed);
+    master.set_peer_transport(
+        tls.as_ref()
+            .map_or_else(Default::default, ServerTls::peer_transport),
+    );
     let service = MasterServer::new(MasterService::new(master).with_allowed(allowed))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);

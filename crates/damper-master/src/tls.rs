@@ -118,6 +118,22 @@ impl ServerTls {
         Ok(tls)
     }
 
+    /// How this master reaches its peers for the ring's view: presenting
+    /// its own certificate and trusting the client CA (masters' and agents'
+    /// certificates then chain to one CA); with one-way TLS it has no CA to
+    /// check them with.
+    pub(crate) fn peer_transport(&self) -> crate::ring_accounts::PeerTransport {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        match &self.client_ca_pem {
+            Some(ca) => crate::ring_accounts::PeerTransport::Tls(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .identity(Identity::from_pem(&self.cert_pem, &self.key_pem)),
+            ),
+            None => crate::ring_accounts::PeerTransport::Unverifiable,
+        }
+    }
+
     pub(crate) fn config(&self) -> tonic::transport::ServerTlsConfig {
         use tonic::transport::{Certificate, Identity, ServerTlsConfig};
         let config =

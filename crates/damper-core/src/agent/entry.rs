@@ -13,8 +13,7 @@ use compact_str::CompactString;
 use rand::Rng;
 
 use super::{
-    AgentConfig, AgentState, Admitted, Decision, RejectSource, Rejection, admission,
-    implied_demand,
+    Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
 };
 use crate::time::{Nanos, duration_nanos};
 

@@ -756,9 +756,20 @@ fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
     assert_eq!((d[0].2.attempted, d[0].2.admitted), (1_000, 1_000));
 
     // The same verdict out of shadow refuses the same share.
-    agent.apply_factor(t(30), Pair::new("acme", "messages"), &Factor { shadow: false, ..factor });
+    agent.apply_factor(
+        t(30),
+        Pair::new("acme", "messages"),
+        &Factor {
+            shadow: false,
+            ..factor
+        },
+    );
     let refused = (0..1_000)
-        .filter(|_| !agent.check(t(40), "acme", "messages", 1, &mut rng).is_admit())
+        .filter(|_| {
+            !agent
+                .check(t(40), "acme", "messages", 1, &mut rng)
+                .is_admit()
+        })
         .count();
     assert!((745..=755).contains(&refused), "{refused}");
 
@@ -779,7 +790,9 @@ fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
     for ms in 0..1_000 {
         let d = agent.check(t(100 + ms), "flood", "presence", 1, &mut rng);
         assert!(d.is_admit(), "{d:?}");
-        if d.would_reject().is_some_and(|r| r.source == RejectSource::LocalGuard) {
+        if d.would_reject()
+            .is_some_and(|r| r.source == RejectSource::LocalGuard)
+        {
             marked += 1;
         }
     }

@@ -903,7 +903,10 @@ fn a_limit_in_shadow_gives_the_same_factor_marked_and_its_own_events() {
     m.track_transitions(true);
     let mut enforced = master("latest-round");
     for end in (2_000..=6_000).step_by(2_000) {
-        assert_eq!(round(&mut m, end, 4.0 * L), round(&mut enforced, end, 4.0 * L));
+        assert_eq!(
+            round(&mut m, end, 4.0 * L),
+            round(&mut enforced, end, 4.0 * L)
+        );
     }
     let v = m.verdict(at(6_010), "acme", "messages").unwrap();
     assert!(v.shadow && v.factor == 0.75, "{v:?}");

@@ -424,3 +424,94 @@ async fn a_token_guards_every_route_but_healthz() {
         StatusCode::UNAUTHORIZED
     );
 }
+
+/// Serves `m` over gRPC on a fresh loopback port; the address, and the
+/// sender that stops it.
+async fn serve_grpc(m: &Master) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(crate::run(listener, m.clone(), async {
+        let _ = stopped.await;
+    }));
+    (address, stop)
+}
+
+/// Any master of a ring answers `/v1/accounts` for the whole ring: its
+/// own rows and its peers', merged in the query's order and cut to its
+/// limit, each naming its master; a peer that is down is named and the
+/// view marked partial; `local=true` keeps to its own. One account's page
+/// finds it on whichever master holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answer() {
+    let a = busy(clock());
+    let b = master(clock());
+    b.rollup(&request(vec![(
+        "messages",
+        vec![counts("beta", 6_000, 6_000), counts("quiet", 10, 10)],
+    )]))
+    .unwrap();
+    let (address_a, stop_a) = serve_grpc(&a).await;
+    let (address_b, stop_b) = serve_grpc(&b).await;
+    // A member nothing listens on: a master that is down.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let ring = [address_a.clone(), address_b.clone(), down.clone()];
+    a.set_ring(&ring, &address_a).unwrap();
+    b.set_ring(&ring, &address_b).unwrap();
+
+    let (status, body) = get(&a, "/v1/accounts?op=messages&sort=demand&limit=3").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply = json(&body);
+    let rows: Vec<(String, String, f64)> = reply["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["account"].as_str().unwrap().to_owned(),
+                r["master"].as_str().unwrap().to_owned(),
+                r["demand"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("flood".into(), address_a.clone(), 4000.0),
+            ("beta".into(), address_b.clone(), 3000.0),
+            ("acme-1".into(), address_a.clone(), 2000.0),
+        ]
+    );
+    // a: flood, calm, acme-1, acme-2 on messages; b: beta, quiet.
+    assert_eq!(reply["matched"], 6);
+    assert_eq!(reply["partial"], true);
+    assert_eq!(reply["masters"], serde_json::json!([address_a, address_b]));
+    assert_eq!(reply["missing"][0]["master"], down.as_str());
+    assert!(
+        reply["missing"][0]["error"].as_str().unwrap().len() > 5,
+        "{reply}"
+    );
+
+    let (_, body) = get(&a, "/v1/accounts?op=messages&local=true").await;
+    let local = json(&body);
+    assert_eq!(local["matched"], 4);
+    assert_eq!(local["partial"], false);
+    assert!(local["accounts"][0].get("master").is_none(), "{local}");
+
+    // From b, a's account; from a, b's.
+    let (status, body) = get(&b, "/v1/accounts/flood").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json(&body)["ops"][0]["master"], address_a.as_str());
+    let (status, body) = get(&a, "/v1/accounts/beta").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = get(&a, "/v1/accounts/beta?local=true").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = get(&a, "/v1/accounts?local=maybe").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("`local`"), "{body}");
+
+    let _ = (stop_a.send(()), stop_b.send(()));
+}

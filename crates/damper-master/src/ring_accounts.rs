@@ -8,8 +8,9 @@
 //! Peers are the other members of `--ring` (gRPC addresses, as agents
 //! dial them); their channels are made on first use and kept. Over TLS a
 //! master presents its own certificate and trusts `--tls-client-ca`, so
-//! that is the CA its peers' certificates must chain to, and their
-//! identities must be allowed (`--tls-allow`) like an agent's.
+//! that is the CA its peers' certificates must chain to (with the
+//! `clientAuth` usage beside `serverAuth`), and their identities must be
+//! allowed (`--tls-allow`) like an agent's.
 
 use std::sync::OnceLock;
 use std::time::Duration;

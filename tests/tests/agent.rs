@@ -170,3 +170,49 @@ async fn agents_of_one_process_are_told_apart_and_every_rollup_of_each_is_counte
     assert_eq!(served.master.ingested().attempted, counted);
     served.stop().await;
 }
+
+/// Over real gRPC: an account at 0.9× its limit is never refused, and its
+/// admitted decisions say how close it is, as the master estimates it
+/// over the agents; one at 0.3× says nothing (under the near share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_decisions_near_the_limit_say_how_near() {
+    let served = master("messages = 1000").await;
+    let agents = [agent(&served.address.to_string()), {
+        Agent::builder()
+            .masters([served.address.to_string()])
+            .rollup_interval(Duration::from_millis(200))
+            .request_timeout(Duration::from_millis(150))
+            .agent_id("test-agent-2")
+            .start()
+            .unwrap()
+    }];
+    // 900/s and 300/s over the two agents for 3 s, paced by the clock so
+    // the rates are exact whatever the sleeps take.
+    let (mut near, mut calm) = (None, None);
+    let (mut refused, mut done) = (0, 0u64);
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let due = (start.elapsed().as_secs_f64() * 600.0) as u64;
+        for n in done..due {
+            // Of every 4 checks per agent, 3 are near's and 1 calm's.
+            let account = if n % 4 == 3 { "calm" } else { "near" };
+            for agent in &agents {
+                match agent.check(account, "messages", 1) {
+                    damper_agent::Decision::Admit(a) if account == "near" => near = a.utilisation,
+                    damper_agent::Decision::Admit(a) => calm = a.utilisation,
+                    _ => refused += 1,
+                }
+            }
+        }
+        done = due;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(refused, 0);
+    let near = near.expect("near its limit: said");
+    assert!((0.8..1.0).contains(&near), "{near}");
+    assert_eq!(calm, None);
+    for agent in agents {
+        agent.shutdown().await;
+    }
+    served.stop().await;
+}

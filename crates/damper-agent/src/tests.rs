@@ -116,6 +116,7 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                         valid_for_ms: 6_000,
                         recheck: false,
                         shadow: false,
+                        utilisation: 0.0,
                     })
                     .into_iter()
                     .collect(),
@@ -134,6 +135,7 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                     valid_for_ms: 6_000,
                     recheck: false,
                     shadow: false,
+                    utilisation: 0.0,
                 }],
                 unlisted_limit: 0.0,
                 unlisted_valid_for_ms: 0,

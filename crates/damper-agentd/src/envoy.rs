@@ -374,6 +374,7 @@ mod tests {
             retry_after: Duration::ZERO,
             reason: None,
             would_reject: false,
+            utilisation: None,
             demand: 0.0,
         };
         let refused = Verdict {
@@ -383,6 +384,7 @@ mod tests {
             retry_after: Duration::from_millis(1500),
             reason: Some(crate::verdict::Reason::AccountLimit),
             would_reject: false,
+            utilisation: Some(10.0),
             demand: 2504.0,
         };
         let h = headers(&[("messages", admitted), ("up\"loads", refused)]);

@@ -50,6 +50,7 @@ fn reply(v: Verdict) -> CheckReply {
         reason: wire_reason(v.reason),
         demand: v.demand,
         would_reject: v.would_reject,
+        utilisation: v.utilisation.unwrap_or(0.0),
     }
 }
 

@@ -58,6 +58,11 @@ pub struct Verdict {
     pub reason: Option<Reason>,
     /// Admitted, but a limit in shadow would have refused it.
     pub would_reject: bool,
+    /// The account's demand over its limit as its master said it, for
+    /// accounts at or above the near share of their limit
+    /// ([`Admitted::utilisation`](damper_agent::Admitted)); `None` below it
+    /// or when unknown.
+    pub utilisation: Option<f32>,
     /// While the factor is positive, the demand it came from, cost per
     /// second over every node ([`Rejection::demand`]); 0 otherwise.
     ///
@@ -134,6 +139,7 @@ impl Sidecar {
                 retry_after: r.retry_after,
                 reason: Some(Reason::of(r.source)),
                 would_reject: false,
+                utilisation: Some((r.demand / r.limit) as f32).filter(|u| u.is_finite()),
                 demand: r.demand,
             },
             Decision::Admit(admitted) if admitted.would_reject.is_some() => {
@@ -145,12 +151,17 @@ impl Sidecar {
                     retry_after: Duration::ZERO,
                     reason: Some(Reason::of(r.source)),
                     would_reject: true,
+                    utilisation: admitted.utilisation,
                     demand: r.demand,
                 }
             }
             // Admitted (and whatever a later library version adds): say
             // what is in force, so a client can warn before refusals start.
-            _ => {
+            decision => {
+                let utilisation = match decision {
+                    Decision::Admit(admitted) => admitted.utilisation,
+                    _ => None,
+                };
                 let standing = self.agent().peek(account, op);
                 Verdict {
                     admitted: true,
@@ -159,6 +170,7 @@ impl Sidecar {
                     retry_after: Duration::ZERO,
                     reason: None,
                     would_reject: false,
+                    utilisation,
                     // As a refusal would say it (`Rejection::demand`).
                     demand: damper_agent::implied_demand(standing.limit, standing.factor),
                 }

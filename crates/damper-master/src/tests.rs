@@ -138,9 +138,14 @@ fn pairs_at_factor_0_under_their_ops_limit_are_implied_not_listed() {
     // presence has no limit of its own: `other` is unlimited, not implied.
     assert_eq!(listed(presence), [("acme".into(), 0.0, 10.0)]);
     assert_eq!(presence.unlisted_limit, 0.0);
-    // 102 limited pairs answered in a few dozen bytes.
+    // 102 limited pairs answered in a few dozen bytes (the flood with its
+    // utilisation, 4.0).
+    assert_eq!(
+        messages.accounts.iter().map(|a| a.utilisation).sum::<f32>(),
+        4.0
+    );
     let bytes = prost::Message::encoded_len(&reply);
-    assert!(bytes < 120, "{bytes} bytes: {reply:?}");
+    assert!(bytes < 125, "{bytes} bytes: {reply:?}");
 }
 
 #[test]

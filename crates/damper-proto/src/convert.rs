@@ -175,6 +175,7 @@ impl From<Reply> for v1::RollupReply {
                             valid_for_ms: millis_u32(l.factor.valid_for),
                             recheck: l.recheck,
                             shadow: l.factor.shadow,
+                            utilisation: l.factor.utilisation,
                         })
                         .collect(),
                     unlisted_limit: op.unlisted.map_or(0.0, |u| u.limit),
@@ -208,6 +209,7 @@ impl From<v1::RollupReply> for Reply {
                                 limit: f.limit,
                                 valid_for: Duration::from_millis(u64::from(f.valid_for_ms)),
                                 shadow: f.shadow,
+                                utilisation: f.utilisation,
                             },
                             recheck: f.recheck,
                         })
@@ -268,7 +270,7 @@ mod tests {
         fn reply()(
             ops in proptest::collection::vec(
                 ("[a-z]{1,8}", proptest::collection::vec(
-                    ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>(), any::<bool>()), 0..4),
+                    ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>(), any::<bool>(), 0.0f32..1e3), 0..4),
                  proptest::option::of((0.5f64..1e9, 1u32.., any::<bool>()))),
                 0..4),
             interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
@@ -278,8 +280,8 @@ mod tests {
             Reply {
                 ops: ops.into_iter().map(|(op, listed, unlisted)| OpVerdicts {
                     op,
-                    listed: listed.into_iter().map(|(account, factor, limit, valid, recheck, shadow)| Listed {
-                        account, factor: Factor { factor, limit, valid_for: d(valid), shadow }, recheck,
+                    listed: listed.into_iter().map(|(account, factor, limit, valid, recheck, shadow, utilisation)| Listed {
+                        account, factor: Factor { factor, limit, valid_for: d(valid), shadow, utilisation }, recheck,
                     }).collect(),
                     unlisted: unlisted.map(|(limit, valid, shadow)| Unlisted { limit, valid_for: d(valid), shadow }),
                 }).collect(),

@@ -65,6 +65,11 @@ pub enum ServerFrame {
         id: u64,
         /// Subscribers it was delivered to.
         subscribers: u64,
+        /// The account's deliveries per second over every node, over its
+        /// limit, when its master says it is near that limit (at or above
+        /// its near share, 0.8 by default): warn before refusals start.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        utilisation: Option<f32>,
     },
     /// A message on a subscribed channel.
     Message {

@@ -35,6 +35,7 @@
 //! → {"op":"subscribe","channel":"news"}          ← {"type":"subscribed","channel":"news"}
 //! → {"op":"publish","channel":"news","id":7,"data":"hi"}
 //!                                                ← {"type":"ack","id":7,"subscribers":3}
+//!                    near the limit:             ← {"type":"ack","id":7,"subscribers":3,"utilisation":0.86}
 //!                                   or           ← {"type":"error","id":7,"code":"account_rate_limited",
 //!                                                    "reason":"...","retry_after_ms":412,
 //!                                                    "limit":1000.0,"demand":4210.5}

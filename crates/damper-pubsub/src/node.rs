@@ -237,6 +237,10 @@ impl Node {
         ServerFrame::Ack {
             id,
             subscribers: fanout,
+            utilisation: match decision {
+                Decision::Admit(admitted) => admitted.utilisation,
+                _ => None,
+            },
         }
     }
 

@@ -280,7 +280,9 @@ async fn a_flood_over_two_nodes_is_held_at_the_account_limit_and_nothing_accepte
         let calm = channel == "updates";
         for (at, frame) in answers {
             match frame {
-                ServerFrame::Ack { id, subscribers } => {
+                ServerFrame::Ack {
+                    id, subscribers, ..
+                } => {
                     if !calm {
                         assert_eq!(*subscribers, SUBSCRIBERS as u64);
                         *admitted_cost.entry(at.as_secs()).or_default() += 1 + subscribers;

@@ -55,6 +55,8 @@ assert len(refused) > 10_000, len(refused)
 assert refused[-1].retry_after_ms > 0 and refused[-1].reason in (pb.REASON_ACCOUNT_LIMIT, pb.REASON_LOCAL_GUARD)
 # It says how far over: the demand the factor came from, above the limit.
 assert refused[-1].demand > refused[-1].limit > 0, refused[-1]
+# And as a share of the limit: over 1.
+assert refused[-1].utilisation > 1.0, refused[-1]
 peek = stub.Peek(pb.PeekRequest(account="grpc-flood", op="messages"), timeout=5)
 assert peek.tracked and peek.factor > 0.5 and peek.limit == 1000.0, peek
 untracked = stub.Peek(pb.PeekRequest(account="never-seen", op="messages"), timeout=5)

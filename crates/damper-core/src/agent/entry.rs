@@ -45,10 +45,13 @@ pub(super) fn factor_of(bits: u32) -> f64 {
     f64::from(f32::from_bits(bits))
 }
 
-/// A limit as an entry stores it: `f64` bits, negated when the limit is
-/// in shadow, so the flag costs no room in the check's cache line. 0.0 is
-/// no limit known, never in shadow.
-pub(super) fn limit_bits(limit: f64, shadow: bool) -> u64 {
+/// A limit as an entry stores it: `f32` bits (24 bits of precision are
+/// plenty for a limit; an exempt account's `f64::MAX` becomes `f32::MAX`,
+/// still finite), negated when the limit is in shadow, so the flag costs
+/// no room in the check's cache line. 0.0 is no limit known, never in
+/// shadow.
+pub(super) fn limit_bits(limit: f64, shadow: bool) -> u32 {
+    let limit = (limit.min(f64::from(f32::MAX))) as f32;
     if shadow && limit > 0.0 {
         (-limit).to_bits()
     } else {
@@ -58,9 +61,14 @@ pub(super) fn limit_bits(limit: f64, shadow: bool) -> u64 {
 
 /// A stored limit and whether it is in shadow.
 #[inline]
-pub(super) fn limit_of(bits: u64) -> (f64, bool) {
-    let stored = f64::from_bits(bits);
-    (stored.abs(), stored < 0.0)
+pub(super) fn limit_of(bits: u32) -> (f64, bool) {
+    let stored = f32::from_bits(bits);
+    (f64::from(stored.abs()), stored < 0.0)
+}
+
+/// Whether a stored limit is an exempt account's: no limit at all.
+pub(super) fn is_unlimited(limit: f64) -> bool {
+    limit >= f64::from(f32::MAX)
 }
 
 /// An (account, op) key, owned. Laid out so that confirming a lookup's
@@ -112,6 +120,21 @@ impl OpInfo {
     }
 }
 
+/// What [`Entry::in_force`] finds.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct InForce {
+    /// The master's factor, as stored (0 once expired).
+    pub(super) master: u32,
+    /// The local guard's factor, as stored.
+    pub(super) local: u32,
+    /// The limit the local guard enforces, cost per second (0: none).
+    pub(super) limit: f64,
+    /// Whether the limit is in shadow.
+    pub(super) shadow: bool,
+    /// Demand over limit, as the master said it while its factor holds.
+    pub(super) utilisation: Option<f32>,
+}
+
 // Two cache lines: the check's, and the drains' and scans'.
 const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 
@@ -132,9 +155,13 @@ pub(super) struct Entry {
     pub(super) local_factor: AtomicU32,
     /// When the master's factor expires (nanoseconds since the epoch).
     pub(super) master_expires: AtomicU64,
-    /// The account-wide limit from the master ([`limit_bits`]: `f64`
+    /// The account-wide limit from the master ([`limit_bits`]: `f32`
     /// bits, negative when in shadow; 0.0 = unknown).
-    pub(super) limit: AtomicU64,
+    pub(super) limit: AtomicU32,
+    /// The account's demand over its limit as the master last said it
+    /// (`f32` bits), for pairs at or above the near share of their limit;
+    /// 0.0 when it said nothing. Valid while the master's factor is.
+    pub(super) utilisation: AtomicU32,
     /// Start of the local guard's current measurement.
     pub(super) local_start: AtomicU64,
     /// The admission credit: cost this pair should have admitted under the
@@ -208,7 +235,7 @@ impl Entry {
     /// A new entry at `now`; `limit` is the op's default limit when known
     /// (0.0 otherwise; [`limit_bits`]), which the local guard applies until
     /// a master answers for the pair.
-    pub(super) fn new(now: Nanos, limit: u64) -> Entry {
+    pub(super) fn new(now: Nanos, limit: u32) -> Entry {
         Entry {
             admitted: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -221,7 +248,8 @@ impl Entry {
             local_factor: AtomicU32::new(0),
             credit: AtomicI64::new(0),
             master_expires: AtomicU64::new(0),
-            limit: AtomicU64::new(limit),
+            limit: AtomicU32::new(limit),
+            utilisation: AtomicU32::new(0),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
             expiry_counted: AtomicU64::new(0),
@@ -245,35 +273,45 @@ impl Entry {
             .wrapping_add(self.rejected.load(Relaxed))
     }
 
-    /// The master's and the local guard's factors in force at `now` (as
-    /// stored: `f32` bits, which order as the factors do), the limit, and
-    /// whether it is in shadow.
+    /// What is in force for this pair at `now`: the factors, the limit,
+    /// whether it is in shadow, and the utilisation the master said.
     #[inline]
-    pub(super) fn factors(&self, now: u64, config: &AgentConfig) -> (u32, u32, f64, bool) {
+    pub(super) fn in_force(&self, now: u64, config: &AgentConfig) -> InForce {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // factor stored before it, never an older one.
         let expires = self.master_expires.load(Acquire);
         let (limit, shadow) = limit_of(self.limit.load(Relaxed));
-        let (master, limit) = if now < expires {
-            (self.master_factor.load(Relaxed), limit)
+        let (master, limit, utilisation) = if now < expires {
+            let utilisation = f32::from_bits(self.utilisation.load(Relaxed));
+            (
+                self.master_factor.load(Relaxed),
+                limit,
+                (utilisation > 0.0).then_some(utilisation),
+            )
         } else if expires == 0 {
             // No master has answered for this pair yet: the local guard
             // applies its op's default limit, if the entry was made knowing
             // it (0.0 otherwise: unknown), with room to spare, since the
             // account may have an override above it: a flood is caught,
             // a busy account is not refused before its master speaks.
-            (0, limit * UNCONFIRMED_ROOM)
+            (0, limit * UNCONFIRMED_ROOM, None)
         } else {
             // Expired: fail open, the local guard included, since the limit
             // it enforces is only known while the master is.
-            (0, 0.0)
+            (0, 0.0, None)
         };
         let local = if limit > 0.0 {
             self.local_guard(now, limit, master == 0, config)
         } else {
             0
         };
-        (master, local, limit, shadow)
+        InForce {
+            master,
+            local,
+            limit,
+            shadow,
+            utilisation,
+        }
     }
 
     /// Whether one operation of `cost` is admitted under the factor (as
@@ -303,10 +341,19 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> Decision {
-        let (master, local, limit, shadow) = self.factors(now.as_nanos(), config);
+        let InForce {
+            master,
+            local,
+            limit,
+            shadow,
+            utilisation,
+        } = self.in_force(now.as_nanos(), config);
         let bits = master.max(local);
         if self.admits(bits, cost, rng, config.low_noise) {
-            return Decision::Admit(Admitted::PLAIN);
+            return Decision::Admit(Admitted {
+                would_reject: None,
+                utilisation,
+            });
         }
         let (source, retry_after) = if local > master {
             (RejectSource::LocalGuard, config.local_window)
@@ -324,6 +371,7 @@ impl Entry {
         if shadow {
             Decision::Admit(Admitted {
                 would_reject: Some(rejection),
+                utilisation,
             })
         } else {
             Decision::Reject(rejection)
@@ -340,7 +388,12 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> u64 {
-        let (master, local, _, shadow) = self.factors(now.as_nanos(), config);
+        let InForce {
+            master,
+            local,
+            shadow,
+            ..
+        } = self.in_force(now.as_nanos(), config);
         let bits = master.max(local);
         if bits == 0 {
             return n;
@@ -500,7 +553,7 @@ impl AgentState {
     /// The owned key for a new (account, op), with the op interned, and the
     /// op's default limit for the local guard, as stored ([`limit_bits`];
     /// 0.0: unknown, none, or fast onset off).
-    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, u64) {
+    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, u32) {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let known = match ops.get(op) {
             Some(known) => known,

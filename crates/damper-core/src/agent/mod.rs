@@ -165,11 +165,21 @@ pub struct Admitted {
     /// would have said. The operation is admitted and counted as admitted;
     /// the limit is being tried out.
     pub would_reject: Option<Rejection>,
+    /// The account's demand over its limit as its master estimates it,
+    /// over every node (1.0: at the limit), when the master said it: for
+    /// accounts at or above `policy.near_limit_share` of their limit (0.8
+    /// by default) and those suppressed. `None` below that share, with no
+    /// limit, or when no master's verdict is in force. For warning a
+    /// customer before anything is refused.
+    pub utilisation: Option<f32>,
 }
 
 impl Admitted {
     /// Admitted, with nothing to say.
-    pub const PLAIN: Admitted = Admitted { would_reject: None };
+    pub const PLAIN: Admitted = Admitted {
+        would_reject: None,
+        utilisation: None,
+    };
 }
 
 /// Why an operation was refused, and when to try again.
@@ -490,6 +500,7 @@ impl AgentState {
                 limit,
                 valid_for,
                 shadow: false,
+                utilisation: 0.0,
             },
         );
     }
@@ -517,6 +528,12 @@ impl AgentState {
         entry
             .limit
             .store(entry::limit_bits(limit, verdict.shadow), Relaxed);
+        let utilisation = if verdict.utilisation.is_finite() {
+            verdict.utilisation.max(0.0)
+        } else {
+            0.0
+        };
+        entry.utilisation.store(utilisation.to_bits(), Relaxed);
         entry
             .master_factor
             .store(factor_bits(verdict.factor), Relaxed);

@@ -26,6 +26,9 @@ pub struct Standing {
     /// Whether this agent tracks the pair (it was checked or answered for
     /// and not forgotten since).
     pub tracked: bool,
+    /// The account's demand over its limit, as its master last said it
+    /// (see [`Admitted::utilisation`](super::Admitted::utilisation)).
+    pub utilisation: Option<f32>,
 }
 
 impl AgentState {
@@ -42,6 +45,7 @@ impl AgentState {
                 source: None,
                 limit: self.op_limit(op).unwrap_or(0.0),
                 tracked: false,
+                utilisation: None,
             };
         };
         let expires = entry.master_expires.load(Acquire);
@@ -61,7 +65,7 @@ impl AgentState {
         let (stored, _) = super::entry::limit_of(entry.limit.load(Relaxed));
         // An exempt account's master sends `f64::MAX`: no limit, as for
         // an op that has none.
-        let limit = if stored >= f64::MAX {
+        let limit = if super::entry::is_unlimited(stored) {
             0.0
         } else if stored > 0.0 {
             stored
@@ -74,11 +78,17 @@ impl AgentState {
             (_, true) => Some(RejectSource::LocalGuard),
             (_, false) => Some(RejectSource::Master),
         };
+        let utilisation = if now.as_nanos() < expires {
+            Some(f32::from_bits(entry.utilisation.load(Relaxed))).filter(|u| *u > 0.0)
+        } else {
+            None
+        };
         Standing {
             factor: factor_of(bits),
             source,
             limit,
             tracked: true,
+            utilisation,
         }
     }
 }

@@ -740,6 +740,7 @@ fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
         limit: 500.0,
         valid_for: Duration::from_secs(6),
         shadow: true,
+        utilisation: 4.0,
     };
     agent.apply_factor(t(0), Pair::new("acme", "messages"), &factor);
     let decisions: Vec<Decision> = (0..1_000)
@@ -797,4 +798,40 @@ fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
         }
     }
     assert!(marked > 900, "{marked} of 1 000 at 100× the limit marked");
+}
+
+/// An admitted decision carries the utilisation the master said while its
+/// verdict is in force, and none once it lapsed or when none was said.
+#[test]
+fn admitted_decisions_carry_the_utilisation_the_master_said() {
+    let agent = AgentState::new(AgentConfig::default());
+    let near = Factor {
+        factor: 0.0,
+        limit: 500.0,
+        valid_for: Duration::from_secs(6),
+        shadow: false,
+        utilisation: 0.9,
+    };
+    agent.apply_factor(t(0), Pair::new("acme", "messages"), &near);
+    let utilisation =
+        |at| match agent.check(at, "acme", "messages", 1, &mut SmallRng::seed_from_u64(1)) {
+            Decision::Admit(a) => a.utilisation,
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(utilisation(t(10)), Some(0.9));
+    assert_eq!(agent.peek(t(10), "acme", "messages").utilisation, Some(0.9));
+    assert_eq!(utilisation(t(6_001)), None, "lapsed");
+    agent.apply_factor(
+        t(7_000),
+        Pair::new("acme", "messages"),
+        &Factor {
+            utilisation: 0.0,
+            ..near
+        },
+    );
+    assert_eq!(
+        utilisation(t(7_010)),
+        None,
+        "under the near share: not said"
+    );
 }

@@ -33,6 +33,9 @@ pub struct ReplyHeader {
 pub struct ReplyBuilder {
     ops: Vec<OpVerdicts>,
     recheck_at: Option<Nanos>,
+    /// `policy.near_limit_share`: a pair at or above it is listed with its
+    /// utilisation, so its agents can warn before refusing anything.
+    near_share: f32,
 }
 
 impl Unlisted {
@@ -63,7 +66,17 @@ impl Unlisted {
             limit: self.limit,
             valid_for: self.valid_for,
             shadow: self.shadow,
+            utilisation: 0.0,
         }
+    }
+}
+
+/// A verdict's demand over its limit (0 for an exempt account's).
+pub fn utilisation(verdict: &Verdict) -> f32 {
+    if verdict.limit.is_unlimited() {
+        0.0
+    } else {
+        (verdict.rates.demand / verdict.limit.get()) as f32
     }
 }
 
@@ -72,8 +85,9 @@ fn whole(d: Duration) -> Duration {
 }
 
 impl Listed {
-    /// `verdict`, listed for `account`.
-    pub fn new(account: String, verdict: &Verdict) -> Listed {
+    /// `verdict`, listed for `account`, saying `utilisation` (0: not
+    /// said).
+    pub fn new(account: String, verdict: &Verdict, utilisation: f32) -> Listed {
         Listed {
             account,
             factor: Factor {
@@ -81,6 +95,7 @@ impl Listed {
                 limit: verdict.limit.get(),
                 valid_for: whole(verdict.valid_for),
                 shadow: verdict.shadow,
+                utilisation,
             },
             recheck: verdict.recheck_at.is_some(),
         }
@@ -101,17 +116,21 @@ impl ReplyBuilder {
                 })
                 .collect(),
             recheck_at: None,
+            near_share: config.policy.near_limit_share as f32,
         }
     }
 
     /// The verdict for `account` on the request's op number `op`: listed
-    /// unless its op's default implies it. `account` is called only when
-    /// it is listed (the master moves the name out of the request).
+    /// unless its op's default implies it and it is under the near share
+    /// of its limit. `account` is called only when it is listed (the
+    /// master moves the name out of the request).
     pub fn add(&mut self, op: usize, account: impl FnOnce() -> String, verdict: &Verdict) {
         self.recheck_at = self.recheck_at.max(verdict.recheck_at);
         let entry = &mut self.ops[op];
-        if !entry.unlisted.is_some_and(|u| u.implies(verdict)) {
-            entry.listed.push(Listed::new(account(), verdict));
+        let near = utilisation(verdict);
+        let near = if near >= self.near_share { near } else { 0.0 };
+        if near > 0.0 || !entry.unlisted.is_some_and(|u| u.implies(verdict)) {
+            entry.listed.push(Listed::new(account(), verdict, near));
         }
     }
 

@@ -191,6 +191,10 @@ pub struct Factor {
     /// Whether the limit is in shadow: admit what `factor` would refuse,
     /// and say so.
     pub shadow: bool,
+    /// The account's demand over its limit as the master estimates it,
+    /// for pairs at or above the near share of their limit; 0 when not
+    /// said.
+    pub utilisation: f32,
 }
 
 /// The verdict a reply implies for the accounts of an op it does not list.

@@ -51,6 +51,9 @@ fn factor_of(v: &Verdict) -> Factor {
         limit: v.limit.get(),
         valid_for: Duration::from_millis(v.valid_for.as_millis() as u64),
         shadow: v.shadow,
+        // These verdicts have no demand: never near their limit, so
+        // nothing is listed for its utilisation (tested apart below).
+        utilisation: 0.0,
     }
 }
 
@@ -187,4 +190,33 @@ fn rollups_group_by_op_and_validate_every_entry() {
         query.validate(10).unwrap_err().to_string(),
         "ops[1].accounts[0]: `account` is empty"
     );
+}
+
+/// A pair at or above the near share of its limit is listed with its
+/// utilisation though its verdict is the op's default (factor 0), so its
+/// agents can warn before refusing; one under it is left to the default.
+#[test]
+fn pairs_near_their_limit_are_listed_with_their_utilisation() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000\n").unwrap();
+    let at = |demand: f64| Verdict {
+        factor: 0.0,
+        limit: config.limits.lookup("a", "messages").unwrap().rate,
+        valid_for: config.policy.factor_validity,
+        rates: Rates {
+            demand,
+            ..Rates::default()
+        },
+        shadow: false,
+        recheck_at: None,
+    };
+    let mut builder = ReplyBuilder::new(&config, ["messages"]);
+    builder.add(0, || "near".into(), &at(850.0));
+    builder.add(0, || "calm".into(), &at(790.0));
+    let reply = builder.finish(NOW, ReplyHeader::default());
+    let listed: Vec<(&str, f32)> = reply.ops[0]
+        .listed
+        .iter()
+        .map(|l| (l.account.as_str(), l.factor.utilisation))
+        .collect();
+    assert_eq!(listed, [("near", 0.85)]);
 }

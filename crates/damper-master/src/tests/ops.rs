@@ -439,9 +439,10 @@ async fn serve_grpc(m: &Master) -> (String, tokio::sync::oneshot::Sender<()>) {
 
 /// Any master of a ring answers `/v1/accounts` for the whole ring: its
 /// own rows and its peers', merged in the query's order and cut to its
-/// limit, each naming its master; a peer that is down is named and the
-/// view marked partial; `local=true` keeps to its own. One account's page
-/// finds it on whichever master holds it.
+/// limit, each naming its master; a peer that is down, and one that hangs,
+/// are named and the view marked partial, the hanging one within the peer
+/// timeout; `local=true` keeps to its own. One account's page finds it on
+/// whichever master holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answer() {
     let a = busy(clock());
@@ -451,19 +452,42 @@ async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answ
         vec![counts("beta", 6_000, 6_000), counts("quiet", 10, 10)],
     )]))
     .unwrap();
+    let c = master(clock());
+    c.rollup(&request(vec![(
+        "messages",
+        vec![counts("gamma", 5_000, 5_000)],
+    )]))
+    .unwrap();
     let (address_a, stop_a) = serve_grpc(&a).await;
     let (address_b, stop_b) = serve_grpc(&b).await;
-    // A member nothing listens on: a master that is down.
-    let down = {
+    let (address_c, stop_c) = serve_grpc(&c).await;
+    // A member nothing listens on: a master that was killed.
+    let killed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let ring = [address_a.clone(), address_b.clone(), down.clone()];
+    // One that accepts connections and never answers: a hung master.
+    let hung_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung = hung_listener.local_addr().unwrap().to_string();
+    let ring = [
+        address_a.clone(),
+        address_b.clone(),
+        address_c.clone(),
+        killed.clone(),
+        hung.clone(),
+    ];
     a.set_ring(&ring, &address_a).unwrap();
     b.set_ring(&ring, &address_b).unwrap();
+    c.set_ring(&ring, &address_c).unwrap();
 
-    let (status, body) = get(&a, "/v1/accounts?op=messages&sort=demand&limit=3").await;
+    let asked = tokio::time::Instant::now();
+    let (status, body) = get(&a, "/v1/accounts?op=messages&sort=demand&limit=4").await;
+    let took = asked.elapsed();
     assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        took < crate::PEER_TIMEOUT * 3,
+        "the hung peer held the view for {took:?}"
+    );
     let reply = json(&body);
     let rows: Vec<(String, String, f64)> = reply["accounts"]
         .as_array()
@@ -482,18 +506,37 @@ async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answ
         [
             ("flood".into(), address_a.clone(), 4000.0),
             ("beta".into(), address_b.clone(), 3000.0),
+            ("gamma".into(), address_c.clone(), 2500.0),
             ("acme-1".into(), address_a.clone(), 2000.0),
         ]
     );
-    // a: flood, calm, acme-1, acme-2 on messages; b: beta, quiet.
-    assert_eq!(reply["matched"], 6);
+    // a: flood, calm, acme-1, acme-2 on messages; b: beta, quiet; c: gamma.
+    assert_eq!(reply["matched"], 7);
     assert_eq!(reply["partial"], true);
-    assert_eq!(reply["masters"], serde_json::json!([address_a, address_b]));
-    assert_eq!(reply["missing"][0]["master"], down.as_str());
+    // This master first, then its peers in the ring's order.
+    let mut masters: Vec<&str> = reply["masters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert_eq!(masters[0], address_a);
+    masters.sort_unstable();
+    let mut live = [address_a.as_str(), &address_b, &address_c];
+    live.sort_unstable();
+    assert_eq!(masters, live);
+    let missing: std::collections::BTreeMap<&str, &str> = reply["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["master"].as_str().unwrap(), m["error"].as_str().unwrap()))
+        .collect();
+    assert_eq!(missing.len(), 2, "{reply}");
     assert!(
-        reply["missing"][0]["error"].as_str().unwrap().len() > 5,
-        "{reply}"
+        missing[killed.as_str()].contains("unavailable"),
+        "{missing:?}"
     );
+    assert!(missing[hung.as_str()].contains("within"), "{missing:?}");
 
     let (_, body) = get(&a, "/v1/accounts?op=messages&local=true").await;
     let local = json(&body);
@@ -501,17 +544,18 @@ async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answ
     assert_eq!(local["partial"], false);
     assert!(local["accounts"][0].get("master").is_none(), "{local}");
 
-    // From b, a's account; from a, b's.
+    // From b, a's account; from a, c's.
     let (status, body) = get(&b, "/v1/accounts/flood").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(json(&body)["ops"][0]["master"], address_a.as_str());
-    let (status, body) = get(&a, "/v1/accounts/beta").await;
+    let (status, body) = get(&a, "/v1/accounts/gamma").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = get(&a, "/v1/accounts/beta?local=true").await;
+    let (status, body) = get(&a, "/v1/accounts/gamma?local=true").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let (status, body) = get(&a, "/v1/accounts?local=maybe").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("`local`"), "{body}");
 
-    let _ = (stop_a.send(()), stop_b.send(()));
+    drop(hung_listener);
+    let _ = (stop_a.send(()), stop_b.send(()), stop_c.send(()));
 }

@@ -108,4 +108,65 @@ async fn agent_and_master_record_the_documented_series() {
     drop(agent);
     drop(proxy);
     served.stop().await;
+
+    // A limit in shadow: nothing refused, what would be is counted apart.
+    let config = MasterConfig::from_toml(
+        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
+         [limits]\nmessages = 1000\n[shadow]\nops = [\"messages\"]\n",
+    )
+    .unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let agent = Arc::new(
+        Agent::builder()
+            .masters([served.address.to_string()])
+            .rollup_interval(Duration::from_millis(500))
+            .start()
+            .unwrap(),
+    );
+    let rejected_before = value(
+        &handle.render(),
+        "damper_agent_rejected_cost_total{op=\"messages\"}",
+    )
+    .unwrap();
+    let flood = Paced::start(Duration::from_millis(10), {
+        let agent = agent.clone();
+        move || {
+            for _ in 0..10 {
+                agent.check("shadowed", "messages", 5);
+            }
+        }
+    });
+    let text = wait_for(&handle, "would reject", |t| {
+        value(t, "damper_agent_would_reject_cost_total").unwrap_or(0.0) > 1_000.0
+    })
+    .await;
+    assert_eq!(
+        value(&text, "damper_agent_rejected_cost_total{op=\"messages\"}").unwrap(),
+        rejected_before,
+        "nothing refused under a limit in shadow"
+    );
+    assert!(
+        value(
+            &text,
+            "damper_master_events_total{kind=\"shadow_suppression_started\"}"
+        )
+        .unwrap()
+            >= 1.0
+    );
+    served.master.record_gauges();
+    let text = handle.render();
+    assert_eq!(
+        value(
+            &text,
+            "damper_master_accounts_shadow_suppressed{op=\"messages\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "damper_master_accounts_suppressed{op=\"messages\"}"),
+        Some(0.0)
+    );
+    flood.stop();
+    drop(agent);
+    served.stop().await;
 }

@@ -19,6 +19,8 @@ pub(crate) struct Stats {
     /// Cost admitted that a limit in shadow would have refused: added by
     /// `check` itself, on the shadow path only.
     pub(crate) would_reject_cost: AtomicU64,
+    /// How much of it went to the metrics counter so far.
+    pub(crate) would_reject_recorded: AtomicU64,
     pub(crate) latency: [AtomicU64; LATENCY_BUCKETS],
 }
 
@@ -36,6 +38,7 @@ impl Default for Stats {
             early_reports: AtomicU64::new(0),
             early_reports_failed: AtomicU64::new(0),
             would_reject_cost: AtomicU64::new(0),
+            would_reject_recorded: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }

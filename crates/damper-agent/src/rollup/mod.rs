@@ -336,8 +336,11 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
         } => {
             metrics::gauge!("damper_agent_pending_bytes").set(*undelivered as f64);
             *undelivered = 0;
+            // By the difference, so several agents in one process add up.
+            let total = shared.stats.would_reject_cost.load(Relaxed);
+            let before = shared.stats.would_reject_recorded.swap(total, Relaxed);
             metrics::counter!("damper_agent_would_reject_cost_total")
-                .absolute(shared.stats.would_reject_cost.load(Relaxed));
+                .increment(total.saturating_sub(before));
             if lapsed > 0 {
                 shared
                     .stats

@@ -57,6 +57,14 @@ assert refused[-1].retry_after_ms > 0 and refused[-1].reason in (pb.REASON_ACCOU
 assert refused[-1].demand > refused[-1].limit > 0, refused[-1]
 # And as a share of the limit: over 1.
 assert refused[-1].utilisation > 1.0, refused[-1]
+# The same flood on an op whose limit is in shadow: nothing refused, the
+# would-be refusals marked, with their reason.
+trial = pb.CheckManyRequest(checks=[pb.CheckRequest(account="grpc-flood", op="trial")] * 5000)
+replies = [r for _ in range(4) for r in stub.CheckMany(trial, timeout=5).replies]
+assert all(r.admitted for r in replies), [r for r in replies if not r.admitted][:1]
+marked = [r for r in replies if r.would_reject]
+assert len(marked) > 10_000, len(marked)
+assert marked[-1].reason in (pb.REASON_ACCOUNT_LIMIT, pb.REASON_LOCAL_GUARD), marked[-1]
 peek = stub.Peek(pb.PeekRequest(account="grpc-flood", op="messages"), timeout=5)
 assert peek.tracked and peek.factor > 0.5 and peek.limit == 1000.0, peek
 untracked = stub.Peek(pb.PeekRequest(account="never-seen", op="messages"), timeout=5)

@@ -17,14 +17,15 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A master config: `messages` limited to 1000 cost/s, with rounds of
+/// A master config: `messages` limited to 1000 cost/s, and `trial` too but
+/// in shadow (nothing refused, would-be refusals marked), with rounds of
 /// `rollup_ms`.
 pub fn master_config(rollup_ms: u64) -> MasterConfig {
     let sub = rollup_ms * 3;
     let grace = rollup_ms * 2 / 5;
     MasterConfig::from_toml(&format!(
         "[window]\nrollup_interval_ms = {rollup_ms}\nsub_interval_ms = {sub}\ngrace_ms = {grace}\n\
-         [limits]\nmessages = 1000\n"
+         [limits]\nmessages = 1000\ntrial = 1000\n[shadow]\nops = [\"trial\"]\n"
     ))
     .expect("a valid master config")
 }

@@ -88,14 +88,14 @@ impl Master {
     pub async fn ring_accounts(&self, query: &AccountsQuery) -> Option<RingAccounts> {
         let ring = self.shared.ring.get()?;
         let request = request(query);
-        let asks = self.peer_channels().iter().map(|(peer, channel)| {
+        let asks = self.peer_channels().into_iter().map(|(peer, channel)| {
             let request = request.clone();
             async move {
                 let answer = match channel {
-                    Ok(channel) => ask(channel.clone(), request).await,
-                    Err(why) => Err(why.clone()),
+                    Ok(channel) => ask(channel, request).await,
+                    Err(why) => Err(why),
                 };
-                (peer.clone(), answer)
+                (peer, answer)
             }
         });
         let answers = futures_util::future::join_all(asks).await;
@@ -135,23 +135,32 @@ impl Master {
         Some(merged)
     }
 
-    /// The channels to every other member of the ring, made once.
-    fn peer_channels(&self) -> &[(String, Result<Channel, String>)] {
-        self.shared.peers.channels.get_or_init(|| {
-            let Some(ring) = self.shared.ring.get() else {
-                return Vec::new();
-            };
-            let transport = self
-                .shared
-                .peers
-                .transport
-                .get()
-                .cloned()
-                .unwrap_or_default();
-            ring.peers()
-                .map(|peer| (peer.to_owned(), channel(peer, &transport)))
-                .collect()
-        })
+    /// The channels to every other member of the ring, made once the gRPC
+    /// server has said how peers are reached (before that, none: each peer
+    /// is reported missing, rather than a channel made without the TLS the
+    /// server is about to use).
+    fn peer_channels(&self) -> Vec<(String, Result<Channel, String>)> {
+        let Some(ring) = self.shared.ring.get() else {
+            return Vec::new();
+        };
+        let Some(transport) = self.shared.peers.transport.get() else {
+            return ring
+                .peers()
+                .map(|peer| {
+                    let why = "this master's gRPC server has not started yet".to_owned();
+                    (peer.to_owned(), Err(why))
+                })
+                .collect();
+        };
+        self.shared
+            .peers
+            .channels
+            .get_or_init(|| {
+                ring.peers()
+                    .map(|peer| (peer.to_owned(), channel(peer, transport)))
+                    .collect()
+            })
+            .clone()
     }
 }
 

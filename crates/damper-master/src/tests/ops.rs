@@ -559,3 +559,26 @@ async fn any_master_shows_the_whole_ring_and_names_the_masters_that_did_not_answ
     drop(hung_listener);
     let _ = (stop_a.send(()), stop_b.send(()), stop_c.send(()));
 }
+
+/// Before its gRPC server starts (it says how peers are reached: plain or
+/// TLS), a master asked for the ring's view names every peer missing
+/// rather than asking them the wrong way, and shows its own rows.
+#[tokio::test]
+async fn before_its_grpc_server_starts_a_master_shows_its_own_rows_and_names_its_peers_missing() {
+    let a = busy(clock());
+    a.set_ring(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], "127.0.0.1:1")
+        .unwrap();
+    let (status, body) = get(&a, "/v1/accounts?op=messages").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply = json(&body);
+    assert_eq!(reply["matched"], 4);
+    assert_eq!(reply["partial"], true);
+    assert_eq!(reply["missing"][0]["master"], "127.0.0.1:2");
+    assert!(
+        reply["missing"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not started"),
+        "{reply}"
+    );
+}

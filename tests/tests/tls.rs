@@ -6,7 +6,8 @@
 //! a certificate, with one from another CA, or speaking plain TCP are
 //! refused: every rollup fails and the master counts nothing from them.
 //! With an allow-list of identities (`--tls-allow`), a certificate from the
-//! CA is not enough: its subject alternative name must match.
+//! CA is not enough: its subject alternative name must match. Masters ask
+//! each other for the ring's accounts over the same mutual TLS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,4 +180,75 @@ async fn only_allowed_identities_may_report() {
         server.stop().await;
     }
     eprintln!("{outcomes:?}");
+}
+
+/// The ring-wide accounts view over mutual TLS with an allow-list: each
+/// master asks its peer presenting its own certificate (`serverAuth` and
+/// `clientAuth`, from the CA the agents' come from, its name allowed), and
+/// gets the peer's rows; a client certificate the peer does not allow
+/// leaves that peer missing, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_show_the_whole_ring_to_each_other_over_mutual_tls() {
+    let config = MasterConfig::from_toml(
+        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
+         [limits]\nmessages = 100\n",
+    )
+    .unwrap();
+    let tls = |allowed: &str| {
+        ServerTls::new(pem("ring-master.pem"), pem("ring-master.key"))
+            .require_client_ca(pem("ring-ca.pem"))
+            .allow_identities([allowed.to_string()])
+    };
+    // `a` allows masters; `b` allows only an identity no master has, so
+    // `a`'s questions to it are refused while `b`'s to `a` are answered.
+    let a = ServedMaster::start(
+        Master::new(config.clone(), MasterOptions::default()),
+        Some(tls("master.damper.test")),
+    )
+    .await;
+    let b = ServedMaster::start(
+        Master::new(config, MasterOptions::default()),
+        Some(tls("someone-else.damper.test")),
+    )
+    .await;
+    let ring = [a.address.to_string(), b.address.to_string()];
+    a.master.set_ring(&ring, &ring[0]).unwrap();
+    b.master.set_ring(&ring, &ring[1]).unwrap();
+    // An agent with an identity `a` allows reports 20 accounts to `a`: the
+    // view from `b` must show them, named `a`.
+    let agent = agent(
+        &ring[0],
+        "ring-agent",
+        Some(
+            AgentTls::new(pem("ring-ca.pem"))
+                .identity(pem("ring-master.pem"), pem("ring-master.key")),
+        ),
+    );
+    for i in 0..20 {
+        agent.check(&format!("acct-{i}"), "messages", 10);
+    }
+    agent.shutdown().await;
+    assert!(a.master.len() >= 20, "{}", a.master.len());
+
+    let query = damper_master::AccountsQuery {
+        limit: 1_000,
+        ..Default::default()
+    };
+    let from_b = b.master.ring_accounts(&query).await.unwrap();
+    assert!(from_b.missing.is_empty(), "{:?}", from_b.missing);
+    assert_eq!(from_b.answered, [ring[1].clone(), ring[0].clone()]);
+    assert_eq!(from_b.rows.len(), 20);
+    assert!(from_b.rows.iter().all(|r| r.master == ring[0]));
+
+    let from_a = a.master.ring_accounts(&query).await.unwrap();
+    assert_eq!(from_a.rows.len(), 20, "its own rows");
+    assert_eq!(from_a.missing.len(), 1, "{from_a:?}");
+    assert_eq!(from_a.missing[0].master, ring[1]);
+    assert!(
+        from_a.missing[0].error.contains("PermissionDenied"),
+        "{:?}",
+        from_a.missing
+    );
+    a.stop().await;
+    b.stop().await;
 }

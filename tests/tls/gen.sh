@@ -22,4 +22,8 @@ ca rogue-ca
 leaf master ca "DNS:localhost,IP:127.0.0.1" serverAuth
 leaf agent ca "DNS:agent.damper.test" clientAuth
 leaf rogue-agent rogue-ca "DNS:agent.damper.test" clientAuth
-rm -f ./*.srl ca.key rogue-ca.key
+# Masters that ask each other for the ring's view present their own
+# certificate as clients: it carries both usages.
+ca ring-ca
+leaf ring-master ring-ca "DNS:localhost,IP:127.0.0.1,DNS:master.damper.test" serverAuth,clientAuth
+rm -f ./*.srl ca.key rogue-ca.key ring-ca.key

@@ -40,7 +40,7 @@ pub(crate) enum PeerTransport {
 /// The peers' channels, made on first use.
 #[derive(Default)]
 pub(crate) struct Peers {
-    transport: OnceLock<PeerTransport>,
+    pub(crate) transport: OnceLock<PeerTransport>,
     channels: OnceLock<Vec<(String, Result<Channel, String>)>>,
 }
 
@@ -176,10 +176,11 @@ fn channel(peer: &str, transport: &PeerTransport) -> Result<Channel, String> {
             );
         }
     };
+    // The whole call's deadline is `ask`'s, one clock for every way a peer
+    // can hang; a connection that cannot even be made fails sooner.
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{peer}"))
         .map_err(|e| e.to_string())?
-        .connect_timeout(PEER_TIMEOUT)
-        .timeout(PEER_TIMEOUT);
+        .connect_timeout(PEER_TIMEOUT);
     if let PeerTransport::Tls(config) = transport {
         endpoint = endpoint
             .tls_config(config.clone())
@@ -197,6 +198,9 @@ async fn ask(channel: Channel, request: AccountsRequest) -> Result<AccountsReply
             .map(tonic::Response::into_inner)
             .map_err(|status| match status.code() {
                 tonic::Code::Unavailable => format!("unavailable: {}", status.message()),
+                tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+                    format!("no answer within {PEER_TIMEOUT:?}")
+                }
                 code => format!("{code:?}: {}", status.message()),
             })
     };

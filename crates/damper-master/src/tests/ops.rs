@@ -434,6 +434,11 @@ async fn serve_grpc(m: &Master) -> (String, tokio::sync::oneshot::Sender<()>) {
     tokio::spawn(crate::run(listener, m.clone(), async {
         let _ = stopped.await;
     }));
+    // Serving has begun once the server has said how its peers are reached
+    // (until then the ring's view names them missing).
+    while m.shared.peers.transport.get().is_none() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     (address, stop)
 }
 

@@ -138,11 +138,7 @@ impl Agent {
         let now = self.shared.clock.now();
         let decision =
             RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng));
-        if let Decision::Admit(Admitted {
-            would_reject: Some(_),
-            ..
-        }) = decision
-        {
+        if decision.shadow_refusal().is_some() {
             self.shared
                 .stats
                 .would_reject_cost

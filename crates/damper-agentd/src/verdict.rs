@@ -131,7 +131,8 @@ impl Sidecar {
 
     /// Decides names already checked with [`validate`].
     pub(crate) fn decide(&self, account: &str, op: &str, cost: u64) -> Verdict {
-        let verdict = match self.agent().check(account, op, cost) {
+        let decision = self.agent().check(account, op, cost);
+        let verdict = match decision {
             Decision::Reject(r) => Verdict {
                 admitted: false,
                 factor: r.factor,
@@ -142,39 +143,35 @@ impl Sidecar {
                 utilisation: Some((r.demand / r.limit) as f32).filter(|u| u.is_finite()),
                 demand: r.demand,
             },
-            Decision::Admit(admitted) if admitted.would_reject.is_some() => {
-                let r = admitted.would_reject.expect("matched");
-                Verdict {
+            // Admitted (and whatever a later library version adds): under
+            // a limit in shadow, the refusal it would have been; otherwise
+            // what is in force, so a client can warn before refusals start.
+            _ => match decision.shadow_refusal() {
+                Some(r) => Verdict {
                     admitted: true,
                     factor: r.factor,
                     limit: r.limit,
                     retry_after: Duration::ZERO,
                     reason: Some(Reason::of(r.source)),
                     would_reject: true,
-                    utilisation: admitted.utilisation,
+                    utilisation: decision.utilisation(),
                     demand: r.demand,
+                },
+                None => {
+                    let standing = self.agent().peek(account, op);
+                    Verdict {
+                        admitted: true,
+                        factor: standing.factor,
+                        limit: standing.limit,
+                        retry_after: Duration::ZERO,
+                        reason: None,
+                        would_reject: false,
+                        utilisation: decision.utilisation(),
+                        // As a refusal would say it (`Rejection::demand`).
+                        demand: damper_agent::implied_demand(standing.limit, standing.factor),
+                    }
                 }
-            }
-            // Admitted (and whatever a later library version adds): say
-            // what is in force, so a client can warn before refusals start.
-            decision => {
-                let utilisation = match decision {
-                    Decision::Admit(admitted) => admitted.utilisation,
-                    _ => None,
-                };
-                let standing = self.agent().peek(account, op);
-                Verdict {
-                    admitted: true,
-                    factor: standing.factor,
-                    limit: standing.limit,
-                    retry_after: Duration::ZERO,
-                    reason: None,
-                    would_reject: false,
-                    utilisation,
-                    // As a refusal would say it (`Rejection::demand`).
-                    demand: damper_agent::implied_demand(standing.limit, standing.factor),
-                }
-            }
+            },
         };
         crate::metrics::decided(&verdict);
         verdict

@@ -144,15 +144,6 @@ impl Limits {
         }
     }
 
-    /// Whether the limit of `op` itself ([`op_limit`](Self::op_limit)) is
-    /// in shadow.
-    pub fn op_shadow(&self, op: &str) -> bool {
-        self.by_key
-            .get(op)
-            .and_then(|id| self.get(*id))
-            .is_some_and(|m| m.shadow)
-    }
-
     /// The limit of `op` itself (the key `op`, without an account path):
     /// what applies to every account of it that no more specific key names.
     /// `None` when only some accounts of `op` are limited, or none.
@@ -164,10 +155,13 @@ impl Limits {
     /// assert!(limits.op_limit("presence").is_none());
     /// ```
     pub fn op_limit(&self, op: &str) -> Option<Rate> {
-        self.by_key
-            .get(op)
-            .and_then(|id| self.get(*id))
-            .map(|m| m.rate)
+        self.op_match(op).map(|m| m.rate)
+    }
+
+    /// The match of `op` itself, its key, rate and shadow flag: what
+    /// [`op_limit`](Self::op_limit) gives the rate of.
+    pub fn op_match(&self, op: &str) -> Option<LimitMatch<'_>> {
+        self.by_key.get(op).and_then(|id| self.get(*id))
     }
 
     /// The limit for `account` doing `op`: the most specific key that matches.

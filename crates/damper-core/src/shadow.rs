@@ -89,8 +89,8 @@ mod tests {
         assert!(!shadow("other", "messages"));
         assert!(shadow("org/team", "presence"));
         assert!(shadow("other", "presence"));
-        assert!(!c.limits.op_shadow("messages"));
-        assert!(c.limits.op_shadow("presence"));
+        assert!(!c.limits.op_match("messages").unwrap().shadow);
+        assert!(c.limits.op_match("presence").unwrap().shadow);
     }
 
     #[test]

@@ -100,15 +100,14 @@ impl Master {
         });
         let answers = futures_util::future::join_all(asks).await;
         let (own, own_matched) = self.accounts(query);
-        let mut rows: Vec<RingRow> = own
-            .into_iter()
-            .map(|view| RingRow {
-                master: ring.me().to_owned(),
-                view,
-            })
-            .collect();
         let mut merged = RingAccounts {
-            rows: Vec::new(),
+            rows: own
+                .into_iter()
+                .map(|view| RingRow {
+                    master: ring.me().to_owned(),
+                    view,
+                })
+                .collect(),
             matched: own_matched,
             answered: vec![ring.me().to_owned()],
             missing: Vec::new(),
@@ -117,10 +116,12 @@ impl Master {
             match answer {
                 Ok(reply) => {
                     merged.matched += reply.matched as usize;
-                    rows.extend(reply.accounts.into_iter().map(|row| RingRow {
-                        master: peer.clone(),
-                        view: view(row),
-                    }));
+                    merged
+                        .rows
+                        .extend(reply.accounts.into_iter().map(|row| RingRow {
+                            master: peer.clone(),
+                            view: view(row),
+                        }));
                     merged.answered.push(peer);
                 }
                 Err(error) => merged.missing.push(Missing {
@@ -129,9 +130,10 @@ impl Master {
                 }),
             }
         }
-        rows.sort_by(|a, b| crate::accounts::order(query.sort, &a.view, &b.view));
-        rows.truncate(query.limit);
-        merged.rows = rows;
+        merged
+            .rows
+            .sort_by(|a, b| crate::accounts::order(query.sort, &a.view, &b.view));
+        merged.rows.truncate(query.limit);
         Some(merged)
     }
 

@@ -108,7 +108,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
         self.admit(&request)?;
         let query = crate::ring_accounts::query(request.into_inner())
             .map_err(|bad| Status::invalid_argument(bad.to_string()))?;
-        let now = self.master.shared.clock.now().as_millis();
+        let now = self.master.now().as_millis();
         let (views, matched) = self.master.accounts(&query);
         Ok(Response::new(crate::ring_accounts::reply(
             now, views, matched,

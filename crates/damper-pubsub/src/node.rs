@@ -213,7 +213,7 @@ impl Node {
         let subscribers = subs.get(&key);
         let fanout = subscribers.map_or(0, |c| c.len() as u64);
         let decision = s.agent.check(account, OP, 1 + fanout);
-        if decision.is_admit() && decision.would_reject().is_some() {
+        if decision.shadow_refusal().is_some() {
             s.stats.would_reject_account.fetch_add(1, Relaxed);
         }
         if let Decision::Reject(r) = decision {
@@ -237,10 +237,7 @@ impl Node {
         ServerFrame::Ack {
             id,
             subscribers: fanout,
-            utilisation: match decision {
-                Decision::Admit(admitted) => admitted.utilisation,
-                _ => None,
-            },
+            utilisation: decision.utilisation(),
         }
     }
 

@@ -282,11 +282,10 @@ impl Entry {
         let expires = self.master_expires.load(Acquire);
         let (limit, shadow) = limit_of(self.limit.load(Relaxed));
         let (master, limit, utilisation) = if now < expires {
-            let utilisation = f32::from_bits(self.utilisation.load(Relaxed));
             (
                 self.master_factor.load(Relaxed),
                 limit,
-                (utilisation > 0.0).then_some(utilisation),
+                self.said_utilisation(),
             )
         } else if expires == 0 {
             // No master has answered for this pair yet: the local guard
@@ -312,6 +311,13 @@ impl Entry {
             shadow,
             utilisation,
         }
+    }
+
+    /// The utilisation the master last said, if any; valid while its
+    /// factor is (the caller checks the expiry).
+    #[inline]
+    pub(super) fn said_utilisation(&self) -> Option<f32> {
+        Some(f32::from_bits(self.utilisation.load(Relaxed))).filter(|u| *u > 0.0)
     }
 
     /// Whether one operation of `cost` is admitted under the factor (as

@@ -154,6 +154,24 @@ impl Decision {
             Decision::Reject(rejection) => Some(rejection),
         }
     }
+
+    /// The refusal an admitted decision would have been under a limit in
+    /// shadow; `None` for a plain admit and for a real refusal.
+    pub fn shadow_refusal(&self) -> Option<&Rejection> {
+        match self {
+            Decision::Admit(admitted) => admitted.would_reject.as_ref(),
+            Decision::Reject(_) => None,
+        }
+    }
+
+    /// An admitted decision's [`Admitted::utilisation`]; `None` for a
+    /// refusal.
+    pub fn utilisation(&self) -> Option<f32> {
+        match self {
+            Decision::Admit(admitted) => admitted.utilisation,
+            Decision::Reject(_) => None,
+        }
+    }
 }
 
 /// What comes with an admitted operation.

@@ -79,7 +79,7 @@ impl AgentState {
             (_, false) => Some(RejectSource::Master),
         };
         let utilisation = if now.as_nanos() < expires {
-            Some(f32::from_bits(entry.utilisation.load(Relaxed))).filter(|u| *u > 0.0)
+            entry.said_utilisation()
         } else {
             None
         };

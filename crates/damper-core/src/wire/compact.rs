@@ -42,10 +42,10 @@ impl Unlisted {
     /// The default verdict of `op` under `config`: `None` when the op has
     /// no limit of its own.
     pub fn of(config: &MasterConfig, op: &str) -> Option<Unlisted> {
-        config.limits.op_limit(op).map(|limit| Unlisted {
-            limit: limit.get(),
+        config.limits.op_match(op).map(|own| Unlisted {
+            limit: own.rate.get(),
             valid_for: whole(config.policy.factor_validity),
-            shadow: config.limits.op_shadow(op),
+            shadow: own.shadow,
         })
     }
 

@@ -1,4 +1,14 @@
-//! One lazily connected gRPC client per master, over TLS when configured.
+//! One lazily connected gRPC client per master, over TLS when configured,
+//! redialled after a call that timed out or lost its connection.
+//!
+//! Why redial: a connection whose packets one way were dropped (a one-way
+//! partition, a dead middlebox) is left in TCP's retransmission backoff,
+//! which doubles up to minutes. Kept, it carries every later call, the
+//! probes that would bring the master back included, and only the next
+//! retransmission after the link heals (measured up to 12 s later, after a
+//! 16-s partition) gets anything through. A new connection starts fresh,
+//! so a probe after the heal reaches the master at once. A connection
+//! costs a handshake, paid only after a failure.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -56,8 +66,69 @@ impl Clients {
         Ok(client)
     }
 
+    /// Drops `master`'s connection after a call to it failed in a way that
+    /// may leave the connection unusable (a timeout, a transport error), so
+    /// the next call dials anew. Calls in flight on it finish or time out
+    /// on their own. Errors the master answered leave the connection be.
+    pub(super) fn after_failure(&mut self, master: &str, status: &tonic::Status) {
+        if connection_suspect(status) {
+            self.by_master.remove(master);
+        }
+    }
+
     /// Drops the clients of masters no longer configured.
     pub(super) fn retain(&mut self, members: &[String]) {
         self.by_master.retain(|m, _| members.contains(m));
+    }
+}
+
+/// Whether a failed call says nothing of the connection's health: tonic's
+/// timeout reads `Cancelled`, a deadline `DeadlineExceeded`, transport
+/// errors `Unavailable` or `Unknown`. Any other code is the master's
+/// answer, over a connection that works.
+fn connection_suspect(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable | Code::Unknown
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clients_of(masters: &[&str]) -> Clients {
+        let mut clients = Clients::new(Duration::from_millis(100), None);
+        for master in masters {
+            clients.get(master).unwrap();
+        }
+        clients
+    }
+
+    #[tokio::test]
+    async fn a_timeout_or_transport_error_redials_and_an_answer_does_not() {
+        let mut clients = clients_of(&["127.0.0.1:1", "127.0.0.1:2"]);
+        clients.after_failure("127.0.0.1:1", &tonic::Status::cancelled("Timeout expired"));
+        clients.after_failure("127.0.0.1:2", &tonic::Status::invalid_argument("entries[0]"));
+        assert!(!clients.by_master.contains_key("127.0.0.1:1"));
+        assert!(clients.by_master.contains_key("127.0.0.1:2"));
+        for status in [
+            tonic::Status::deadline_exceeded(""),
+            tonic::Status::unavailable(""),
+            tonic::Status::unknown(""),
+        ] {
+            clients.after_failure("127.0.0.1:2", &status);
+            assert!(!clients.by_master.contains_key("127.0.0.1:2"), "{status:?}");
+            clients.get("127.0.0.1:2").unwrap();
+        }
+        for status in [
+            tonic::Status::resource_exhausted(""),
+            tonic::Status::permission_denied(""),
+            tonic::Status::unauthenticated(""),
+        ] {
+            clients.after_failure("127.0.0.1:2", &status);
+            assert!(clients.by_master.contains_key("127.0.0.1:2"), "{status:?}");
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! # Layout
 //! - this file: the loop, sending, answers, events.
 //! - `members`: the masters' addresses (static, or DNS re-resolved).
-//! - `clients`: one gRPC client per master.
+//! - `clients`: one gRPC client per master, redialled after a timeout.
 //! - `refused`: a refused connection told from other failures.
 
 mod clients;
@@ -100,6 +100,9 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
             Some(joined) = in_flight.join_next() => {
                 // A send task that panicked: its counts are lost, nothing else.
                 if let Ok(answer) = joined {
+                    if let Err(status) = &answer.result {
+                        clients.after_failure(&answer.master, status);
+                    }
                     answered(&shared, &mut round, answer, &mut undelivered);
                 }
             }

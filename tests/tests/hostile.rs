@@ -117,6 +117,7 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
                     rates: vec![1e13],
                     baselines: vec![0.0],
                     surged: vec![true],
+                    joined: vec![],
                 }],
                 surge_at_unix_ms: now_ms(),
             })

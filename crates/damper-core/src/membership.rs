@@ -175,6 +175,17 @@ impl Membership {
         }
     }
 
+    /// When the first down member's probe is due, if any is down.
+    pub fn next_probe_due(&self) -> Option<Nanos> {
+        self.health
+            .values()
+            .filter_map(|h| match h {
+                Health::Down { next_probe, .. } => Some(*next_probe),
+                _ => None,
+            })
+            .min()
+    }
+
     /// A rollup to `member` succeeded. Returns whether the live ring changed.
     pub fn succeeded(&mut self, member: &str, now: Nanos) -> bool {
         self.answered(member, None, now)

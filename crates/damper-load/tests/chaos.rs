@@ -112,7 +112,8 @@ fn masters_and_agents_in_namespaces_through_loss_delay_and_a_one_way_partition()
             &format!("calm-{{i}}:messages:{}", 3 * LIMIT / 40),
         ])
         .args(["--duration", &format!("{RUN_SECS}s")])
-        .env("NO_COLOR", "1");
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info");
         procs.spawn(cmd, &out, &dir.join(format!("agent{a}.log")));
     }
 
@@ -136,7 +137,12 @@ fn masters_and_agents_in_namespaces_through_loss_delay_and_a_one_way_partition()
         .map(|m| Counted::read(&dir.join(format!("master{m}.log"))))
         .collect();
     report_and_check(&runs, &counted);
-    let _ = fs::remove_dir_all(&dir);
+    // `DAMPER_CHAOS_KEEP=1` keeps the processes' logs to read.
+    if std::env::var_os("DAMPER_CHAOS_KEEP").is_none() {
+        let _ = fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("logs kept in {}", dir.display());
+    }
 }
 
 fn report_and_check(runs: &[AgentRun], counted: &[Counted]) {

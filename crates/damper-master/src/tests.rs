@@ -367,6 +367,7 @@ fn early_reports_move_the_estimate_within_a_budget() {
             rates: vec![rate],
             baselines: vec![0.0],
             surged: vec![false],
+            joined: vec![],
         }],
         surge_at_unix_ms: T0_MS + 200,
     };
@@ -420,12 +421,25 @@ fn claims_above_max_claimed_rate_are_refused_and_count_nothing() {
             rates: vec![1e12],
             baselines: vec![0.0],
             surged: vec![false],
+            joined: vec![],
         }],
         surge_at_unix_ms: T0_MS + 200,
     };
     let lie = m.factors(&early).unwrap_err();
     assert_eq!(lie.code(), Code::InvalidArgument);
     assert!(lie.message().contains("max_claimed_rate"), "{lie:?}");
+    // A join claims the same rate, and is held to the same ceiling.
+    let mut joined = early.clone();
+    joined.ops[0].joined = vec![true];
+    let lie = m.factors(&joined).unwrap_err();
+    assert_eq!(lie.code(), Code::InvalidArgument);
+    assert!(lie.message().contains("max_claimed_rate"), "{lie:?}");
+    // And `joined` must be one per account, or empty.
+    let mut uneven = early.clone();
+    uneven.ops[0].joined = vec![true, false];
+    let bad = m.factors(&uneven).unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("joined (2)"), "{bad:?}");
     assert_eq!(
         m.len(),
         0,

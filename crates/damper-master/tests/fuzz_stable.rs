@@ -133,14 +133,18 @@ fn factors() -> impl Strategy<Value = FactorsRequest> {
         prop::collection::vec(rate(), 0..6),
         prop::collection::vec(rate(), 0..6),
         prop::collection::vec(any::<bool>(), 0..6),
+        prop::collection::vec(any::<bool>(), 0..6),
     )
-        .prop_map(|(op, accounts, rates, baselines, surged)| OpAccounts {
-            op,
-            accounts,
-            rates,
-            baselines,
-            surged,
-        });
+        .prop_map(
+            |(op, accounts, rates, baselines, surged, joined)| OpAccounts {
+                op,
+                accounts,
+                rates,
+                baselines,
+                surged,
+                joined,
+            },
+        );
     (name(), prop::collection::vec(op, 0..3), millis()).prop_map(|(agent_id, ops, surge_at)| {
         FactorsRequest {
             agent_id,

@@ -99,6 +99,13 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                     rates: op.surges.iter().map(|s| s.rate).collect(),
                     baselines: op.surges.iter().map(|s| s.baseline).collect(),
                     surged: op.surges.iter().map(|s| s.surged).collect(),
+                    // Empty unless a pair joined, so early reports stay as
+                    // small as before.
+                    joined: if op.surges.iter().any(|s| s.joined) {
+                        op.surges.iter().map(|s| s.joined).collect()
+                    } else {
+                        Vec::new()
+                    },
                 })
                 .collect(),
             surge_at_unix_ms: q.surge_at.map_or(0, |t| t.as_millis()),
@@ -136,22 +143,24 @@ fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
             rate,
             baseline: op.baselines.get(i).copied().unwrap_or(0.0),
             surged: op.surged.get(i).copied().unwrap_or(false),
+            joined: op.joined.get(i).copied().unwrap_or(false),
         })
         .collect()
 }
 
 /// Why an early report's parallel lists do not line up, naming the field;
 /// `None` when every op's `rates`, `baselines` and `surged` are as long as
-/// its `accounts` (or all empty).
+/// its `accounts` (or all empty), and `joined` as long or empty.
 pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
     request.ops.iter().enumerate().find_map(|(i, op)| {
         let n = op.accounts.len();
         let lens = [op.rates.len(), op.baselines.len(), op.surged.len()];
-        if lens == [0, 0, 0] || lens == [n, n, n] {
+        let joined = op.joined.len();
+        if lens == [0, 0, 0] && joined == 0 || lens == [n, n, n] && (joined == 0 || joined == n) {
             return None;
         }
         Some(format!(
-            "ops[{i}]: rates ({}), baselines ({}) and surged ({}) must each have one value per account ({n})",
+            "ops[{i}]: rates ({}), baselines ({}) and surged ({}) must each have one value per account ({n}), and joined ({joined}) one per account or none",
             lens[0], lens[1], lens[2]
         ))
     })
@@ -308,7 +317,7 @@ mod tests {
             let back = FactorsQuery::from(v1::FactorsRequest::from(query.clone()));
             prop_assert_eq!(back, query);
             let surges = pairs.enumerate().map(|(i, p)| {
-                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0 })
+                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0, joined: i % 3 == 0 })
             });
             let query = FactorsQuery::surge(&rollup.agent_id, ms(1 << 40), surges);
             let request = v1::FactorsRequest::from(query.clone());

@@ -110,7 +110,10 @@ mod tests {
     async fn a_timeout_or_transport_error_redials_and_an_answer_does_not() {
         let mut clients = clients_of(&["127.0.0.1:1", "127.0.0.1:2"]);
         clients.after_failure("127.0.0.1:1", &tonic::Status::cancelled("Timeout expired"));
-        clients.after_failure("127.0.0.1:2", &tonic::Status::invalid_argument("entries[0]"));
+        clients.after_failure(
+            "127.0.0.1:2",
+            &tonic::Status::invalid_argument("entries[0]"),
+        );
         assert!(!clients.by_master.contains_key("127.0.0.1:1"));
         assert!(clients.by_master.contains_key("127.0.0.1:2"));
         for status in [

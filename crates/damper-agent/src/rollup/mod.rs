@@ -323,9 +323,17 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
             );
             *undelivered += RollupRequest::from(rollup).encoded_len();
         }
-        RoundEvent::SurgeReported { master, pairs } => {
-            tracing::debug!(%master, pairs, "early report of surges");
+        RoundEvent::SurgeReported {
+            master,
+            pairs,
+            joined,
+        } => {
+            tracing::debug!(%master, pairs, joined, "early report of surges");
             metrics::counter!("damper_agent_early_report_pairs_total").increment(pairs as u64);
+            if joined > 0 {
+                tracing::info!(%master, joined, "pairs moved to this master; its estimate is told their rates");
+                metrics::counter!("damper_agent_joined_pairs_total").increment(joined as u64);
+            }
         }
         RoundEvent::Dropped { cost } => {
             shared.stats.dropped_cost.fetch_add(cost, Relaxed);

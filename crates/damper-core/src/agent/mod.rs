@@ -48,6 +48,8 @@
 //! - `entry`: one (account, op)'s state and its key.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
+//! - `join`: telling a pair's new master, when the ring moved it between
+//!   rollups, what its previous master had ([`AgentState::offer_joins`]).
 //! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
 //! - `surge`: finding the pairs whose demand jumped or fell since they
 //!   were last reported ([`AgentState::scan_surges`] at each sub-window's
@@ -58,6 +60,7 @@ mod admission;
 mod drain;
 mod entry;
 mod forget;
+mod join;
 mod peek;
 mod surge;
 
@@ -638,6 +641,16 @@ impl AgentState {
     pub fn op_limit(&self, op: &str) -> Option<f64> {
         let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         ops.get(op).and_then(|known| known.default_limit)
+    }
+
+    /// The ops a reply said have no limit of their own: their pairs are
+    /// unlimited unless a master gave them one.
+    fn ops_without_limit(&self) -> std::collections::HashSet<Box<str>> {
+        let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        ops.iter()
+            .filter(|(_, known)| known.default_limit == Some(0.0))
+            .map(|(op, _)| op.clone())
+            .collect()
     }
 
     /// Counts the positive factors that lapsed (their validity, and any

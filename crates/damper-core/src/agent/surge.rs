@@ -391,6 +391,7 @@ impl AgentState {
                 rate: rate as f32,
                 baseline,
                 surged,
+                joined: false,
             };
             if report(Pair::new(key.account.as_str(), &key.op), rates) {
                 entry.surge_rate.store(rates.rate.to_bits(), Relaxed);

@@ -8,6 +8,7 @@ use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
 use crate::agent::SurgeRule;
 use crate::agent::{AgentState, Pending, agent_seed, send_spread};
 use crate::membership::{HealthConfig, Membership};
+use crate::ring::Ring;
 use crate::time::Nanos;
 use crate::wire::{FactorsQuery, Reply, Rollup, SurgeRates};
 use crate::{OwnedPair, Pair};
@@ -163,6 +164,11 @@ pub struct AgentRound {
     /// oldest first, to be sent to it again when it is back
     /// ([`AgentRound::park`]).
     in_doubt: BTreeMap<String, VecDeque<InDoubt>>,
+    /// The ring the pairs' counts last went out by: the live ring at the
+    /// last cut, or at the last joins. When the live ring differs at a
+    /// scan, the pairs it moved are joined to their new masters
+    /// (`AgentState::offer_joins`).
+    counted_ring: Ring,
 }
 
 /// A rollup its master may or may not have counted, kept for it.
@@ -190,8 +196,10 @@ impl AgentRound {
             ..config.health
         };
         let next_scan = config.fast_onset.map(|rule| next_scan_after(now, &rule));
+        let membership = Membership::new(members, health, agent_seed(&config.agent_id));
         let mut round = AgentRound {
-            membership: Membership::new(members, health, agent_seed(&config.agent_id)),
+            counted_ring: membership.live().clone(),
+            membership,
             spread: send_spread(&config.agent_id, interval),
             start,
             next_cut: start + interval,
@@ -267,11 +275,15 @@ impl AgentRound {
         let send = self.cuts.front().map(|c| c.send_at);
         let recheck = self.rechecks.iter().map(|r| r.0).min();
         let scan = self.next_scan.filter(|_| !self.stopping);
-        [cut, send, recheck, scan].into_iter().flatten().min()
+        let probe = self.membership.next_probe_due().filter(|_| !self.stopping);
+        [cut, send, recheck, scan, probe]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Does what is due at `now`: cutting the round, sending it, sending
-    /// rechecks.
+    /// Does what is due at `now`: cutting the round, sending it, scanning
+    /// for surges, probing down masters, sending rechecks.
     pub fn handle_timeout(&mut self, now: Nanos, state: &AgentState) {
         if !self.stopping && now >= self.next_cut {
             // Woken late (a suspended process), the round covers every
@@ -285,6 +297,9 @@ impl AgentRound {
         }
         if !self.stopping && self.next_scan.is_some_and(|at| now >= at) {
             self.scan(now, state);
+        }
+        if !self.stopping {
+            self.send_probes(now);
         }
         self.send_rechecks(now);
     }
@@ -496,6 +511,8 @@ impl AgentRound {
             }) => {
                 self.recheck_after_failure(now, &master, &rollup, state);
                 self.reroute(round, start, end, &rollup, now, state);
+                // The rerouted counts tell the new owners what joins would.
+                self.counted_ring = self.membership.live().clone();
                 self.finish_one(round, master, false, now, state);
             }
             Some(other) => {
@@ -651,7 +668,7 @@ impl AgentRound {
         let live = self.membership.live();
         let busy = &self.surging;
         let mut batches: BTreeMap<String, Vec<(OwnedPair, SurgeRates)>> = BTreeMap::new();
-        let offer = |pair: Pair<'_>, rates: SurgeRates| {
+        let mut offer = |pair: Pair<'_>, rates: SurgeRates| {
             let Some(master) = live.owner(pair.account) else {
                 return false;
             };
@@ -668,9 +685,22 @@ impl AgentRound {
             batch.push((pair.to_owned(), rates));
             true
         };
+        // The ring moved pairs since their counts last went out: their
+        // new masters hear this agent's rates first, in these reports (a
+        // join a busy master misses waits for the rounds, as before joins).
+        let moved_since_cut = self.counted_ring.version() != live.version();
+        if moved_since_cut {
+            let before = &self.counted_ring;
+            let moved =
+                |pair: Pair<'_>| match (before.owner(pair.account), live.owner(pair.account)) {
+                    (Some(was), Some(is)) => was != is,
+                    _ => false,
+                };
+            state.offer_joins(now, moved, &mut offer);
+        }
         let mut confirms: BTreeMap<String, Vec<OwnedPair>> = BTreeMap::new();
         if peek {
-            state.peek_surges(since, now, &rule, offer);
+            state.peek_surges(since, now, &rule, &mut offer);
         } else {
             let confirm = |pair: Pair<'_>| {
                 if let Some(master) = live.owner(pair.account) {
@@ -680,7 +710,7 @@ impl AgentRound {
                         .push(pair.to_owned());
                 }
             };
-            state.scan_surges_confirming(since, now, &rule, offer, confirm);
+            state.scan_surges_confirming(since, now, &rule, &mut offer, confirm);
         }
         // Pairs the local guard refuses under their op's default limit:
         // their master says their own limit at once (see
@@ -699,10 +729,12 @@ impl AgentRound {
                 now,
                 batch.iter().map(|(p, r)| (p.as_pair(), *r)),
             );
+            let joined = batch.iter().filter(|(_, r)| r.joined).count();
             let pairs: Vec<OwnedPair> = batch.into_iter().map(|(p, _)| p).collect();
             self.events.push_back(RoundEvent::SurgeReported {
                 master: master.clone(),
                 pairs: pairs.len(),
+                joined,
             });
             let flight = InFlight::Surge {
                 master: master.clone(),
@@ -711,6 +743,9 @@ impl AgentRound {
             };
             let id = self.transmit(master.clone(), Message::Surge(query), flight);
             self.surging.insert(master, (id, now));
+        }
+        if moved_since_cut {
+            self.counted_ring = self.membership.live().clone();
         }
     }
 
@@ -726,18 +761,15 @@ impl AgentRound {
                 }
             }
         }
-        for master in self.membership.probes_due(end) {
-            let query = FactorsQuery::new(&self.config.agent_id, []);
-            self.transmit(
-                master.clone(),
-                Message::Probe(query),
-                InFlight::Probe { master },
-            );
-        }
+        self.send_probes(end);
         self.resend_in_doubt(end);
         let live = self.membership.live();
         let ring_version = live.version();
         let routed = state.drain_by_owner(end, live);
+        if self.counted_ring.version() != ring_version {
+            // This round's counts tell the new owners all a join would.
+            self.counted_ring = live.clone();
+        }
         if !routed.unroutable.is_empty() {
             let rollup =
                 Rollup::from_pending(&self.config.agent_id, start, end, 0, &routed.unroutable);
@@ -794,6 +826,21 @@ impl AgentRound {
         }
         if self.open[&cut.round].outstanding == 0 {
             self.settle(cut.round, now, state);
+        }
+    }
+
+    /// Probes the down masters whose probe is due, each when it is due
+    /// rather than at the next cut: a master back from a partition is back
+    /// on the ring a probe's wait after the heal (up to 1.25 s), not a
+    /// cut's (up to 2 s more).
+    fn send_probes(&mut self, now: Nanos) {
+        for master in self.membership.probes_due(now) {
+            let query = FactorsQuery::new(&self.config.agent_id, []);
+            self.transmit(
+                master.clone(),
+                Message::Probe(query),
+                InFlight::Probe { master },
+            );
         }
     }
 

@@ -190,6 +190,10 @@ pub enum RoundEvent {
         master: String,
         /// The (account, op) pairs it carries.
         pairs: usize,
+        /// How many of them are joins: pairs the ring just moved to this
+        /// master, with the rate this agent last told their previous one
+        /// (`AgentState::offer_joins`).
+        joined: usize,
     },
     /// Undelivered cost older than `max_carry`, dropped.
     Dropped {

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rand::SeedableRng;
@@ -708,4 +709,153 @@ fn a_refused_rollup_takes_its_master_down_at_once_and_its_counts_go_to_the_next_
     assert_eq!(moved.attempted(), 200);
     // Answered: the next owner's limit is in force at once.
     assert!(state.peek(now, "flood", "messages").limit > 0.0);
+}
+
+/// Answers every transmit from the master it went to; every request to
+/// `cut_off` fails (its replies lost). Returns what was sent.
+fn answer_each(
+    round: &mut AgentRound,
+    state: &AgentState,
+    masters: &mut BTreeMap<String, MasterState>,
+    now: Nanos,
+    cut_off: &str,
+) -> Vec<Transmit> {
+    let mut sent = Vec::new();
+    while let Some(t) = round.poll_transmit() {
+        if t.master == cut_off {
+            round.on_failure(now, t.id, state);
+            sent.push(t);
+            continue;
+        }
+        let m = masters.get_mut(&t.master).expect("a known master");
+        let header = ReplyHeader {
+            rollup_interval: Duration::from_secs(2),
+            started: T0,
+            ..ReplyHeader::default()
+        };
+        let reply = match &t.message {
+            Message::Rollup(r) => m.answer_rollup(now, r, 100, header).unwrap(),
+            Message::Recheck(q) | Message::Probe(q) => {
+                m.answer_factors(now, q, 100, header).unwrap()
+            }
+            Message::Surge(q) => {
+                let mut budget = crate::master::SurgeBudget::default();
+                m.answer_surge(now, q, &mut budget, 100, header).unwrap()
+            }
+        };
+        round.on_reply(now, t.id, &reply, state);
+        sent.push(t);
+    }
+    sent
+}
+
+/// The joins among `sent`: (master, rate) per pair.
+fn joins(sent: &[Transmit]) -> Vec<(String, f32)> {
+    sent.iter()
+        .filter_map(|t| match &t.message {
+            Message::Surge(q) => Some((t.master.clone(), q)),
+            _ => None,
+        })
+        .flat_map(|(master, q)| {
+            q.surges()
+                .filter(|(_, s)| s.joined)
+                .map(|(_, s)| (master.clone(), s.rate))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn pairs_the_ring_moves_between_cuts_are_joined_to_their_new_master_once() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut r = AgentRound::new(RoundConfig::new("edge-1"), ["m1", "m2"], at(10));
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    let other = if owner == "m1" { "m2" } else { "m1" }.to_owned();
+    let mut masters: BTreeMap<String, MasterState> =
+        [("m1".to_owned(), master()), ("m2".to_owned(), master())].into();
+    let mut rng = SmallRng::seed_from_u64(3);
+    let mut now = at(10);
+    let mut sent = Vec::new();
+    let mut demand_after_join = None;
+    // 3 000/s against a 1 000/s limit, held by its owner; from 5 s the
+    // owner's replies are lost (a one-way partition), and from 12 s they
+    // come back.
+    while now < at(16_000) {
+        for _ in 0..30 {
+            state.check(now, "flood", "messages", 1, &mut rng);
+        }
+        now = r
+            .poll_timeout()
+            .unwrap()
+            .min(now + Duration::from_millis(10));
+        r.handle_timeout(now, &state);
+        let cut_off = if (5_000..12_000).contains(&(now.since(T0).as_millis() as u64)) {
+            owner.as_str()
+        } else {
+            ""
+        };
+        let answered = answer_each(&mut r, &state, &mut masters, now, cut_off);
+        if let Some((master, _)) = joins(&answered).first() {
+            // What the master the pair joined estimates, right after.
+            let verdict = masters[master].verdict(now, "flood", "messages").unwrap();
+            demand_after_join.get_or_insert(verdict.rates.demand);
+        }
+        sent.extend(answered.into_iter().map(|t| (now, t)));
+    }
+    let went_down = sent
+        .iter()
+        .position(|(_, t)| t.master == other && matches!(t.message, Message::Rollup(_)))
+        .expect("the rollups moved to the other master");
+    let (down_at, _) = &sent[went_down];
+    let transmits: Vec<Transmit> = sent.iter().map(|(_, t)| t.clone()).collect();
+    let all = joins(&transmits);
+    // One join each way: to the other master when the owner went off the
+    // ring (between cuts: its rollups failed after being sent), and back
+    // when a probe found it again; each with the agent's rate, about
+    // 3 000/s.
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0].0, other);
+    assert_eq!(all[1].0, owner);
+    for (_, rate) in &all {
+        assert!((2_500.0..3_500.0).contains(rate), "{all:?}");
+    }
+    // The other master, which had never seen the account, suppressed it
+    // from the join's reply, before the account's first rollup reached it.
+    let first_join = sent
+        .iter()
+        .position(
+            |(_, t)| matches!(&t.message, Message::Surge(q) if q.surges().any(|(_, s)| s.joined)),
+        )
+        .unwrap();
+    assert!(
+        first_join < went_down,
+        "joined at {:?}, first rollup at {down_at:?}",
+        sent[first_join].0
+    );
+    let demand = demand_after_join.unwrap();
+    assert!((2_500.0..3_500.0).contains(&demand), "{demand}");
+}
+
+#[test]
+fn a_down_master_is_probed_when_its_probe_is_due_not_at_the_next_cut() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut r = round("edge-1", &["m1", "m2"]);
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    flood(&state, 0, 100);
+    r.handle_timeout(at(2_000), &state);
+    let now = r.poll_timeout().unwrap();
+    r.handle_timeout(now, &state);
+    let t = r.poll_transmit().unwrap();
+    r.on_refused(now, t.id, &state);
+    while r.poll_transmit().is_some() {}
+    // Its first probe is due 500 ms ± 25% after it went down, well before
+    // the next cut at 4 s; the round wakes for it and sends it then.
+    let due = r.membership().next_probe(&owner).unwrap();
+    assert!(due < at(3_000), "{due:?}");
+    assert_eq!(r.poll_timeout(), Some(due));
+    r.handle_timeout(due, &state);
+    let probe = r.poll_transmit().expect("a probe");
+    assert_eq!(probe.master, owner);
+    assert!(matches!(probe.message, Message::Probe(_)), "{probe:?}");
+    assert!(r.poll_transmit().is_none());
 }

@@ -14,7 +14,10 @@
 //!   past the account's own demand.
 //!
 //! The estimate is `min(base + delta, max(base, up))`: a jump counts only
-//! as far as the agents that saw it prove it, a drop counts in full. Where
+//! as far as the agents that saw it prove it, a drop counts in full.
+//! Agents whose pair just moved here (*joins*, [`SurgeRates::joined`])
+//! add their rates to both bounds: `base` holds none of them, and each is
+//! the agent's own measure. Where
 //! the rounds say more, they win unless drops were reported, and then
 //! they are moved down by the net change. It
 //! stands until the first round wholly after the first early report is
@@ -37,6 +40,9 @@ pub(super) struct Surge {
     /// The sum of the reported rates of the agents that jumped (less their
     /// own earlier early reports, which `up` already holds).
     up: f32,
+    /// The sum of the joined agents' rates: demand this master's rounds
+    /// have not seen, as it went to the pair's previous master.
+    joined: f32,
     /// The round the first early report was measured in: the estimate
     /// stands until the round after it is whole, however many more come
     /// (so chance spikes of a sparse account cannot pile up in it for
@@ -51,12 +57,13 @@ impl Surge {
     /// bring the estimate down (not a base taken before this master had
     /// heard of the account, say).
     fn demand(&self, rounds: f64) -> f64 {
-        let (base, delta, up) = (
+        let (base, delta, up, joined) = (
             f64::from(self.base),
             f64::from(self.delta),
             f64::from(self.up),
+            f64::from(self.joined),
         );
-        let own = (base + delta).min(base.max(up));
+        let own = (base + delta).min(base.max(up)) + joined;
         let demand = if own >= base {
             // A jump: it counts until the rounds show more.
             own.max(rounds)
@@ -90,6 +97,10 @@ impl DemandWindow {
         }
         let surge = self.surge.as_deref_mut().expect("made above");
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
+        if rates.joined {
+            surge.joined += rate;
+            return true;
+        }
         surge.delta += rate - baseline;
         surge.up += rate - if rates.surged { baseline } else { 0.0 };
         true
@@ -136,6 +147,15 @@ mod tests {
             rate,
             baseline,
             surged,
+            joined: false,
+        }
+    }
+
+    fn join(rate: f32) -> SurgeRates {
+        SurgeRates {
+            rate,
+            joined: true,
+            ..SurgeRates::default()
         }
     }
 
@@ -218,5 +238,55 @@ mod tests {
         w.surge(&c, ms(2_800), ms(2_800), rates(5_000.0, 0.0, false));
         assert_eq!(w.estimate(&c, ms(2_810)).rates.demand, 5_000.0);
         assert!(w.estimate(&c, ms(9_000)).rates.demand == 0.0);
+    }
+
+    #[test]
+    fn agents_that_move_here_add_their_rates_in_full() {
+        // Two of four agents report a 4 000/s account here; the other two
+        // reported it to another master during a partition, and come back.
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        for _ in 0..2 {
+            w.record(&c, ms(0), ms(2_000), 4_000, 4_000);
+        }
+        assert_eq!(w.estimate(&c, ms(2_400)).rates.demand, 4_000.0);
+        for _ in 0..2 {
+            assert!(w.surge(&c, ms(2_600), ms(2_600), join(2_000.0)));
+        }
+        let e = w.estimate(&c, ms(2_610));
+        assert!(e.surge);
+        assert_eq!(e.rates.demand, 8_000.0);
+        // The same reports as a jump from nothing (as a master that
+        // predates joins reads them) prove only their own rates.
+        let mut old = DemandWindow::new(&c);
+        for _ in 0..2 {
+            old.record(&c, ms(0), ms(2_000), 4_000, 4_000);
+        }
+        for _ in 0..2 {
+            old.surge(&c, ms(2_600), ms(2_600), rates(2_000.0, 0.0, false));
+        }
+        assert_eq!(old.estimate(&c, ms(2_610)).rates.demand, 4_000.0);
+        // The round the move happened in, with all four, confirms it, and
+        // the next whole round speaks.
+        for _ in 0..4 {
+            w.record(&c, ms(2_000), ms(4_000), 4_000, 4_000);
+        }
+        assert_eq!(w.estimate(&c, ms(4_400)).rates.demand, 8_000.0);
+        for _ in 0..4 {
+            w.record(&c, ms(4_000), ms(6_000), 4_000, 4_000);
+        }
+        let e = w.estimate(&c, ms(6_400));
+        assert!(!e.surge);
+        assert_eq!(e.rates.demand, 8_000.0);
+    }
+
+    #[test]
+    fn a_join_adds_to_what_a_jump_proves() {
+        // 20 agents at 25/s; one jumps to 1 025/s (proving 1 025/s of the
+        // account), and one agent moves here with 500/s.
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 25);
+        w.surge(&c, ms(2_600), ms(2_600), join(500.0));
+        w.surge(&c, ms(2_600), ms(2_600), rates(1_025.0, 25.0, false));
+        assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 1_525.0);
     }
 }

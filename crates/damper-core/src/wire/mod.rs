@@ -130,6 +130,15 @@ pub struct SurgeRates {
     /// Whether `baseline` is an early report's, still in the master's
     /// surge estimate, rather than a rollup's.
     pub surged: bool,
+    /// A *join*: the pair has just moved to this master (a master came
+    /// back on, or went off, this agent's ring between two cuts), and
+    /// `rate` is what the agent last told the pair's previous master. The
+    /// master has none of it yet, so it adds to the account's estimate in
+    /// full rather than as a change (`baseline` is 0). Masters that predate
+    /// joins read it as a jump from nothing, which the agents that saw it
+    /// prove: right for an account new to them, and never above what
+    /// they already had otherwise.
+    pub joined: bool,
 }
 
 /// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).

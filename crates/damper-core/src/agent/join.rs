@@ -1,0 +1,75 @@
+//! Joins: telling a pair's new master what its previous one had.
+//!
+//! When a master comes back on an agent's ring, or goes off it, between two
+//! cuts, the accounts it owns move. Their new master's rounds hold none of
+//! this agent's demand for them: that went to the previous master. Until a
+//! whole round at the new master shows it (one to two rounds), the new
+//! master sees part of each account and suppresses too little: after a
+//! one-way partition heals, the agents that were cut off bring half a
+//! flood's demand back to a master that held only the other half. A join
+//! is an early report that says, per moved pair, the rate this agent last
+//! told the previous master, which the new master adds to its estimate in
+//! full ([`SurgeRates::joined`]).
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::AgentState;
+use crate::Pair;
+use crate::time::{Nanos, duration_nanos};
+use crate::wire::SurgeRates;
+
+impl AgentState {
+    /// Offers `report` a join for each pair `moved` says changed master
+    /// since its counts last went out, with the rate this agent last told
+    /// the previous master: its last early report's while that may still
+    /// stand there (that round or the next), else its last rollup's. Pairs
+    /// with nothing to tell, and pairs of ops known to have no limit, are
+    /// skipped. A join `report` takes (returns `true`) becomes the pair's
+    /// baseline, as an early report's, so the scans that follow measure
+    /// surges at the new master from it. Returns how many were taken.
+    ///
+    /// Off the hot path: one pass over the pairs, by the round, when the
+    /// ring changed between cuts.
+    pub fn offer_joins(
+        &self,
+        now: Nanos,
+        moved: impl Fn(Pair<'_>) -> bool,
+        mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
+    ) -> usize {
+        let r = duration_nanos(self.config.rollup_interval).max(1);
+        let round = ((now.as_nanos().saturating_sub(1) / r + 1) as u16).max(1);
+        let unlimited = self.ops_without_limit();
+        let guard = self.entries.guard();
+        let mut taken = 0;
+        for (key, entry) in self.entries.iter(&guard) {
+            let surge_round = entry.surge_round.load(Relaxed);
+            let rate = if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
+                f32::from_bits(entry.surge_rate.load(Relaxed))
+            } else {
+                f32::from_bits(entry.reported_rate.load(Relaxed))
+            };
+            let (own, _) = super::entry::limit_of(entry.limit.load(Relaxed));
+            if rate <= 0.0
+                || super::entry::is_unlimited(own)
+                || own == 0.0 && unlimited.contains(&*key.op)
+            {
+                continue;
+            }
+            let pair = Pair::new(key.account.as_str(), &key.op);
+            if !moved(pair) {
+                continue;
+            }
+            let join = SurgeRates {
+                rate,
+                joined: true,
+                ..SurgeRates::default()
+            };
+            if report(pair, join) {
+                entry.surge_rate.store(rate.to_bits(), Relaxed);
+                entry.surge_round.store(round, Relaxed);
+                taken += 1;
+            }
+        }
+        taken
+    }
+}

@@ -57,14 +57,21 @@ pub struct HealthConfig {
     pub probe_max: Duration,
     /// How long after a master (re)starts agents route to it again. Every
     /// agent rejoins it at the same instant, `started + warmup` rounded up to
-    /// the rollup grid, so its accounts move back in one round instead of
-    /// agent by agent (a split view halves what each master sees, which lets
-    /// a flood through). Longer than `probe_max` plus its jitter (25%).
-    /// Default 1.5 s: a restarted master is routed to again 1.5–3.5 s after
-    /// it started, at the first rollup cut after that.
+    /// the rejoin grid, so its accounts move back at once instead of agent
+    /// by agent (a split view halves what each master sees, which lets a
+    /// flood through). Longer than `probe_max` plus its jitter (25%).
+    /// Default 1.5 s: a restarted master is routed to again 1.5–1.7 s after
+    /// it started on the 200-ms grid of fast onset, 1.5–3.5 s on the rollup
+    /// grid.
     pub warmup: Duration,
-    /// The rollup interval, the grid rejoins are aligned to. Default 2 s.
+    /// The rollup interval. Default 2 s.
     pub rollup_interval: Duration,
+    /// The grid rejoins are aligned to: `None`, the rollup interval's, so
+    /// accounts move at a cut and the next round tells the master all; the
+    /// agent round sets the surge sub-window's when fast onset is on, since
+    /// then joins tell the master the moved pairs' rates at once, and a
+    /// restarted master need not wait up to a round for its accounts.
+    pub rejoin_grid: Option<Duration>,
 }
 
 impl Default for HealthConfig {
@@ -75,6 +82,7 @@ impl Default for HealthConfig {
             probe_max: Duration::from_secs(1),
             warmup: Duration::from_millis(1_500),
             rollup_interval: crate::DEFAULT_ROLLUP_INTERVAL,
+            rejoin_grid: None,
         }
     }
 }
@@ -175,6 +183,17 @@ impl Membership {
         }
     }
 
+    /// When the first member answering again rejoins the ring, if any is.
+    pub fn next_rejoin(&self) -> Option<Nanos> {
+        self.health
+            .values()
+            .filter_map(|h| match h {
+                Health::Rejoining { at } => Some(*at),
+                _ => None,
+            })
+            .min()
+    }
+
     /// When the first down member's probe is due, if any is down.
     pub fn next_probe_due(&self) -> Option<Nanos> {
         self.health
@@ -193,15 +212,15 @@ impl Membership {
 
     /// `member` answered, and said it started at `started`, if known (a
     /// probe's answer). A member that was down rejoins the ring at
-    /// `started + warmup`, on the rollup grid, like every other agent that
+    /// `started + warmup`, on the rejoin grid, like every other agent that
     /// saw it come back; without `started`, at once. Returns whether the live
     /// ring changed.
     pub fn answered(&mut self, member: &str, started: Option<Nanos>, now: Nanos) -> bool {
         let config = self.config;
         let changed = match self.health.get_mut(member) {
             Some(h @ Health::Down { .. }) => {
-                let at =
-                    started.map_or(now, |s| align_up(s + config.warmup, config.rollup_interval));
+                let grid = config.rejoin_grid.unwrap_or(config.rollup_interval);
+                let at = started.map_or(now, |s| align_up(s + config.warmup, grid));
                 *h = Health::Rejoining { at };
                 false
             }
@@ -215,7 +234,8 @@ impl Membership {
     }
 
     /// Puts back on the ring the members whose rejoin time has come. Call
-    /// at every rollup cut. Returns whether the live ring changed.
+    /// at every rollup cut, and at [`next_rejoin`](Self::next_rejoin).
+    /// Returns whether the live ring changed.
     pub fn tick(&mut self, now: Nanos) -> bool {
         let mut promoted = false;
         for h in self.health.values_mut() {
@@ -451,6 +471,24 @@ mod tests {
         m.failed("a:1", t(102_000));
         assert!(m.next_probe("a:1").is_some());
         assert!(!m.tick(t(200_000)));
+    }
+
+    #[test]
+    fn on_a_finer_rejoin_grid_a_restarted_master_is_back_within_two_seconds() {
+        let config = HealthConfig {
+            rejoin_grid: Some(Duration::from_millis(200)),
+            ..HealthConfig::default()
+        };
+        let started = t(100_300);
+        let mut m = Membership::new(["a:1", "b:1"], config, 1);
+        m.failed("a:1", t(0));
+        m.failed("a:1", t(0));
+        m.answered("a:1", Some(started), t(100_900));
+        // 100.3 s + 1.5 s, up to the 200-ms grid: 101.8 s, not 102 s.
+        assert_eq!(m.next_rejoin(), Some(t(101_800)));
+        assert!(!m.tick(t(101_799)));
+        assert!(m.tick(t(101_800)));
+        assert_eq!(m.next_rejoin(), None);
     }
 
     #[test]

@@ -97,7 +97,8 @@ async fn a_killed_master_s_accounts_are_held_again_within_seconds_and_move_back_
     );
 
     // Restart it on the same address: its accounts move back, every agent
-    // at the first rollup cut 1.5 s after it started.
+    // at the same instant, 1.5 s after it started on the 200-ms grid, and
+    // each agent's join tells it the flood's rate then.
     let restarted = start_master(&owner, &config);
     let restarted_at = tokio::time::Instant::now();
     masters[victim] = restarted;

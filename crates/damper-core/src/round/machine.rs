@@ -193,6 +193,7 @@ impl AgentRound {
         let start = grid_floor(now, interval);
         let health = HealthConfig {
             rollup_interval: interval,
+            rejoin_grid: config.fast_onset.map(|rule| rule.window()),
             ..config.health
         };
         let next_scan = config.fast_onset.map(|rule| next_scan_after(now, &rule));
@@ -276,7 +277,8 @@ impl AgentRound {
         let recheck = self.rechecks.iter().map(|r| r.0).min();
         let scan = self.next_scan.filter(|_| !self.stopping);
         let probe = self.membership.next_probe_due().filter(|_| !self.stopping);
-        [cut, send, recheck, scan, probe]
+        let rejoin = self.membership.next_rejoin().filter(|_| !self.stopping);
+        [cut, send, recheck, scan, probe, rejoin]
             .into_iter()
             .flatten()
             .min()
@@ -294,6 +296,10 @@ impl AgentRound {
         while self.cuts.front().is_some_and(|c| c.send_at <= now) {
             let cut = self.cuts.pop_front().expect("a cut is waiting");
             self.send(cut, now, state);
+        }
+        if !self.stopping {
+            // Before the scan, so the pairs it moves are joined at once.
+            self.rejoin(now);
         }
         if !self.stopping && self.next_scan.is_some_and(|at| now >= at) {
             self.scan(now, state);
@@ -752,15 +758,7 @@ impl AgentRound {
     /// Step 1: cut `[start, end)`, to be sent at `send_at`.
     fn cut(&mut self, end: Nanos, send_at: Nanos, state: &AgentState) {
         let start = self.start;
-        let before = self.live_members();
-        if self.membership.tick(end) {
-            for master in self.live_members() {
-                if !before.contains(&master) {
-                    self.events
-                        .push_back(RoundEvent::RingChanged { master, up: true });
-                }
-            }
-        }
+        self.rejoin(end);
         self.send_probes(end);
         self.resend_in_doubt(end);
         let live = self.membership.live();
@@ -826,6 +824,19 @@ impl AgentRound {
         }
         if self.open[&cut.round].outstanding == 0 {
             self.settle(cut.round, now, state);
+        }
+    }
+
+    /// Puts back on the ring the masters whose rejoin instant has come.
+    fn rejoin(&mut self, now: Nanos) {
+        let before = self.live_members();
+        if self.membership.tick(now) {
+            for master in self.live_members() {
+                if !before.contains(&master) {
+                    self.events
+                        .push_back(RoundEvent::RingChanged { master, up: true });
+                }
+            }
         }
     }
 

@@ -859,3 +859,88 @@ fn a_down_master_is_probed_when_its_probe_is_due_not_at_the_next_cut() {
     assert!(matches!(probe.message, Message::Probe(_)), "{probe:?}");
     assert!(r.poll_transmit().is_none());
 }
+
+#[test]
+fn a_restarted_master_rejoins_on_the_sub_window_grid_and_is_told_its_pairs_rates() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut r = AgentRound::new(RoundConfig::new("edge-1"), ["m1", "m2"], at(10));
+    let owner = r.membership().live().owner("flood").unwrap().to_owned();
+    let mut masters: BTreeMap<String, MasterState> =
+        [("m1".to_owned(), master()), ("m2".to_owned(), master())].into();
+    let mut rng = SmallRng::seed_from_u64(5);
+    // The owner is killed at 3 s (its port refuses) and restarted with
+    // nothing at 6.3 s: every agent puts it back at 6.3 + 1.5 s on the
+    // 200-ms grid, 7.8 s, mid-round.
+    let restarted = at(6_300);
+    let (mut now, mut back_at, mut joined) = (at(10), None, Vec::new());
+    while now < at(9_000) {
+        for _ in 0..30 {
+            state.check(now, "flood", "messages", 1, &mut rng);
+        }
+        let next = r
+            .poll_timeout()
+            .unwrap()
+            .min(now + Duration::from_millis(10));
+        if now < restarted && next >= restarted {
+            // Restarted empty.
+            masters.insert(owner.clone(), master());
+        }
+        now = next;
+        r.handle_timeout(now, &state);
+        while let Some(t) = r.poll_transmit() {
+            if t.master == owner && (at(3_000)..restarted).contains(&now) {
+                r.on_refused(now, t.id, &state);
+                continue;
+            }
+            let header = ReplyHeader {
+                rollup_interval: Duration::from_secs(2),
+                started: if t.master == owner && now >= restarted {
+                    restarted
+                } else {
+                    T0
+                },
+                ..ReplyHeader::default()
+            };
+            let m = masters.get_mut(&t.master).unwrap();
+            let reply = match &t.message {
+                Message::Rollup(q) => m.answer_rollup(now, q, 100, header).unwrap(),
+                Message::Recheck(q) | Message::Probe(q) => {
+                    m.answer_factors(now, q, 100, header).unwrap()
+                }
+                Message::Surge(q) => {
+                    joined.extend(
+                        q.surges()
+                            .filter(|(_, s)| s.joined)
+                            .map(|(_, s)| (t.master.clone(), now, s.rate)),
+                    );
+                    let mut budget = crate::master::SurgeBudget::default();
+                    m.answer_surge(now, q, &mut budget, 100, header).unwrap()
+                }
+            };
+            r.on_reply(now, t.id, &reply, &state);
+        }
+        for event in events(&mut r) {
+            if let RoundEvent::RingChanged { master, up: true } = event {
+                assert_eq!(master, owner);
+                back_at.get_or_insert(now);
+            }
+        }
+    }
+    assert_eq!(
+        back_at,
+        Some(at(7_800)),
+        "back 1.5 s after it started, on the 200-ms grid"
+    );
+    // Joined at that instant, with the agent's rate, and the restarted
+    // master, which had nothing, estimates the whole demand before any
+    // rollup reaches it (the next cut is at 8 s).
+    let (master, when, rate) = joined.first().cloned().expect("a join");
+    assert_eq!((master.as_str(), when), (owner.as_str(), at(7_800)));
+    assert!((2_500.0..3_500.0).contains(&rate), "{rate}");
+    let demand = masters[&owner]
+        .verdict(at(7_800), "flood", "messages")
+        .unwrap()
+        .rates
+        .demand;
+    assert!((2_500.0..3_500.0).contains(&demand), "{demand}");
+}

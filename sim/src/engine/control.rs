@@ -19,6 +19,11 @@ pub struct Control {
     pub probes: u64,
     /// Early reports of surges.
     pub surges: u64,
+    /// (account, op) entries the rollups carried: what a master ingests.
+    pub rollup_entries: u64,
+    /// Bytes of the rollups alone, encoded: with `rollup_entries`, the
+    /// wire's bytes per entry (docs/scale.md).
+    pub rollup_bytes: u64,
     /// Bytes of the requests, encoded.
     pub request_bytes: u64,
     /// Bytes of the replies that came back, encoded.
@@ -39,10 +44,12 @@ impl Control {
     /// Counts a request leaving an agent.
     pub(super) fn sent(&mut self, message: &Message) {
         let (count, bytes) = match message {
-            Message::Rollup(r) => (
-                &mut self.rollups,
-                v1::RollupRequest::from(Rollup::clone(r)).encoded_len(),
-            ),
+            Message::Rollup(r) => {
+                let bytes = v1::RollupRequest::from(Rollup::clone(r)).encoded_len();
+                self.rollup_entries += r.entries() as u64;
+                self.rollup_bytes += bytes as u64;
+                (&mut self.rollups, bytes)
+            }
             Message::Recheck(q) => (
                 &mut self.rechecks,
                 v1::FactorsRequest::from(q.clone()).encoded_len(),

@@ -123,6 +123,7 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                 unlisted_limit: 1000.0,
                 unlisted_valid_for_ms: 6_000,
                 unlisted_shadow: false,
+                overrides: vec![],
             },
             // An op with no limit of its own: its unlisted accounts are
             // unlimited, so nothing is applied to them.
@@ -140,6 +141,7 @@ fn a_reply_lists_what_differs_and_implies_factor_0_under_the_ops_limit_for_the_r
                 unlisted_limit: 0.0,
                 unlisted_valid_for_ms: 0,
                 unlisted_shadow: false,
+                overrides: vec![],
             },
         ],
         ..RollupReply::default()

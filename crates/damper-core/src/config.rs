@@ -524,6 +524,33 @@ pub struct MasterConfig {
 }
 
 impl MasterConfig {
+    /// The accounts of `op` whose limit is not its default, in no
+    /// particular order: each `[limits]` key `op/account`, and each
+    /// `[exempt]` entry that covers `op` (no limit at all). A limit under an
+    /// exempt account is refused at load, so the two never disagree.
+    pub fn overrides<'a>(
+        &'a self,
+        op: &'a str,
+    ) -> impl Iterator<Item = crate::wire::Override> + 'a {
+        let limits =
+            self.limits
+                .overrides(op)
+                .map(|(account, rate, shadow)| crate::wire::Override {
+                    account: account.to_owned(),
+                    limit: rate.get(),
+                    shadow,
+                });
+        let exempt = self
+            .exempt
+            .prefixes(op)
+            .map(|account| crate::wire::Override {
+                account: account.to_owned(),
+                limit: crate::limits::Rate::UNLIMITED.get(),
+                shadow: false,
+            });
+        limits.chain(exempt)
+    }
+
     /// Parses and validates a TOML config file.
     pub fn from_toml(text: &str) -> Result<MasterConfig, ConfigError> {
         let file: ConfigFile =

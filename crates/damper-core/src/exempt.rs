@@ -92,12 +92,14 @@ impl Exemptions {
 
     /// The entry that exempts `account` from `op`, if any.
     pub fn covers(&self, account: &str, op: &str) -> Option<&str> {
+        self.prefixes(op).find(|prefix| under(account, prefix))
+    }
+
+    /// The account paths exempt from `op`: those exempt from every op, and
+    /// those listed for it.
+    pub fn prefixes<'a>(&'a self, op: &str) -> impl Iterator<Item = &'a str> + 'a {
         let by_op = self.by_op.get(op).into_iter().flatten();
-        self.every_op
-            .iter()
-            .chain(by_op)
-            .find(|prefix| under(account, prefix))
-            .map(|p| &**p)
+        self.every_op.iter().chain(by_op).map(|p| &**p)
     }
 
     /// Whether nothing is exempt.

@@ -216,6 +216,18 @@ impl Limits {
             .filter(|k| !k.contains('/'))
     }
 
+    /// The overrides of `op`: for each key `op/account`, the account path,
+    /// its limit and whether it is in shadow, in no particular order.
+    pub fn overrides<'a>(
+        &'a self,
+        op: &'a str,
+    ) -> impl Iterator<Item = (&'a str, Rate, bool)> + 'a {
+        self.entries.iter().filter_map(move |(k, rate, shadow)| {
+            let account = k.strip_prefix(op)?.strip_prefix('/')?;
+            Some((account, *rate, *shadow))
+        })
+    }
+
     /// The keys whose limit is in shadow, in no particular order.
     pub fn shadowed(&self) -> impl Iterator<Item = &str> {
         self.entries

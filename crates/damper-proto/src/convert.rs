@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use damper_core::time::Nanos;
 use damper_core::wire::{
-    AccountCounts, Factor, FactorsQuery, Listed, OpAccounts, OpCounts, OpVerdicts, Reply, Rollup,
-    SurgeRates, Unlisted, millis_u32,
+    AccountCounts, Factor, FactorsQuery, Listed, OpAccounts, OpCounts, OpVerdicts, Override, Reply,
+    Rollup, SurgeRates, Unlisted, millis_u32,
 };
 
 use crate::v1;
@@ -190,6 +190,15 @@ impl From<Reply> for v1::RollupReply {
                     unlisted_limit: op.unlisted.map_or(0.0, |u| u.limit),
                     unlisted_valid_for_ms: op.unlisted.map_or(0, |u| millis_u32(u.valid_for)),
                     unlisted_shadow: op.unlisted.is_some_and(|u| u.shadow),
+                    overrides: op
+                        .overrides
+                        .into_iter()
+                        .map(|o| v1::LimitOverride {
+                            account: o.account,
+                            limit: o.limit,
+                            shadow: o.shadow,
+                        })
+                        .collect(),
                 })
                 .collect(),
             rollup_interval_ms: r.rollup_interval.map_or(0, millis_u32),
@@ -230,6 +239,15 @@ impl From<v1::RollupReply> for Reply {
                         valid_for: Duration::from_millis(u64::from(op.unlisted_valid_for_ms)),
                         shadow: op.unlisted_shadow,
                     }),
+                    overrides: op
+                        .overrides
+                        .into_iter()
+                        .map(|o| Override {
+                            account: o.account,
+                            limit: o.limit,
+                            shadow: o.shadow,
+                        })
+                        .collect(),
                     op: op.op,
                 })
                 .collect(),
@@ -280,19 +298,21 @@ mod tests {
             ops in proptest::collection::vec(
                 ("[a-z]{1,8}", proptest::collection::vec(
                     ("[a-z]{1,8}", 0.0f64..=1.0, 0.5f64..1e9, 1u32.., any::<bool>(), any::<bool>(), 0.0f32..1e3), 0..4),
-                 proptest::option::of((0.5f64..1e9, 1u32.., any::<bool>()))),
+                 proptest::option::of((0.5f64..1e9, 1u32.., any::<bool>())),
+                 proptest::collection::vec(("[a-z]{1,8}(/[a-z]{1,4})?", 0.5f64..1e9, any::<bool>()), 0..3)),
                 0..4),
             interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
             started in proptest::option::of(1u64..1 << 44), ring_version: u64, foreign_entries: u32,
         ) -> Reply {
             let d = |ms: u32| Duration::from_millis(u64::from(ms));
             Reply {
-                ops: ops.into_iter().map(|(op, listed, unlisted)| OpVerdicts {
+                ops: ops.into_iter().map(|(op, listed, unlisted, overrides)| OpVerdicts {
                     op,
                     listed: listed.into_iter().map(|(account, factor, limit, valid, recheck, shadow, utilisation)| Listed {
                         account, factor: Factor { factor, limit, valid_for: d(valid), shadow, utilisation }, recheck,
                     }).collect(),
                     unlisted: unlisted.map(|(limit, valid, shadow)| Unlisted { limit, valid_for: d(valid), shadow }),
+                    overrides: overrides.into_iter().map(|(account, limit, shadow)| Override { account, limit, shadow }).collect(),
                 }).collect(),
                 rollup_interval: interval.map(d), recheck_after: recheck.map(d),
                 started: started.map(ms), ring_version, foreign_entries,

@@ -2,6 +2,7 @@
 //! the agent finds it: the key, interned op and inline account, in a
 //! lock-free map.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{
@@ -96,8 +97,8 @@ impl papaya::Equivalent<Key> for KeyRef<'_> {
     }
 }
 
-/// What the agent knows of an op: its interned name, and its default
-/// limit once a reply has said it.
+/// What the agent knows of an op: its interned name, its default limit
+/// once a reply has said it, and the accounts whose limit is not it.
 #[derive(Debug)]
 pub(super) struct OpInfo {
     /// Shared by every key of the op.
@@ -108,6 +109,10 @@ pub(super) struct OpInfo {
     pub(super) default_limit: Option<f64>,
     /// Whether that limit is in shadow.
     pub(super) default_shadow: bool,
+    /// The accounts (each with every account under it) whose limit is
+    /// not the default, as stored ([`limit_bits`]), from the last hello's
+    /// reply: the local guard of a new pair applies its account's.
+    pub(super) overrides: HashMap<Box<str>, u32>,
 }
 
 impl OpInfo {
@@ -116,6 +121,26 @@ impl OpInfo {
             name: op.into(),
             default_limit: None,
             default_shadow: false,
+            overrides: HashMap::new(),
+        }
+    }
+
+    /// The limit a new pair of `account` starts with, as stored: its
+    /// most specific override (`org/team`, then `org`), else the default.
+    pub(super) fn limit_for(&self, account: &str) -> u32 {
+        let default = || limit_bits(self.default_limit.unwrap_or(0.0), self.default_shadow);
+        if self.overrides.is_empty() {
+            return default();
+        }
+        let mut path = account;
+        loop {
+            if let Some(bits) = self.overrides.get(path) {
+                return *bits;
+            }
+            match path.rfind('/') {
+                Some(slash) => path = &path[..slash],
+                None => return default(),
+            }
         }
     }
 }
@@ -557,8 +582,9 @@ impl AgentState {
     }
 
     /// The owned key for a new (account, op), with the op interned, and the
-    /// op's default limit for the local guard, as stored ([`limit_bits`];
-    /// 0.0: unknown, none, or fast onset off).
+    /// limit for its local guard, as stored ([`limit_bits`]): its
+    /// account's override, else the op's default (0.0: unknown, none, or
+    /// fast onset off).
     pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, u32) {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let known = match ops.get(op) {
@@ -566,7 +592,7 @@ impl AgentState {
             None => ops.entry(op.into()).or_insert_with(|| OpInfo::new(op)),
         };
         let limit = if self.config.fast_onset {
-            limit_bits(known.default_limit.unwrap_or(0.0), known.default_shadow)
+            known.limit_for(account)
         } else {
             0
         };

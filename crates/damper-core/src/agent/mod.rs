@@ -79,7 +79,7 @@ use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
-use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of};
+use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use peek::Standing;
 pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
 
@@ -633,6 +633,25 @@ impl AgentState {
                 .or_insert_with(|| OpInfo::new(&op.op));
             known.default_limit = Some(limit);
             known.default_shadow = op.unlisted.is_some_and(|u| u.shadow);
+        }
+    }
+
+    /// Learns what a reply to a query naming nothing (a hello, a probe)
+    /// says: each op's default limit, and the accounts whose limit is not
+    /// it (replacing what an earlier such reply said of the op), so the
+    /// local guard of a new pair applies its own account's limit.
+    pub fn learn_hello(&self, reply: &Reply) {
+        self.learn_op_limits(reply);
+        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        for op in &reply.ops {
+            if let Some(known) = ops.get_mut(op.op.as_str()) {
+                known.overrides = op
+                    .overrides
+                    .iter()
+                    .filter(|o| o.limit.is_finite() && o.limit > 0.0)
+                    .map(|o| (o.account.as_str().into(), limit_bits(o.limit, o.shadow)))
+                    .collect();
+            }
         }
     }
 

@@ -785,6 +785,7 @@ fn a_limit_in_shadow_admits_everything_and_marks_what_it_would_refuse() {
             valid_for: Duration::from_secs(6),
             shadow: true,
         }),
+        overrides: Vec::new(),
     });
     agent.learn_op_limits(&reply);
     let mut marked = 0;
@@ -833,5 +834,65 @@ fn admitted_decisions_carry_the_utilisation_the_master_said() {
         utilisation(t(7_010)),
         None,
         "under the near share: not said"
+    );
+}
+
+/// A hello's reply names the accounts whose limit is not the op's
+/// default: a new pair of one is guarded under its own limit (an exempt
+/// one under none) from its first check, before any master answers for it.
+#[test]
+fn a_new_pair_is_guarded_under_its_accounts_override_from_its_first_check() {
+    use crate::wire::{OpVerdicts, Override, Unlisted};
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(9);
+    let over = |account: &str, limit: f64| Override {
+        account: account.into(),
+        limit,
+        shadow: false,
+    };
+    let mut hello = Reply::default();
+    hello.ops.push(OpVerdicts {
+        op: "messages".into(),
+        listed: Vec::new(),
+        unlisted: Some(Unlisted {
+            limit: 100.0,
+            valid_for: Duration::from_secs(6),
+            shadow: false,
+        }),
+        overrides: vec![
+            over("big", 5_000.0),
+            over("org", 2_000.0),
+            over("vip", f64::MAX),
+        ],
+    });
+    agent.learn_hello(&hello);
+    // 2 000 cost a second over one second on each, from its first check.
+    let mut refused = |account: &str, from: u64| {
+        let mut refused = 0;
+        for i in 0..400 {
+            let d = agent.check(
+                t(from + i * 2_500 / 1_000),
+                account,
+                "messages",
+                5,
+                &mut rng,
+            );
+            refused += u64::from(!d.is_admit()) * 5;
+        }
+        refused
+    };
+    assert_eq!(refused("big", 0), 0, "under its own 5 000/s");
+    assert_eq!(refused("vip", 0), 0, "exempt: no limit at all");
+    assert_eq!(refused("org/team", 0), 0, "under org's 2 000/s");
+    assert!(refused("small", 0) > 1_000, "under the default, 100/s");
+    // A later hello that no longer names `big` takes its override away for
+    // pairs made after it.
+    hello.ops[0].overrides.clear();
+    agent.learn_hello(&hello);
+    assert!(refused("big-2", 0) > 1_000);
+    assert_eq!(
+        refused("big", 2_000),
+        0,
+        "a pair made before keeps its limit"
     );
 }

@@ -379,7 +379,7 @@ impl AgentRound {
                 state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
             }
             Some(InFlight::Probe { master }) => {
-                state.learn_op_limits(reply);
+                state.learn_hello(reply);
                 if self.membership.answered(&master, reply.started, now) {
                     // Its warm-up already past (a partition healed).
                     self.events
@@ -388,7 +388,7 @@ impl AgentRound {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
-            Some(InFlight::Hello { .. }) => state.learn_op_limits(reply),
+            Some(InFlight::Hello { .. }) => state.learn_hello(reply),
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);

@@ -575,18 +575,21 @@ fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
     assert!(r.poll_timeout().unwrap() >= at(6_000));
 }
 
-/// An account whose own limit is far above its op's default is refused by
-/// the local guard under the default only until its master says its
-/// limit: the scan that sees the guard refuse a pair no master has
-/// answered for asks at once, with a query that counts nothing.
+/// An account whose own limit, made after the hello, is far above its
+/// op's default is refused by the local guard under the default only until
+/// its master says its limit: the scan that sees the guard refuse a pair no
+/// master has answered for asks at once, with a query that counts nothing.
 #[test]
 fn a_pair_guarded_under_its_ops_default_asks_its_master_for_its_own_limit() {
     let state = AgentState::new(AgentConfig::default());
-    let config = "[limits]\nmessages = 1000\n\"messages/flood\" = 100000";
-    let mut m = MasterState::new(MasterConfig::from_toml(config).unwrap());
+    let mut m = MasterState::new(MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap());
     let mut r = AgentRound::new(RoundConfig::new("edge-5"), ["m1"], at(10));
     answer_all(&mut r, &state, &mut m, at(10));
     assert_eq!(state.op_limit("messages"), Some(1000.0));
+    // The account's override comes after the hello (a reload), so the
+    // hello's reply could not name it.
+    let config = "[limits]\nmessages = 1000\n\"messages/flood\" = 100000";
+    m.set_config(MasterConfig::from_toml(config).unwrap());
     // 30 publishes a second of cost 101 on this agent: over the default
     // (with its room of 2×), far under its own, and too few per
     // sub-window to be a surge.

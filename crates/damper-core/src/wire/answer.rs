@@ -115,12 +115,13 @@ impl MasterState {
 }
 
 /// The reply being built for `query`: for its ops, or, when it names none,
-/// for every op with a default limit, so a new agent learns them all.
+/// for every op with a default limit and the accounts whose limit is not
+/// it, so a new agent learns them all.
 pub fn query_reply(config: &MasterConfig, query: &FactorsQuery) -> ReplyBuilder {
     if query.ops.is_empty() {
         let mut ops: Vec<&str> = config.limits.default_ops().collect();
         ops.sort_unstable();
-        ReplyBuilder::new(config, ops)
+        ReplyBuilder::new(config, ops).with_overrides(config)
     } else {
         ReplyBuilder::new(config, query.ops.iter().map(|o| o.op.as_str()))
     }

@@ -13,7 +13,7 @@ use crate::config::MasterConfig;
 use crate::master::Verdict;
 use crate::time::Nanos;
 
-use super::{Factor, Listed, OpVerdicts, Reply, Unlisted, millis_u32};
+use super::{Factor, HELLO_OVERRIDES_MAX, Listed, OpVerdicts, Reply, Unlisted, millis_u32};
 
 /// What a reply says about the master rather than about pairs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -113,6 +113,7 @@ impl ReplyBuilder {
                     op: op.to_owned(),
                     listed: Vec::new(),
                     unlisted: Unlisted::of(config, op),
+                    overrides: Vec::new(),
                 })
                 .collect(),
             recheck_at: None,
@@ -132,6 +133,24 @@ impl ReplyBuilder {
         if near > 0.0 || !entry.unlisted.is_some_and(|u| u.implies(verdict)) {
             entry.listed.push(Listed::new(account(), verdict, near));
         }
+    }
+
+    /// Lists, for each of the reply's ops, the accounts whose limit is not
+    /// the op's default (`[limits]` keys with an account, `[exempt]`
+    /// entries), unless there are more than [`HELLO_OVERRIDES_MAX`] in all:
+    /// what a hello's reply carries.
+    pub fn with_overrides(mut self, config: &MasterConfig) -> Self {
+        let mut total = 0;
+        for op in &mut self.ops {
+            op.overrides = config.overrides(&op.op).collect();
+            total += op.overrides.len();
+        }
+        if total > HELLO_OVERRIDES_MAX {
+            for op in &mut self.ops {
+                op.overrides.clear();
+            }
+        }
+        self
     }
 
     /// Verdicts listed so far.

@@ -174,6 +174,32 @@ pub struct OpVerdicts {
     /// `listed` leaves out: factor 0 under the op's own limit. `None` when
     /// the op has no limit of its own: unlisted accounts are unlimited.
     pub unlisted: Option<Unlisted>,
+    /// In a reply to a query naming nothing (a new agent's hello, a
+    /// probe): the accounts whose limit is not the op's default, so the
+    /// agent's local guard applies theirs before any master has answered
+    /// for them. Empty in every other reply, and when there are more than
+    /// [`HELLO_OVERRIDES_MAX`].
+    pub overrides: Vec<Override>,
+}
+
+/// At most this many [`Override`]s go in a hello's reply, over all ops;
+/// a config with more sends none (agents then guard new pairs under their
+/// op's default until a master answers for them, as before overrides were
+/// sent). 10 000 overrides are about 300 kB, once per agent start.
+pub const HELLO_OVERRIDES_MAX: usize = 10_000;
+
+/// An account, and every account under it (at `/` boundaries, as limit
+/// keys match), whose limit is not its op's default: a `[limits]` key
+/// `op/account`, or an `[exempt]` entry (no limit at all).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Override {
+    /// The account path.
+    pub account: String,
+    /// Its limit, cost per second; `f64::MAX` for an exempt account, as a
+    /// verdict says (`Rate::UNLIMITED`).
+    pub limit: f64,
+    /// Whether the limit is in shadow.
+    pub shadow: bool,
 }
 
 /// One account's verdict, listed in a [`Reply`].

@@ -220,3 +220,59 @@ fn pairs_near_their_limit_are_listed_with_their_utilisation() {
         .collect();
     assert_eq!(listed, [("near", 0.85)]);
 }
+
+/// A hello's reply (a query naming nothing) names, per op with a default,
+/// the accounts whose limit is not it: `[limits]` overrides and `[exempt]`
+/// entries. Other replies name none, and past [`HELLO_OVERRIDES_MAX`] a
+/// hello names none either.
+#[test]
+fn a_hello_is_told_the_overrides_and_exemptions_of_each_op() {
+    use crate::master::MasterState;
+    let config = MasterConfig::from_toml(&format!(
+        "{CONFIG}\"messages/org\" = 5000\n[exempt]\naccounts = [\"staff\"]\nmessages = [\"partner\"]\n[shadow]\nlimits = [\"messages/org\"]\n"
+    ))
+    .unwrap();
+    let master = MasterState::new(config);
+    let header = ReplyHeader::default();
+    let hello = master
+        .answer_factors(NOW, &FactorsQuery::new("edge-1", []), 100, header)
+        .unwrap();
+    let ops: Vec<&str> = hello.ops.iter().map(|o| o.op.as_str()).collect();
+    assert_eq!(ops, ["messages"], "only ops with a default of their own");
+    let mut overrides: Vec<(&str, f64, bool)> = hello.ops[0]
+        .overrides
+        .iter()
+        .map(|o| (o.account.as_str(), o.limit, o.shadow))
+        .collect();
+    overrides.sort_by(|a, b| a.0.cmp(b.0));
+    assert_eq!(
+        overrides,
+        [
+            ("big", 20_000.0, false),
+            ("org", 5_000.0, true),
+            ("partner", f64::MAX, false),
+            ("staff", f64::MAX, false),
+        ]
+    );
+    let asked = master
+        .answer_factors(
+            NOW,
+            &FactorsQuery::new("edge-1", [Pair::new("a", "messages")]),
+            100,
+            header,
+        )
+        .unwrap();
+    assert!(asked.ops.iter().all(|o| o.overrides.is_empty()));
+
+    let many: String = (0..=HELLO_OVERRIDES_MAX)
+        .map(|i| format!("\"messages/a{i}\" = 5\n"))
+        .collect();
+    let master = MasterState::new(
+        MasterConfig::from_toml(&format!("[limits]\nmessages = 1\n{many}")).unwrap(),
+    );
+    let hello = master
+        .answer_factors(NOW, &FactorsQuery::new("edge-1", []), 100, header)
+        .unwrap();
+    assert_eq!(hello.ops[0].unlisted.map(|u| u.limit), Some(1.0));
+    assert!(hello.ops[0].overrides.is_empty(), "too many: none");
+}

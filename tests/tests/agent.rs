@@ -216,3 +216,43 @@ async fn admitted_decisions_near_the_limit_say_how_near() {
     }
     served.stop().await;
 }
+
+/// Over real gRPC: the hello's reply names the accounts whose limit is not
+/// the op's default, so a new pair of one is guarded under its own limit
+/// (an exempt one under none) from its first check, and only others under
+/// the default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_account_with_an_override_is_guarded_under_its_own_limit_from_its_first_check() {
+    let served =
+        master("messages = 100\n\"messages/big\" = 100000\n[exempt]\naccounts = [\"staff\"]").await;
+    let agent = agent(&served.address.to_string());
+    // Until the hello is answered a new pair has no limit to guard with;
+    // a fresh pair made after it starts with one.
+    let mut known = false;
+    for i in 0..500 {
+        let warm = format!("warm-{i}");
+        agent.check(&warm, "messages", 1);
+        if agent.peek(&warm, "messages").limit > 0.0 {
+            known = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(known, "no hello answered within 5 s");
+    // 10 000 cost a second on three new accounts for 100 ms, before any
+    // rollup's reply could say their limits (the agent's clock is coarse:
+    // checks in one tight loop would see no time pass).
+    let mut refused = [0usize; 3];
+    for _ in 0..50 {
+        for (n, account) in ["big", "staff/ops", "small"].into_iter().enumerate() {
+            refused[n] += usize::from(!agent.check(account, "messages", 20).is_admit());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let [big, staff, small] = refused;
+    assert_eq!(big, 0, "its own 100 000/s");
+    assert_eq!(staff, 0, "exempt");
+    assert!(small > 25, "the default, 100/s: {small} of 50 refused");
+    agent.shutdown().await;
+    served.stop().await;
+}

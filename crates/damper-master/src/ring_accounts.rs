@@ -6,13 +6,16 @@
 //! a table that quietly lacks a master's accounts.
 //!
 //! Peers are the other members of `--ring` (gRPC addresses, as agents
-//! dial them); their channels are made on first use and kept. Over TLS a
+//! dial them); their channels are made on first use and kept, and a peer's
+//! is made anew after it did not answer: a connection a partition left in
+//! TCP's retransmission backoff would otherwise keep the peer missing for
+//! many seconds after the network healed. Over TLS a
 //! master presents its own certificate and trusts `--tls-client-ca`, so
 //! that is the CA its peers' certificates must chain to (with the
 //! `clientAuth` usage beside `serverAuth`), and their identities must be
 //! allowed (`--tls-allow`) like an agent's.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use damper_core::master::KeyView;
@@ -37,11 +40,12 @@ pub(crate) enum PeerTransport {
     Unverifiable,
 }
 
-/// The peers' channels, made on first use.
+/// The peers' channels, made on first use, and anew after a peer did not
+/// answer.
 #[derive(Default)]
 pub(crate) struct Peers {
     pub(crate) transport: OnceLock<PeerTransport>,
-    channels: OnceLock<Vec<(String, Result<Channel, String>)>>,
+    channels: Mutex<Vec<(String, Result<Channel, String>)>>,
 }
 
 /// One row of the ring's view: which master holds it, and what it says.
@@ -113,6 +117,9 @@ impl Master {
             missing: Vec::new(),
         };
         for (peer, answer) in answers {
+            if answer.is_err() {
+                self.redial(&peer);
+            }
             match answer {
                 Ok(reply) => {
                     merged.matched += reply.matched as usize;
@@ -154,15 +161,35 @@ impl Master {
                 })
                 .collect();
         };
-        self.shared
+        let mut channels = self
+            .shared
             .peers
             .channels
-            .get_or_init(|| {
-                ring.peers()
-                    .map(|peer| (peer.to_owned(), channel(peer, transport)))
-                    .collect()
-            })
-            .clone()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if channels.is_empty() {
+            *channels = ring
+                .peers()
+                .map(|peer| (peer.to_owned(), channel(peer, transport)))
+                .collect();
+        }
+        channels.clone()
+    }
+
+    /// Makes `peer`'s channel anew, for the next view to dial it afresh.
+    fn redial(&self, peer: &str) {
+        let Some(transport) = self.shared.peers.transport.get() else {
+            return;
+        };
+        let mut channels = self
+            .shared
+            .peers
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((_, made)) = channels.iter_mut().find(|(p, _)| p == peer) {
+            *made = channel(peer, transport);
+        }
     }
 }
 

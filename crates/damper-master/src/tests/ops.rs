@@ -587,3 +587,54 @@ async fn before_its_grpc_server_starts_a_master_shows_its_own_rows_and_names_its
         "{reply}"
     );
 }
+
+/// A peer whose connection hung is dialled anew for the next view: a
+/// connection a partition left stuck would otherwise keep the peer missing
+/// long after the network healed. The stand-in peer never answers on its
+/// first connection and forwards every later one to a real master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_did_not_answer_is_dialled_anew_for_the_next_view() {
+    let a = busy(clock());
+    let b = master(clock());
+    b.rollup(&request(vec![(
+        "messages",
+        vec![counts("beta", 6_000, 6_000)],
+    )]))
+    .unwrap();
+    let (address_a, _stop_a) = serve_grpc(&a).await;
+    let (address_b, _stop_b) = serve_grpc(&b).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let flaky = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut stuck = Vec::new();
+        loop {
+            let (mut inbound, _) = listener.accept().await.unwrap();
+            if stuck.is_empty() {
+                stuck.push(inbound);
+                continue;
+            }
+            let to = address_b.clone();
+            tokio::spawn(async move {
+                let mut outbound = tokio::net::TcpStream::connect(to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    a.set_ring(&[address_a.clone(), flaky.clone()], &address_a)
+        .unwrap();
+    let (_, body) = get(&a, "/v1/accounts?op=messages").await;
+    let first = json(&body);
+    assert_eq!(first["partial"], true, "{body}");
+    assert_eq!(first["missing"][0]["master"], flaky.as_str());
+    let (_, body) = get(&a, "/v1/accounts?op=messages").await;
+    let second = json(&body);
+    assert_eq!(second["partial"], false, "{body}");
+    let rows: Vec<&str> = second["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["master"] == flaky.as_str())
+        .map(|r| r["account"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["beta"]);
+}

@@ -12,6 +12,9 @@
 //! - `check_admit_2_threads`, `check_reject_2_threads`: two threads on the
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
+//! - `check_hot_key`: one thread on one single account.
+//! - `check_admit_1m`: the allow path over 1 000 000 keys (a second agent
+//!   and limiter, made after the groups above have run).
 //!
 //! Run: `cargo bench -p damper-tests --bench check`.
 
@@ -25,11 +28,13 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order};
+use common::{
+    CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order, order_n,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn single_thread(c: &mut Criterion, damper: &Damper, keys: &[String], group: &str, allow: bool) {
-    let order = order(1);
+    let order = order_n(1, keys.len());
     if !allow {
         damper.flood(keys);
     }
@@ -122,6 +127,25 @@ fn benches(c: &mut Criterion) {
     threaded(c, &damper, &keys, "check_admit_2_threads", true, false);
     threaded(c, &damper, &keys, "check_reject_2_threads", false, false);
     threaded(c, &damper, &keys, "check_hot_key_2_threads", true, true);
+    hot_key(c, &damper, &keys);
+    drop(damper);
+    let million = common::keys_n("account", 1_000_000);
+    let damper = common::damper(&million);
+    single_thread(c, &damper, &million, "check_admit_1m", true);
+}
+
+/// One thread, one account, over and over: the cost of the decision itself,
+/// with every line it touches in cache.
+fn hot_key(c: &mut Criterion, damper: &Damper, keys: &[String]) {
+    let gov = governor(&keys[..1], true);
+    let mut g = c.benchmark_group("check_hot_key");
+    g.bench_function("damper", |b| {
+        b.iter(|| black_box(damper.agent.check(&keys[0], CALM, 1)))
+    });
+    g.bench_function("governor", |b| {
+        b.iter(|| black_box(gov.check_key(&keys[0]).is_ok()))
+    });
+    g.finish();
 }
 
 criterion_group! {

@@ -38,13 +38,24 @@ pub const FLOOD_COST: u64 = 1_000;
 
 /// `KEYS` distinct `String` keys, `{prefix}-NNNNNN`.
 pub fn keys(prefix: &str) -> Vec<String> {
-    (0..KEYS).map(|i| format!("{prefix}-{i:06}")).collect()
+    keys_n(prefix, KEYS)
 }
 
-/// A shuffled visiting order, the same for every limiter compared.
+/// `n` distinct `String` keys, `{prefix}-NNNNNN`.
+pub fn keys_n(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:06}")).collect()
+}
+
+/// A shuffled visiting order of `KEYS` keys, the same for every limiter
+/// compared.
 pub fn order(seed: u64) -> Vec<usize> {
+    order_n(seed, KEYS)
+}
+
+/// A shuffled visiting order of `n` keys.
+pub fn order_n(seed: u64, n: usize) -> Vec<usize> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut order: Vec<usize> = (0..KEYS).collect();
+    let mut order: Vec<usize> = (0..n).collect();
     for i in (1..order.len()).rev() {
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         order.swap(i, j);
@@ -161,7 +172,7 @@ pub fn bench_check(
     g.bench_function(name, |b| {
         let mut i = 0;
         b.iter(|| {
-            i = (i + 1) % KEYS;
+            i = (i + 1) % order.len();
             black_box(agent.check(&keys[order[i]], op, cost))
         })
     });
@@ -177,7 +188,7 @@ pub fn bench_governor(
     g.bench_function("governor", |b| {
         let mut i = 0;
         b.iter(|| {
-            i = (i + 1) % KEYS;
+            i = (i + 1) % order.len();
             black_box(gov.check_key(&keys[order[i]]).is_ok())
         })
     });

@@ -13,8 +13,6 @@
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
 //! - `check_hot_key`: one thread on one single account.
-//! - `check_admit_1m`: the allow path over 1 000 000 keys (a second agent
-//!   and limiter, made after the groups above have run).
 //!
 //! Run: `cargo bench -p damper-tests --bench check`.
 
@@ -128,10 +126,6 @@ fn benches(c: &mut Criterion) {
     threaded(c, &damper, &keys, "check_reject_2_threads", false, false);
     threaded(c, &damper, &keys, "check_hot_key_2_threads", true, true);
     hot_key(c, &damper, &keys);
-    drop(damper);
-    let million = common::keys_n("account", 1_000_000);
-    let damper = common::damper(&million);
-    single_thread(c, &damper, &million, "check_admit_1m", true);
 }
 
 /// One thread, one account, over and over: the cost of the decision itself,

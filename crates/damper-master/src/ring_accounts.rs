@@ -161,12 +161,7 @@ impl Master {
                 })
                 .collect();
         };
-        let mut channels = self
-            .shared
-            .peers
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut channels = self.channels();
         if channels.is_empty() {
             *channels = ring
                 .peers()
@@ -176,17 +171,17 @@ impl Master {
         channels.clone()
     }
 
+    fn channels(&self) -> std::sync::MutexGuard<'_, Vec<(String, Result<Channel, String>)>> {
+        let channels = &self.shared.peers.channels;
+        channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Makes `peer`'s channel anew, for the next view to dial it afresh.
     fn redial(&self, peer: &str) {
         let Some(transport) = self.shared.peers.transport.get() else {
             return;
         };
-        let mut channels = self
-            .shared
-            .peers
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut channels = self.channels();
         if let Some((_, made)) = channels.iter_mut().find(|(p, _)| p == peer) {
             *made = channel(peer, transport);
         }

@@ -9,7 +9,7 @@ use crate::Pair;
 use crate::agent::{AgentConfig, AgentState, Pending, send_spread};
 use crate::config::MasterConfig;
 use crate::master::MasterState;
-use crate::wire::{ReplyHeader, Rollup};
+use crate::wire::{Reply, ReplyHeader, Rollup};
 
 const T0: Nanos = Nanos::from_secs(1_800_000_000);
 
@@ -54,28 +54,34 @@ fn answer_all_but(
             sent.push(t);
             continue;
         }
-        let header = ReplyHeader {
-            rollup_interval: Duration::from_secs(2),
-            started: T0,
-            ..ReplyHeader::default()
-        };
-        let reply = match &t.message {
-            Message::Rollup(r) => master.answer_rollup(now, r, 100, header).unwrap(),
-            Message::Recheck(q) | Message::Probe(q) => {
-                master.answer_factors(now, q, 100, header).unwrap()
-            }
-            // A budget with no memory: never refuses, never a repeat.
-            Message::Surge(q) => {
-                let mut budget = crate::master::SurgeBudget::default();
-                master
-                    .answer_surge(now, q, &mut budget, 100, header)
-                    .unwrap()
-            }
-        };
+        let reply = reply_to(master, now, &t, T0);
         round.on_reply(now, t.id, &reply, state);
         sent.push(t);
     }
     sent
+}
+
+/// `master`'s answer at `now` to transmit `t`, saying it started at
+/// `started`.
+fn reply_to(master: &mut MasterState, now: Nanos, t: &Transmit, started: Nanos) -> Reply {
+    let header = ReplyHeader {
+        rollup_interval: Duration::from_secs(2),
+        started,
+        ..ReplyHeader::default()
+    };
+    match &t.message {
+        Message::Rollup(r) => master.answer_rollup(now, r, 100, header).unwrap(),
+        Message::Recheck(q) | Message::Probe(q) => {
+            master.answer_factors(now, q, 100, header).unwrap()
+        }
+        // A budget with no memory: never refuses, never a repeat.
+        Message::Surge(q) => {
+            let mut budget = crate::master::SurgeBudget::default();
+            master
+                .answer_surge(now, q, &mut budget, 100, header)
+                .unwrap()
+        }
+    }
 }
 
 fn flood(state: &AgentState, from_ms: u64, rate_per_s: u64) {
@@ -731,21 +737,7 @@ fn answer_each(
             continue;
         }
         let m = masters.get_mut(&t.master).expect("a known master");
-        let header = ReplyHeader {
-            rollup_interval: Duration::from_secs(2),
-            started: T0,
-            ..ReplyHeader::default()
-        };
-        let reply = match &t.message {
-            Message::Rollup(r) => m.answer_rollup(now, r, 100, header).unwrap(),
-            Message::Recheck(q) | Message::Probe(q) => {
-                m.answer_factors(now, q, 100, header).unwrap()
-            }
-            Message::Surge(q) => {
-                let mut budget = crate::master::SurgeBudget::default();
-                m.answer_surge(now, q, &mut budget, 100, header).unwrap()
-            }
-        };
+        let reply = reply_to(m, now, &t, T0);
         round.on_reply(now, t.id, &reply, state);
         sent.push(t);
     }
@@ -895,31 +887,16 @@ fn a_restarted_master_rejoins_on_the_sub_window_grid_and_is_told_its_pairs_rates
                 r.on_refused(now, t.id, &state);
                 continue;
             }
-            let header = ReplyHeader {
-                rollup_interval: Duration::from_secs(2),
-                started: if t.master == owner && now >= restarted {
-                    restarted
-                } else {
-                    T0
-                },
-                ..ReplyHeader::default()
+            if let Message::Surge(q) = &t.message {
+                let joins = q.surges().filter(|(_, s)| s.joined);
+                joined.extend(joins.map(|(_, s)| (t.master.clone(), now, s.rate)));
+            }
+            let started = if t.master == owner && now >= restarted {
+                restarted
+            } else {
+                T0
             };
-            let m = masters.get_mut(&t.master).unwrap();
-            let reply = match &t.message {
-                Message::Rollup(q) => m.answer_rollup(now, q, 100, header).unwrap(),
-                Message::Recheck(q) | Message::Probe(q) => {
-                    m.answer_factors(now, q, 100, header).unwrap()
-                }
-                Message::Surge(q) => {
-                    joined.extend(
-                        q.surges()
-                            .filter(|(_, s)| s.joined)
-                            .map(|(_, s)| (t.master.clone(), now, s.rate)),
-                    );
-                    let mut budget = crate::master::SurgeBudget::default();
-                    m.answer_surge(now, q, &mut budget, 100, header).unwrap()
-                }
-            };
+            let reply = reply_to(masters.get_mut(&t.master).unwrap(), now, &t, started);
             r.on_reply(now, t.id, &reply, &state);
         }
         for event in events(&mut r) {

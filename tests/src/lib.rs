@@ -26,12 +26,13 @@
 //! - `tests/grpc.rs`: the loop over real gRPC on loopback, at full scale.
 //! - [`proxy`]: a fault-injecting TCP proxy (delay, drop, cut);
 //!   `tests/faults.rs` puts it between agents and a master.
-//! - `served`, [`sampling_sd`], [`assert_held`]: from `damper-testkit`.
+//! - `served`, [`sampling_sd`], [`assert_held`], [`quick_config`]: from
+//!   `damper-testkit`.
 
 pub mod masters;
 pub mod proxy;
 
-pub use damper_testkit::{assert_held, sampling_sd, served};
+pub use damper_testkit::{assert_held, quick_config, sampling_sd, served};
 
 use damper_sim::engine::{Run, Series};
 use damper_sim::scenario::Scenario;

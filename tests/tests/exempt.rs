@@ -14,10 +14,10 @@ use damper_agent::Agent;
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_seconds};
 use damper_master::{AccountsQuery, Master, MasterOptions};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 1_000.0;
-const WINDOW: &str = "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n";
 
 fn config(exempt: bool) -> MasterConfig {
     let exempt = if exempt {
@@ -25,7 +25,7 @@ fn config(exempt: bool) -> MasterConfig {
     } else {
         ""
     };
-    MasterConfig::from_toml(&format!("{WINDOW}[limits]\nmessages = {LIMIT}\n{exempt}")).unwrap()
+    quick_config(&format!("[limits]\nmessages = {LIMIT}\n{exempt}"))
 }
 
 fn item(account: &str, rate: f64) -> Traffic {

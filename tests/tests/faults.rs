@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use damper_agent::Agent;
-use damper_core::config::MasterConfig;
 use damper_master::{Master, MasterOptions};
 use damper_tests::proxy::{Fault, FaultProxy};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 1_000.0;
@@ -31,11 +31,9 @@ struct Setup {
 
 /// A master with 500 ms rollups behind a fault proxy.
 async fn setup() -> Setup {
-    let config = MasterConfig::from_toml(&format!(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = {LIMIT}\npresence = {LIMIT}\n"
-    ))
-    .unwrap();
+    let config = quick_config(&format!(
+        "[limits]\nmessages = {LIMIT}\npresence = {LIMIT}\n"
+    ));
     let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
     let proxy = FaultProxy::start(served.address).await.unwrap();
     Setup { served, proxy }

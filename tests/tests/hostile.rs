@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use damper_agent::Agent;
-use damper_core::config::MasterConfig;
 use damper_core::time::Clock;
 use damper_load::Paced;
 use damper_master::{Master, MasterOptions};
 use damper_proto::v1::master_client::MasterClient;
 use damper_proto::v1::{AccountCounts, FactorsRequest, OpAccounts, OpCounts, RollupRequest};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 
 fn now_ms() -> u64 {
@@ -48,11 +48,7 @@ fn counts(account: String, attempted: u64) -> AccountCounts {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_anyone() {
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 1000\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 1000\n");
     let mut options = MasterOptions::default();
     options.max_pairs = 5_000;
     let served = ServedMaster::start(Master::new(config, options), None).await;

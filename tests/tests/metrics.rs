@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use damper_agent::Agent;
-use damper_core::config::MasterConfig;
 use damper_load::Paced;
 use damper_master::{Master, MasterOptions};
 use damper_tests::proxy::{Fault, FaultProxy};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -50,11 +50,7 @@ async fn agent_and_master_record_the_documented_series() {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
 
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 1000\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 1000\n");
     let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
     let proxy = FaultProxy::start(served.address).await.unwrap();
     let agent = Arc::new(
@@ -110,11 +106,7 @@ async fn agent_and_master_record_the_documented_series() {
     served.stop().await;
 
     // A limit in shadow: nothing refused, what would be is counted apart.
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 1000\n[shadow]\nops = [\"messages\"]\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 1000\n[shadow]\nops = [\"messages\"]\n");
     let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
     let agent = Arc::new(
         Agent::builder()

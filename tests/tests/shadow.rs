@@ -17,10 +17,10 @@ use damper_agent::{Agent, AgentStats};
 use damper_core::config::MasterConfig;
 use damper_load::{Traffic, drive_seconds};
 use damper_master::{AccountsQuery, Master, MasterOptions};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 
 const LIMIT: f64 = 1_000.0;
-const WINDOW: &str = "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n";
 
 fn config(shadow: bool) -> MasterConfig {
     let shadow = if shadow {
@@ -28,7 +28,7 @@ fn config(shadow: bool) -> MasterConfig {
     } else {
         ""
     };
-    MasterConfig::from_toml(&format!("{WINDOW}[limits]\nmessages = {LIMIT}\n{shadow}")).unwrap()
+    quick_config(&format!("[limits]\nmessages = {LIMIT}\n{shadow}"))
 }
 
 fn flood() -> Traffic {

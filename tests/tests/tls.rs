@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use damper_agent::{Agent, AgentTls};
-use damper_core::config::MasterConfig;
 use damper_master::{Master, MasterOptions, ServerTls};
+use damper_tests::quick_config;
 use damper_tests::served::ServedMaster;
 
 fn pem(name: &str) -> Vec<u8> {
@@ -35,11 +35,7 @@ fn agent(master: &str, id: &str, tls: Option<AgentTls>) -> Arc<Agent> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 100\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 100\n");
     let tls = ServerTls::new(pem("master.pem"), pem("master.key")).require_client_ca(pem("ca.pem"));
     let server =
         ServedMaster::start(Master::new(config, MasterOptions::default()), Some(tls)).await;
@@ -123,11 +119,7 @@ async fn only_agents_with_a_client_certificate_from_the_ca_are_served() {
 /// certificate names `agent.damper.test`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_allowed_identities_may_report() {
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 100\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 100\n");
     let mut outcomes = Vec::new();
     for (patterns, allowed) in [
         (vec!["*.damper.test".to_owned()], true),
@@ -189,11 +181,7 @@ async fn only_allowed_identities_may_report() {
 /// leaves that peer missing, named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_show_the_whole_ring_to_each_other_over_mutual_tls() {
-    let config = MasterConfig::from_toml(
-        "[window]\nrollup_interval_ms = 500\nsub_interval_ms = 1500\ngrace_ms = 200\n\
-         [limits]\nmessages = 100\n",
-    )
-    .unwrap();
+    let config = quick_config("[limits]\nmessages = 100\n");
     let tls = |allowed: &str| {
         ServerTls::new(pem("ring-master.pem"), pem("ring-master.key"))
             .require_client_ca(pem("ring-ca.pem"))

@@ -8,11 +8,15 @@
 //! # Layout
 //! - [`served`]: [`ServedMaster`], a `damper-master` service on
 //!   `127.0.0.1:0`, started and stopped in one call each.
+//! - [`config`]: [`quick_config`], the master config end-to-end tests run
+//!   at.
 //! - this file: [`sampling_sd`] and [`assert_held`].
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod served;
 
+pub use config::{QUICK_WINDOW, quick_config};
 pub use served::ServedMaster;
 
 /// The spread of admitted cost that probabilistic suppression itself

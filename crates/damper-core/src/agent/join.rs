@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::AgentState;
 use crate::Pair;
-use crate::time::{Nanos, duration_nanos};
+use crate::time::Nanos;
 use crate::wire::SurgeRates;
 
 impl AgentState {
@@ -36,23 +36,17 @@ impl AgentState {
         moved: impl Fn(Pair<'_>) -> bool,
         mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
     ) -> usize {
-        let r = duration_nanos(self.config.rollup_interval).max(1);
-        let round = ((now.as_nanos().saturating_sub(1) / r + 1) as u16).max(1);
-        let unlimited = self.ops_without_limit();
+        let round = self.report_round(now);
+        let op_limits = self.op_default_limits();
         let guard = self.entries.guard();
         let mut taken = 0;
         for (key, entry) in self.entries.iter(&guard) {
-            let surge_round = entry.surge_round.load(Relaxed);
-            let rate = if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
-                f32::from_bits(entry.surge_rate.load(Relaxed))
-            } else {
-                f32::from_bits(entry.reported_rate.load(Relaxed))
+            let (rate, _) = entry.told_rate(round);
+            let limited = match entry.scan_limit(&key.op, &op_limits) {
+                Some(limit) => !limit.is_some_and(super::entry::is_unlimited),
+                None => false,
             };
-            let (own, _) = super::entry::limit_of(entry.limit.load(Relaxed));
-            if rate <= 0.0
-                || super::entry::is_unlimited(own)
-                || own == 0.0 && unlimited.contains(&*key.op)
-            {
+            if rate <= 0.0 || !limited {
                 continue;
             }
             let pair = Pair::new(key.account.as_str(), &key.op);

@@ -662,16 +662,6 @@ impl AgentState {
         ops.get(op).and_then(|known| known.default_limit)
     }
 
-    /// The ops a reply said have no limit of their own: their pairs are
-    /// unlimited unless a master gave them one.
-    fn ops_without_limit(&self) -> std::collections::HashSet<Box<str>> {
-        let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
-        ops.iter()
-            .filter(|(_, known)| known.default_limit == Some(0.0))
-            .map(|(op, _)| op.clone())
-            .collect()
-    }
-
     /// Counts the positive factors that lapsed (their validity, and any
     /// fail-static hold, passed with no fresher factor from the master) since
     /// the last call: each is an (account, op) that now fails open. Off the

@@ -324,16 +324,8 @@ impl AgentState {
         }
         // A half sub-window's rate moves √2 times as much by chance.
         let scale = (rule.window().as_secs_f64() / secs).max(1.0).sqrt();
-        let r = duration_nanos(self.config.rollup_interval).max(1);
-        // The round whose reports will carry the sub-window that ends now,
-        // as the entry keeps it (never 0, which means none).
-        let round = ((now.as_nanos().saturating_sub(1) / r + 1) as u16).max(1);
-        let op_limits: HashMap<Box<str>, Option<f64>> = {
-            let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
-            ops.iter()
-                .map(|(k, v)| (k.clone(), v.default_limit))
-                .collect()
-        };
+        let round = self.report_round(now);
+        let op_limits = self.op_default_limits();
         let guard = self.entries.guard();
         let mut taken = 0;
         for (key, entry) in self.entries.iter(&guard) {
@@ -358,23 +350,10 @@ impl AgentState {
                 entry.confirm_asked.store(true, Relaxed);
                 confirm(Pair::new(key.account.as_str(), &key.op));
             }
-            let (own, _) = super::entry::limit_of(entry.limit.load(Relaxed));
-            let limit = if own > 0.0 {
-                Some(own)
-            } else {
-                match op_limits.get(&*key.op).copied().flatten() {
-                    // The op has no default, and no master gave this pair
-                    // a limit: unlimited.
-                    Some(0.0) => continue,
-                    known => known,
-                }
+            let Some(limit) = entry.scan_limit(&key.op, &op_limits) else {
+                continue;
             };
-            let surge_round = entry.surge_round.load(Relaxed);
-            let (baseline, surged) = if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
-                (f32::from_bits(entry.surge_rate.load(Relaxed)), true)
-            } else {
-                (f32::from_bits(entry.reported_rate.load(Relaxed)), false)
-            };
+            let (baseline, surged) = entry.told_rate(round);
             let (rate, noise) = match pass {
                 Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
                 Pass::Peek if rate <= f64::from(baseline) => continue,
@@ -412,7 +391,57 @@ fn replace(field: &AtomicU32, value: u32) -> u32 {
     old
 }
 
+impl AgentState {
+    /// The round whose reports will carry the sub-window that ends at
+    /// `now`, as an entry keeps it (`surge_round`: the grid index of its
+    /// end modulo 2^16, never 0, which means none).
+    pub(super) fn report_round(&self, now: Nanos) -> u16 {
+        let r = duration_nanos(self.config.rollup_interval).max(1);
+        ((now.as_nanos().saturating_sub(1) / r + 1) as u16).max(1)
+    }
+
+    /// Each known op's default limit, as replies said it (see
+    /// [`OpInfo::default_limit`](super::entry::OpInfo)), taken once per pass.
+    pub(super) fn op_default_limits(&self) -> HashMap<Box<str>, Option<f64>> {
+        let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        ops.iter()
+            .map(|(k, v)| (k.clone(), v.default_limit))
+            .collect()
+    }
+}
+
 impl Entry {
+    /// The limit a scan judges this pair by: the master's (or its
+    /// account's override) when known, else its op's default; `None` when
+    /// it has none at all (unlimited: an op with no default, and no limit
+    /// from a master). `Some(None)`: not known yet.
+    pub(super) fn scan_limit(
+        &self,
+        op: &str,
+        op_limits: &HashMap<Box<str>, Option<f64>>,
+    ) -> Option<Option<f64>> {
+        let (own, _) = super::entry::limit_of(self.limit.load(Relaxed));
+        if own > 0.0 {
+            return Some(Some(own));
+        }
+        match op_limits.get(op).copied().flatten() {
+            Some(0.0) => None,
+            known => Some(known),
+        }
+    }
+
+    /// The rate this agent last told the pair's master, and whether it was
+    /// an early report's (still in the master's surge estimate in `round`,
+    /// the round it was sent in or the next) rather than a rollup's.
+    pub(super) fn told_rate(&self, round: u16) -> (f32, bool) {
+        let surge_round = self.surge_round.load(Relaxed);
+        if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
+            (f32::from_bits(self.surge_rate.load(Relaxed)), true)
+        } else {
+            (f32::from_bits(self.reported_rate.load(Relaxed)), false)
+        }
+    }
+
     /// Whether the last two sub-windows were empty and the noise has
     /// decayed to nothing.
     fn is_quiet(&self) -> bool {

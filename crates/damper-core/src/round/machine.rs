@@ -518,7 +518,7 @@ impl AgentRound {
                 self.recheck_after_failure(now, &master, &rollup, state);
                 self.reroute(round, start, end, &rollup, now, state);
                 // The rerouted counts tell the new owners what joins would.
-                self.counted_ring = self.membership.live().clone();
+                self.counts_went_out();
                 self.finish_one(round, master, false, now, state);
             }
             Some(other) => {
@@ -750,8 +750,15 @@ impl AgentRound {
             let id = self.transmit(master.clone(), Message::Surge(query), flight);
             self.surging.insert(master, (id, now));
         }
-        if moved_since_cut {
-            self.counted_ring = self.membership.live().clone();
+        self.counts_went_out();
+    }
+
+    /// The pairs' counts (or joins) have gone out by the live ring: the
+    /// next joins are for pairs it moves after this.
+    fn counts_went_out(&mut self) {
+        let live = self.membership.live();
+        if self.counted_ring.version() != live.version() {
+            self.counted_ring = live.clone();
         }
     }
 
@@ -764,10 +771,8 @@ impl AgentRound {
         let live = self.membership.live();
         let ring_version = live.version();
         let routed = state.drain_by_owner(end, live);
-        if self.counted_ring.version() != ring_version {
-            // This round's counts tell the new owners all a join would.
-            self.counted_ring = live.clone();
-        }
+        // This round's counts tell the new owners all a join would.
+        self.counts_went_out();
         if !routed.unroutable.is_empty() {
             let rollup =
                 Rollup::from_pending(&self.config.agent_id, start, end, 0, &routed.unroutable);

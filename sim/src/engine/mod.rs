@@ -39,7 +39,7 @@ use crate::scenario::{Action, Scenario, Traffic};
 
 pub use control::Control;
 pub use masters::{Masters, SimMasters};
-use traffic::Item;
+use traffic::{Item, pair_ranks};
 
 /// The start of simulated time: a multiple of every interval.
 pub const EPOCH: Nanos = Nanos::from_secs(1_800_000_000);
@@ -148,7 +148,9 @@ pub struct Sim<M: Masters = SimMasters> {
     items: Vec<Item>,
     rng: SmallRng,
     scratch: Vec<u64>,
-    /// The step's operations per agent and item, before they are decided.
+    /// The step's operations per agent and item, filed in decision order.
+    slots: traffic::Slots,
+    /// The step's batches being decided (kept for its allocation).
     batches: Vec<traffic::Batch>,
     timeout: Duration,
     rollups: (u64, u64),
@@ -190,10 +192,13 @@ impl<M: Masters> Sim<M> {
                 }
             })
             .collect();
-        let items = scenario
+        let pairs = pair_ranks(&scenario.traffic);
+        let items: Vec<Item> = scenario
             .traffic
             .iter()
-            .map(|t| Item {
+            .zip(pairs)
+            .map(|(t, pair)| Item {
+                pair,
                 limit: scenario
                     .master
                     .limits
@@ -209,6 +214,7 @@ impl<M: Masters> Sim<M> {
                 changes: Vec::new(),
             })
             .collect();
+        let slots = traffic::Slots::new(&items);
         let mut sim = Sim {
             masters,
             names,
@@ -221,6 +227,7 @@ impl<M: Masters> Sim<M> {
             events: Vec::new(),
             free: Vec::new(),
             scratch: Vec::new(),
+            slots,
             batches: Vec::new(),
             // The agent library's default request timeout.
             timeout: (interval / 2).min(Duration::from_secs(1)),

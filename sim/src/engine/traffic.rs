@@ -13,6 +13,10 @@ use crate::scenario::{Arrivals, Traffic};
 /// One traffic item in progress.
 pub(super) struct Item {
     pub(super) traffic: Traffic,
+    /// The rank of its (account, op) among the scenario's distinct pairs,
+    /// in (account, op) order: batches are grouped and ordered by it, as
+    /// by the names, without comparing strings each step.
+    pub(super) pair: u32,
     pub(super) limit: Option<f64>,
     /// Fraction of an operation carried to the next step (uniform arrivals).
     pub(super) carry: f64,
@@ -32,6 +36,61 @@ pub(super) struct Batch {
     agent: usize,
     item: usize,
     count: u64,
+}
+
+/// Where each (item, agent of the item) stands in the order its batches
+/// are decided in: by agent, then (account, op), then item. The order is
+/// fixed for a run, so a step files its counts by position instead of
+/// sorting them.
+pub(super) struct Slots {
+    /// Every (item, agent) in decision order, its count 0 between steps.
+    order: Vec<Batch>,
+    /// Item `i`'s agent `j` is at `order[at[first[i] + j]]`.
+    at: Vec<u32>,
+    first: Vec<usize>,
+}
+
+impl Slots {
+    pub(super) fn new(items: &[Item]) -> Slots {
+        let mut keyed = Vec::new();
+        let mut first = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            first.push(keyed.len());
+            for (j, &agent) in item.traffic.agents.iter().enumerate() {
+                keyed.push(((agent, item.pair, i, j), keyed.len()));
+            }
+        }
+        keyed.sort_unstable();
+        let mut at = vec![0; keyed.len()];
+        let order = keyed
+            .iter()
+            .enumerate()
+            .map(|(pos, &((agent, _, item, _), flat))| {
+                at[flat] = u32::try_from(pos).expect("fewer than 2^32 (item, agent)s");
+                Batch {
+                    agent,
+                    item,
+                    count: 0,
+                }
+            })
+            .collect();
+        Slots { order, at, first }
+    }
+
+    fn file(&mut self, item: usize, j: usize, count: u64) {
+        let pos = self.at[self.first[item] + j] as usize;
+        self.order[pos].count = count;
+    }
+
+    /// The step's batches in decision order, each slot emptied.
+    fn take(&mut self, into: &mut Vec<Batch>) {
+        for slot in &mut self.order {
+            if slot.count != 0 {
+                into.push(*slot);
+                slot.count = 0;
+            }
+        }
+    }
 }
 
 impl<M: Masters> Sim<M> {
@@ -79,11 +138,7 @@ impl<M: Masters> Sim<M> {
             }
             for (j, &count) in self.scratch.iter().enumerate() {
                 if count != 0 {
-                    self.batches.push(Batch {
-                        agent: item.traffic.agents[j],
-                        item: i,
-                        count,
-                    });
+                    self.slots.file(i, j, count);
                 }
             }
         }
@@ -131,27 +186,20 @@ impl<M: Masters> Sim<M> {
 }
 
 impl<M: Masters> Sim<M> {
-    /// Decides the step's batches. An item alone on its (account, op) and
+    /// Decides the step's batches, in the order of [`Slots`]. An item alone on its (account, op) and
     /// agent is decided in one `check_batch`; several items of one
     /// (account, op) on one agent are publishers sharing the account, and
     /// their operations are interleaved one by one as they would arrive:
     /// strictly in turn when all are uniform, in a random order otherwise.
     fn decide_batches(&mut self) {
         let mut batches = std::mem::take(&mut self.batches);
-        let items = &self.items;
-        batches.sort_by(|a, b| {
-            let (ta, tb) = (&items[a.item].traffic, &items[b.item].traffic);
-            (a.agent, &ta.account, &ta.op, a.item).cmp(&(b.agent, &tb.account, &tb.op, b.item))
-        });
+        self.slots.take(&mut batches);
         let mut rest = &batches[..];
         while let Some(first) = rest.first() {
-            let t = &self.items[first.item].traffic;
+            let pair = self.items[first.item].pair;
             let n = rest
                 .iter()
-                .take_while(|b| {
-                    let u = &self.items[b.item].traffic;
-                    b.agent == first.agent && u.account == t.account && u.op == t.op
-                })
+                .take_while(|b| b.agent == first.agent && self.items[b.item].pair == pair)
                 .count();
             let (group, tail) = rest.split_at(n);
             if let [one] = group {
@@ -227,4 +275,24 @@ fn max_factor(agents: &[Agent], item: &Item, now: Nanos) -> f64 {
                 .unwrap_or(0.0)
         })
         .fold(0.0, f64::max)
+}
+
+/// Each item's [`Item::pair`]: the rank of its (account, op) among the
+/// distinct pairs of `traffic`, sorted by account then op.
+pub(super) fn pair_ranks(traffic: &[Traffic]) -> Vec<u32> {
+    let mut pairs: Vec<(&str, &str)> = traffic
+        .iter()
+        .map(|t| (t.account.as_str(), t.op.as_str()))
+        .collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    traffic
+        .iter()
+        .map(|t| {
+            let rank = pairs
+                .binary_search(&(t.account.as_str(), t.op.as_str()))
+                .expect("every item's pair is listed");
+            u32::try_from(rank).expect("fewer than 2^32 pairs")
+        })
+        .collect()
 }

@@ -104,11 +104,13 @@ impl AgentState {
                 delta,
             };
             match ring.owner(account) {
-                Some(master) => routed
-                    .by_master
-                    .entry(master.to_owned())
-                    .or_default()
-                    .push(pending),
+                // The address is copied once per master, not per pair.
+                Some(master) => match routed.by_master.get_mut(master) {
+                    Some(list) => list.push(pending),
+                    None => {
+                        routed.by_master.insert(master.to_owned(), vec![pending]);
+                    }
+                },
                 None => routed.unroutable.push(pending),
             }
         });

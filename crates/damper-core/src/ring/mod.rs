@@ -21,6 +21,10 @@ use std::sync::Arc;
 
 use hashring::HashRing;
 
+mod lookup;
+
+use lookup::{Lookup, ring_hash};
+
 /// Reads a member's address as flags and configs give it: `host:port`,
 /// with an `http://` in front or a `/` after tolerated and dropped, since
 /// the ring hashes the bare address and every agent and master must agree
@@ -67,7 +71,8 @@ impl Hash for VNode {
 /// A consistent-hash ring of master addresses.
 #[derive(Clone)]
 pub struct Ring {
-    ring: HashRing<VNode>,
+    /// The points as a dense index, for [`Ring::owner`].
+    lookup: Lookup,
     members: Vec<Arc<str>>,
     vnodes: u32,
     version: u64,
@@ -83,6 +88,24 @@ impl std::fmt::Debug for Ring {
     }
 }
 
+/// The ring of `members` (sorted, deduplicated), `vnodes` points each, as
+/// `hashring` places them: the placement every agent and master agrees on.
+fn place(members: &[Arc<str>], vnodes: u32) -> HashRing<VNode> {
+    let mut ring = HashRing::new();
+    ring.batch_add(
+        members
+            .iter()
+            .flat_map(|m| {
+                (0..vnodes).map(|replica| VNode {
+                    member: m.clone(),
+                    replica,
+                })
+            })
+            .collect(),
+    );
+    ring
+}
+
 impl Ring {
     /// A ring of `members` with [`DEFAULT_VNODES`] points each.
     pub fn new<S: AsRef<str>>(members: impl IntoIterator<Item = S>) -> Ring {
@@ -95,25 +118,20 @@ impl Ring {
         let mut members: Vec<Arc<str>> = members.into_iter().map(|m| m.as_ref().into()).collect();
         members.sort();
         members.dedup();
-        let mut ring = HashRing::new();
-        ring.batch_add(
-            members
-                .iter()
-                .flat_map(|m| {
-                    (0..vnodes).map(|replica| VNode {
-                        member: m.clone(),
-                        replica,
-                    })
-                })
-                .collect(),
-        );
+        // `hashring` places the points; the lookup indexes them in its order.
+        let lookup = Lookup::new(place(&members, vnodes).into_iter().map(|vnode| {
+            let member = members
+                .binary_search(&vnode.member)
+                .expect("a point's member is a member");
+            (ring_hash(&vnode), member as u32)
+        }));
         // A digest of the membership, equal wherever the members are equal:
         // lets an agent and a master see that their views differ.
         let mut digest = siphasher::sip::SipHasher::new();
         vnodes.hash(&mut digest);
         members.hash(&mut digest);
         Ring {
-            ring,
+            lookup,
             members,
             vnodes,
             version: digest.finish(),
@@ -122,7 +140,8 @@ impl Ring {
 
     /// The member that owns `account`, or `None` for an empty ring.
     pub fn owner(&self, account: &str) -> Option<&str> {
-        self.ring.get(&account).map(|v| &*v.member)
+        let member = self.lookup.member(ring_hash(account))?;
+        Some(&self.members[member as usize])
     }
 
     /// The members, sorted.
@@ -201,6 +220,32 @@ mod tests {
         "10.0.0.2:7070",
         "10.0.0.1:7070",
     ];
+
+    /// The dense lookup answers what `hashring` itself does, for rings of
+    /// one point, of one member and of many.
+    #[test]
+    fn owners_are_hashrings_own() {
+        for (members, vnodes) in [
+            (vec!["m1:1".to_owned()], 1),
+            (vec!["m1:1".to_owned()], DEFAULT_VNODES),
+            (vec!["m1:1".to_owned(), "m2:1".to_owned()], 1),
+            (
+                vec!["m1:1".to_owned(), "m2:1".to_owned(), "m3:1".to_owned()],
+                DEFAULT_VNODES,
+            ),
+            ((0..40).map(|i| format!("10.0.0.{i}:7070")).collect(), 400),
+        ] {
+            let ring = Ring::with_vnodes(&members, vnodes);
+            let placed = place(&ring.members, vnodes);
+            for account in accounts().chain(["".to_owned(), "x".repeat(300)]) {
+                assert_eq!(
+                    ring.owner(&account),
+                    placed.get(&account.as_str()).map(|v| &*v.member),
+                    "{account} on {members:?} x {vnodes}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn accounts_spread_evenly() {

@@ -1,6 +1,7 @@
 //! Taking the counts for a rollup ([`AgentState::drain`], by owner), and
 //! putting back what a failed rollup could not deliver.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ impl AgentState {
     /// One drain runs at a time (others wait). Concurrent checks are never
     /// lost or counted twice: they land in this drain or the next.
     pub fn drain(&self, now: Nanos, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
+        self.drain_keys(now, |account, op, delta| visit(account, op, delta))
+    }
+
+    /// [`drain`](Self::drain), handing out each op as its interned name.
+    fn drain_keys(&self, now: Nanos, mut visit: impl FnMut(&str, &Arc<str>, Delta)) -> usize {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let guard = self.entries.guard();
         let mut visited = 0;
@@ -97,10 +103,10 @@ impl AgentState {
     /// master for come back in [`Routed::unroutable`].
     pub fn drain_by_owner(&self, now: Nanos, ring: &Ring) -> Routed {
         let mut routed = Routed::default();
-        self.drain(now, |account, op, delta| {
+        self.drain_keys(now, |account, op, delta| {
             let pending = Pending {
                 account: account.to_owned(),
-                op: op.to_owned(),
+                op: op.clone(),
                 delta,
             };
             match ring.owner(account) {
@@ -115,7 +121,15 @@ impl AgentState {
             }
         });
         for pending in routed.by_master.values_mut() {
-            pending.sort_unstable_by(|a, b| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
+            pending.sort_unstable_by(|a, b| {
+                // One interned name per op: most comparisons are within one.
+                let op = if Arc::ptr_eq(&a.op, &b.op) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    a.op.cmp(&b.op)
+                };
+                op.then_with(|| a.account.cmp(&b.account))
+            });
         }
         routed
     }

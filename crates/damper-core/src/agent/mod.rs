@@ -65,11 +65,11 @@ mod peek;
 mod surge;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
     fence,
 };
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
@@ -266,8 +266,9 @@ pub struct Delta {
 pub struct Pending {
     /// Account id.
     pub account: String,
-    /// Operation.
-    pub op: String,
+    /// Operation: shared by every pair of the op a drain takes (the agent's
+    /// interned name), so a drain copies no op name per pair.
+    pub op: Arc<str>,
     /// The counts.
     pub delta: Delta,
 }

@@ -246,8 +246,8 @@ pub struct Unlisted {
 /// Groups `(op, item)` pairs that come grouped by op (sorted, or as a
 /// reply listed them): one entry per op, so each op name goes on the wire
 /// once.
-fn group_by_op<T>(items: impl IntoIterator<Item = (String, T)>) -> Vec<(String, Vec<T>)> {
-    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+fn group_by_op<O: PartialEq, T>(items: impl IntoIterator<Item = (O, T)>) -> Vec<(O, Vec<T>)> {
+    let mut groups: Vec<(O, Vec<T>)> = Vec::new();
     for (op, item) in items {
         match groups.last_mut() {
             Some((last, group)) if *last == op => group.push(item),
@@ -302,7 +302,10 @@ impl Rollup {
         });
         let ops = group_by_op(counts)
             .into_iter()
-            .map(|(op, accounts)| OpCounts { op, accounts })
+            .map(|(op, accounts)| OpCounts {
+                op: op.to_string(),
+                accounts,
+            })
             .collect();
         Rollup {
             agent_id: agent_id.to_owned(),
@@ -361,9 +364,10 @@ impl Rollup {
         self.ops
             .iter()
             .flat_map(|op| {
+                let name: std::sync::Arc<str> = op.op.as_str().into();
                 op.accounts.iter().map(move |c| Pending {
                     account: c.account.clone(),
-                    op: op.op.clone(),
+                    op: name.clone(),
                     delta: crate::agent::Delta {
                         attempted: c.attempted,
                         admitted: c.admitted,

@@ -7,6 +7,8 @@
 //!
 //! - `scan_surges_active`: every pair had a check since the last pass (the
 //!   checks are set up outside the timing).
+//! - `drain_by_owner_active`: a rollup's drain when every pair had a
+//!   check, its counts routed to three masters and sorted for sending.
 //! - `scan_surges`, `peek_surges`, `drain`: the pairs went quiet (a pass
 //!   skips a pair with nothing in its last sub-windows and no noise left).
 //!
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use damper_core::agent::{AgentConfig, AgentState, SurgeRule};
+use damper_core::ring::Ring;
 use damper_core::time::Nanos;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -64,6 +67,18 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("drain", |b| {
         b.iter(|| state.drain(Nanos::ZERO, |_, _, _| {}))
+    });
+    let ring = Ring::new(["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"]);
+    g.bench_function("drain_by_owner_active", |b| {
+        b.iter_batched(
+            || {
+                for a in &accounts {
+                    state.check(now, a, "messages", 1, &mut rng);
+                }
+            },
+            |()| state.drain_by_owner(Nanos::ZERO, &ring),
+            BatchSize::PerIteration,
+        )
     });
     g.finish();
 }

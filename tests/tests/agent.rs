@@ -256,3 +256,88 @@ async fn a_new_account_with_an_override_is_guarded_under_its_own_limit_from_its_
     agent.shutdown().await;
     served.stop().await;
 }
+
+/// What [`SlowMaster`] saw.
+#[derive(Default)]
+struct Seen {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    entries: std::sync::atomic::AtomicUsize,
+}
+
+/// A master that takes 30 ms over each rollup and remembers how many were
+/// in its hands at once. Answers with no factors.
+struct SlowMaster(std::sync::Arc<Seen>);
+
+#[tonic::async_trait]
+impl damper_proto::v1::master_server::Master for SlowMaster {
+    async fn rollup(
+        &self,
+        request: tonic::Request<damper_proto::v1::RollupRequest>,
+    ) -> Result<tonic::Response<damper_proto::v1::RollupReply>, tonic::Status> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let seen = &self.0;
+        let now = seen.now.fetch_add(1, SeqCst) + 1;
+        seen.most.fetch_max(now, SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let entries: usize = request.get_ref().ops.iter().map(|o| o.accounts.len()).sum();
+        seen.entries.fetch_add(entries, SeqCst);
+        seen.now.fetch_sub(1, SeqCst);
+        Ok(tonic::Response::new(damper_proto::v1::RollupReply {
+            rollup_interval_ms: 2_000,
+            ..Default::default()
+        }))
+    }
+
+    async fn factors(
+        &self,
+        _: tonic::Request<damper_proto::v1::FactorsRequest>,
+    ) -> Result<tonic::Response<damper_proto::v1::RollupReply>, tonic::Status> {
+        Ok(tonic::Response::new(damper_proto::v1::RollupReply {
+            rollup_interval_ms: 2_000,
+            ..Default::default()
+        }))
+    }
+
+    async fn accounts(
+        &self,
+        _: tonic::Request<damper_proto::v1::AccountsRequest>,
+    ) -> Result<tonic::Response<damper_proto::v1::AccountsReply>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+/// An agent whose round needs many requests to one master sends them a
+/// few at a time: all at once, they would share the connection and the
+/// master, and every one would finish late (at two million pairs, all of
+/// them timed out). 40 requests of 5 entries to a master taking 30 ms over
+/// each: never more than two in its hands, and every entry delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_to_one_master_go_a_few_at_a_time_and_all_arrive() {
+    let slow = std::sync::Arc::new(Seen::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(damper_proto::v1::master_server::MasterServer::new(
+                SlowMaster(slow.clone()),
+            ))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let agent = Agent::builder()
+        .masters([address.as_str()])
+        .max_entries_per_request(5)
+        .agent_id("many-requests")
+        .start()
+        .unwrap();
+    for i in 0..200 {
+        agent.check(&format!("account-{i}"), "messages", 1);
+    }
+    // The shutdown's last rollup carries all 200 pairs: 40 requests.
+    agent.shutdown().await;
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(slow.entries.load(SeqCst), 200);
+    let most = slow.most.load(SeqCst);
+    assert!((1..=2).contains(&most), "{most} rollups at once");
+    server.abort();
+}

@@ -9,18 +9,37 @@
 //! 16-s partition) gets anything through. A new connection starts fresh,
 //! so a probe after the heal reaches the master at once. A connection
 //! costs a handshake, paid only after a failure.
+//!
+//! Why a bound on rollups in flight: an agent with many pairs sends each
+//! master one request per `max_entries_per_request` entries. Sent all at
+//! once, they share the connection's bandwidth and the master's time, so
+//! every one of them finishes late: measured with one agent holding two
+//! million pairs, all 200 requests of a round timed out, round after round,
+//! and no count ever arrived. A few at a time, each is sent, counted and
+//! answered within its timeout, which starts when it is sent.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Semaphore;
 
 use damper_proto::v1::master_client::MasterClient;
 use tonic::transport::{Channel, Endpoint};
+
+/// Rollups in flight to one master at a time: one being counted while the
+/// next is on the wire.
+pub(super) const ROLLUPS_IN_FLIGHT: usize = 2;
 
 /// One lazily connected gRPC client per master.
 pub(super) struct Clients {
     timeout: Duration,
     tls: Option<tonic::transport::ClientTlsConfig>,
     by_master: HashMap<String, MasterClient<Channel>>,
+    /// Per master, the [`ROLLUPS_IN_FLIGHT`] permits its rollups wait for;
+    /// kept across redials, so calls still in flight on a dropped
+    /// connection count.
+    rollup_slots: HashMap<String, Arc<Semaphore>>,
 }
 
 impl Clients {
@@ -41,7 +60,16 @@ impl Clients {
             timeout,
             tls,
             by_master: HashMap::new(),
+            rollup_slots: HashMap::new(),
         }
+    }
+
+    /// The permits a rollup to `master` takes before it is sent.
+    pub(super) fn rollup_slots(&mut self, master: &str) -> Arc<Semaphore> {
+        self.rollup_slots
+            .entry(master.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(ROLLUPS_IN_FLIGHT)))
+            .clone()
     }
 
     pub(super) fn get(
@@ -79,6 +107,7 @@ impl Clients {
     /// Drops the clients of masters no longer configured.
     pub(super) fn retain(&mut self, members: &[String]) {
         self.by_master.retain(|m, _| members.contains(m));
+        self.rollup_slots.retain(|m, _| members.contains(m));
     }
 }
 

@@ -10,7 +10,8 @@
 //! # Layout
 //! - this file: the loop, sending, answers, events.
 //! - `members`: the masters' addresses (static, or DNS re-resolved).
-//! - `clients`: one gRPC client per master, redialled after a timeout.
+//! - `clients`: one gRPC client per master, redialled after a timeout,
+//!   with at most two rollups in flight to it.
 //! - `refused`: a refused connection told from other failures.
 
 mod clients;
@@ -144,14 +145,18 @@ fn dispatch(
             return;
         }
     };
+    let rollup_slots = clients.rollup_slots(&master);
     in_flight.spawn(async move {
-        let began = tokio::time::Instant::now();
+        let mut began = tokio::time::Instant::now();
         let (sent, result) = match message {
             Message::Rollup(rollup) => {
                 let per_op = per_op(&rollup);
                 let entries = rollup.entries();
                 let request = RollupRequest::from(Arc::unwrap_or_clone(rollup));
                 let bytes = request.encoded_len();
+                // Never closed, so a permit always comes.
+                let _slot = rollup_slots.acquire_owned().await;
+                began = tokio::time::Instant::now();
                 let result = client.rollup(request).await;
                 let sent = Sent::Rollup {
                     entries,

@@ -8,7 +8,8 @@
 //! runtime thread, as in the benchmark.
 //!
 //! Run: `cargo run --release -p damper-tests --example rollup_scale -- 200000`
-//! (the number of keys; pairs are twice that).
+//! (the number of keys; pairs are twice that). A second argument `off`
+//! turns fast onset off (no surge scans: rollups alone).
 
 #![allow(clippy::disallowed_types)] // wall time, by definition
 
@@ -23,6 +24,7 @@ fn main() {
         .nth(1)
         .map(|n| n.parse().expect("the number of keys"))
         .unwrap_or(200_000);
+    let fast_onset = std::env::args().nth(2).as_deref() != Some("off");
     let keys: Vec<String> = (0..keys).map(|i| format!("account-{i:06}")).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -45,6 +47,7 @@ fn main() {
         Agent::builder()
             .masters([address])
             .agent_id("scale")
+            .fast_onset(fast_onset)
             .start()
             .expect("an agent")
     };

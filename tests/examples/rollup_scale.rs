@@ -15,9 +15,11 @@
 
 use std::time::{Duration, Instant};
 
-use damper_agent::Agent;
-use damper_core::config::MasterConfig;
-use damper_master::{Master, MasterOptions};
+// The benchmarks' set-up: the same master, agent and ops.
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use common::{CALM, Damper, FLOOD};
 
 fn main() {
     let keys: usize = std::env::args()
@@ -26,40 +28,17 @@ fn main() {
         .unwrap_or(200_000);
     let fast_onset = std::env::args().nth(2).as_deref() != Some("off");
     let keys: Vec<String> = (0..keys).map(|i| format!("account-{i:06}")).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let config = MasterConfig::from_toml("[limits]\ncalm = 1e15\nflood = 1\n").unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("a loopback port");
-    let address = listener.local_addr().unwrap().to_string();
-    let master = Master::new(config, MasterOptions::default());
-    runtime.spawn(damper_master::run(
-        listener,
-        master,
-        std::future::pending::<()>(),
-    ));
-    let agent = {
-        let _inside = runtime.enter();
-        Agent::builder()
-            .masters([address])
-            .agent_id("scale")
-            .fast_onset(fast_onset)
-            .start()
-            .expect("an agent")
-    };
+    let damper = Damper::start(fast_onset);
+    let agent = &damper.agent;
     let began = Instant::now();
     let ready = |k: &String| {
-        agent.factor(k, "calm") == Some(0.0) && agent.factor(k, "flood").is_some_and(|f| f > 0.999)
+        agent.factor(k, CALM) == Some(0.0) && agent.factor(k, FLOOD).is_some_and(|f| f > 0.999)
     };
     let mut held = 0;
     while began.elapsed() < Duration::from_secs(60) {
         for k in &keys {
-            agent.check(k, "calm", 1);
-            agent.check(k, "flood", 1_000_000);
+            agent.check(k, CALM, 1);
+            agent.check(k, FLOOD, 1_000_000);
         }
         std::thread::sleep(Duration::from_secs(1));
         held = keys.iter().filter(|k| ready(k)).count();

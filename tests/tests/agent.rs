@@ -265,6 +265,14 @@ struct Seen {
     entries: std::sync::atomic::AtomicUsize,
 }
 
+/// A reply of a master at the default interval that suppresses nothing.
+fn no_factors() -> tonic::Response<damper_proto::v1::RollupReply> {
+    tonic::Response::new(damper_proto::v1::RollupReply {
+        rollup_interval_ms: 2_000,
+        ..Default::default()
+    })
+}
+
 /// A master that takes 30 ms over each rollup and remembers how many were
 /// in its hands at once. Answers with no factors.
 struct SlowMaster(std::sync::Arc<Seen>);
@@ -283,20 +291,14 @@ impl damper_proto::v1::master_server::Master for SlowMaster {
         let entries: usize = request.get_ref().ops.iter().map(|o| o.accounts.len()).sum();
         seen.entries.fetch_add(entries, SeqCst);
         seen.now.fetch_sub(1, SeqCst);
-        Ok(tonic::Response::new(damper_proto::v1::RollupReply {
-            rollup_interval_ms: 2_000,
-            ..Default::default()
-        }))
+        Ok(no_factors())
     }
 
     async fn factors(
         &self,
         _: tonic::Request<damper_proto::v1::FactorsRequest>,
     ) -> Result<tonic::Response<damper_proto::v1::RollupReply>, tonic::Status> {
-        Ok(tonic::Response::new(damper_proto::v1::RollupReply {
-            rollup_interval_ms: 2_000,
-            ..Default::default()
-        }))
+        Ok(no_factors())
     }
 
     async fn accounts(

@@ -75,46 +75,52 @@ pub struct Damper {
 /// force: 0 on [`CALM`], about 1 on [`FLOOD`]. Panics if the factors have
 /// not arrived within a minute.
 pub fn damper(keys: &[String]) -> Damper {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let config =
-        MasterConfig::from_toml(&format!("[limits]\n{CALM} = 1e15\n{FLOOD} = 1\n")).unwrap();
-    let master = Master::new(config, MasterOptions::default());
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("a loopback port");
-    let address = listener.local_addr().unwrap().to_string();
-    runtime.spawn(damper_master::run(
-        listener,
-        master,
-        std::future::pending::<()>(),
-    ));
-    let agent = {
-        let _inside = runtime.enter();
-        // The default rollup interval (2 s): the rollup task's work while
-        // the benchmark runs is what a node with this many active keys
-        // pays.
-        Agent::builder()
-            .masters([address])
-            .agent_id("bench")
-            // `BENCH_FAST_ONSET=off`: without fast onset's scans beside the
-            // benchmark, to tell their share.
-            .fast_onset(std::env::var("BENCH_FAST_ONSET").as_deref() != Ok("off"))
-            .start()
-            .expect("an agent")
-    };
-    let damper = Damper {
-        agent,
-        _runtime: runtime,
-    };
+    // `BENCH_FAST_ONSET=off`: without fast onset's scans beside the
+    // benchmark, to tell their share.
+    let damper = Damper::start(std::env::var("BENCH_FAST_ONSET").as_deref() != Ok("off"));
     damper.flood(keys);
     damper
 }
 
 impl Damper {
+    /// A master on loopback limiting [`CALM`] far above any demand and
+    /// [`FLOOD`] to 1, and an agent reporting to it with the default
+    /// rollup interval (2 s: the rollup task's work while the benchmark
+    /// runs is what a node with this many active keys pays), both on one
+    /// runtime thread of their own. Knows no key yet.
+    pub fn start(fast_onset: bool) -> Damper {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let config =
+            MasterConfig::from_toml(&format!("[limits]\n{CALM} = 1e15\n{FLOOD} = 1\n")).unwrap();
+        let master = Master::new(config, MasterOptions::default());
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("a loopback port");
+        let address = listener.local_addr().unwrap().to_string();
+        runtime.spawn(damper_master::run(
+            listener,
+            master,
+            std::future::pending::<()>(),
+        ));
+        let agent = {
+            let _inside = runtime.enter();
+            Agent::builder()
+                .masters([address])
+                .agent_id("bench")
+                .fast_onset(fast_onset)
+                .start()
+                .expect("an agent")
+        };
+        Damper {
+            agent,
+            _runtime: runtime,
+        }
+    }
+
     /// Floods every key on [`FLOOD`] (and touches it on [`CALM`]) and waits
     /// for the master's factors: about 1 and 0. Called before each group
     /// that needs them, as a flood's factor is released a round after the

@@ -219,7 +219,8 @@ impl AgentBuilder {
     }
 
     /// Most (account, op) entries in one request; a larger rollup is split
-    /// (default 10 000).
+    /// (default 10 000), and its requests go to their master at most two
+    /// at a time, each timed from when it is sent.
     pub fn max_entries_per_request(mut self, n: usize) -> Self {
         self.max_entries_per_request = n;
         self

@@ -108,6 +108,29 @@ thread_local! {
     static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::seed_from_u64(os_seeded_u64()));
 }
 
+/// This thread's [`RNG`], reached only when a decision draws: a check
+/// with no factor in force, most of them, never touches the thread-local.
+struct ThreadRng;
+
+impl rand::TryRng for ThreadRng {
+    type Error = std::convert::Infallible;
+
+    #[inline]
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok(RNG.with_borrow_mut(rand::Rng::next_u32))
+    }
+
+    #[inline]
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(RNG.with_borrow_mut(rand::Rng::next_u64))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        RNG.with_borrow_mut(|rng| rand::Rng::fill_bytes(rng, dst));
+        Ok(())
+    }
+}
+
 /// 64 bits from the OS-seeded keys of std's `RandomState`, different on
 /// every call.
 pub(crate) fn os_seeded_u64() -> u64 {
@@ -136,8 +159,10 @@ impl Agent {
     #[inline]
     pub fn check(&self, account: &str, op: &str, cost: u64) -> Decision {
         let now = self.shared.clock.now();
-        let decision =
-            RNG.with_borrow_mut(|rng| self.shared.state.check(now, account, op, cost, rng));
+        let decision = self
+            .shared
+            .state
+            .check(now, account, op, cost, &mut ThreadRng);
         if decision.shadow_refusal().is_some() {
             self.shared
                 .stats

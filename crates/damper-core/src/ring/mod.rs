@@ -15,6 +15,11 @@
 //! let again = Ring::new(["10.0.0.3:7070", "10.0.0.1:7070", "10.0.0.2:7070"]);
 //! assert_eq!(again.owner("acme"), Some(owner));
 //! ```
+//!
+//! # Layout
+//! - this file: members, the placement (`hashring`'s), [`Ring`].
+//! - `lookup`: the points as a dense index, so [`Ring::owner`] is a table
+//!   read and a step or two rather than a binary search.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -354,23 +354,15 @@ impl AgentState {
                 continue;
             };
             let (baseline, surged) = entry.told_rate(round);
-            let (rate, steps) = match pass {
-                Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline)),
+            let (rate, noise) = match pass {
+                Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
                 Pass::Peek if rate <= f64::from(baseline) => continue,
-                Pass::Peek => (rate, entry.steps()),
+                Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
             };
             // Rises follow up this round's early report; falls, any
             // report, of a pair its master suppresses.
             let suppressed = entry.master_factor.load(Relaxed) > 0;
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
-            // Noise only makes a surge harder to call: a change that is
-            // none even without it needs no square roots. Most pairs, at
-            // every sub-window.
-            if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, 0.0) {
-                continue;
-            }
-            let scale = if pass == Pass::Close { 1.0 } else { scale };
-            let noise = entry.noise(steps, scale, f64::from(baseline), secs);
             if !rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
                 continue;
             }
@@ -462,24 +454,19 @@ impl Entry {
     /// measured sub-window noise (a standard deviation, cost per second),
     /// times `scale` for a shorter span, and never below the noise of
     /// counting operations of the learnt cost ([`counting_noise`]).
-    fn noise(&self, steps: f64, scale: f64, baseline: f64, secs: f64) -> f64 {
+    fn noise(&self, scale: f64, baseline: f64, secs: f64) -> f64 {
         // The mean squared step between sub-windows is twice their
         // variance.
+        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
         let quantum = Quantum(self.quantum.load(Relaxed)).cost();
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
 
-    /// The mean squared step of the rate between sub-windows, as the last
-    /// closed sub-window left it: what [`noise`](Self::noise) is made of.
-    fn steps(&self) -> f64 {
-        f64::from(f32::from_bits(self.surge_noise.load(Relaxed)))
-    }
-
-    /// Closes a sub-window of `cost` (`rate` per second): learns its noise
-    /// and cost per operation, and returns the rate to judge against
-    /// `baseline` (for a fall, the higher of the last two sub-windows') with
-    /// the mean squared step before this one, to judge it by.
-    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64) -> (f64, f64) {
+    /// Closes a sub-window of `cost` (`rate` per second over `secs`):
+    /// learns its noise and cost per operation, and returns the rate to
+    /// judge against `baseline` (for a fall, the higher of the last two
+    /// sub-windows') with the noise to judge it by.
+    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64, secs: f64) -> (f64, f64) {
         let previous = f64::from(f32::from_bits(replace(
             &self.window_rate,
             (rate as f32).to_bits(),
@@ -499,19 +486,20 @@ impl Entry {
             &self.held_rate,
             (held as f32).to_bits(),
         )));
+        let noise = self.noise(1.0, baseline, secs);
         // Every step counts, surges too: a rate that keeps jumping back
         // and forth is noise however large, and one real jump raises the
         // bar only for a second or two.
         let step = held - held_before;
-        let before = self.steps();
-        let steps = (1.0 - NOISE_WEIGHT) * before + NOISE_WEIGHT * step * step;
+        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
+        let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
         // Below a millionth of a unit of cost per second, it is nothing (and
         // the pair can be skipped while it stays quiet).
         let steps = if steps < 1e-12 { 0.0 } else { steps };
         self.surge_noise.store((steps as f32).to_bits(), Relaxed);
         // A fall must hold for two sub-windows (see `is_surge`).
         let rate = if rate < baseline { held } else { rate };
-        (rate, before)
+        (rate, noise)
     }
 }
 

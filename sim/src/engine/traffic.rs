@@ -186,10 +186,10 @@ impl<M: Masters> Sim<M> {
 }
 
 impl<M: Masters> Sim<M> {
-    /// Decides the step's batches, in the order of [`Slots`]. An item alone on its (account, op) and
-    /// agent is decided in one `check_batch`; several items of one
-    /// (account, op) on one agent are publishers sharing the account, and
-    /// their operations are interleaved one by one as they would arrive:
+    /// Decides the step's batches, in the order of [`Slots`]. An item
+    /// alone on its (account, op) and agent is decided in one
+    /// `check_batch`; several items of one (account, op) on one agent are
+    /// publishers sharing the account, and their operations are interleaved one by one as they would arrive:
     /// strictly in turn when all are uniform, in a random order otherwise.
     fn decide_batches(&mut self) {
         let mut batches = std::mem::take(&mut self.batches);

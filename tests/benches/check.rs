@@ -26,13 +26,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{
-    CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order, order_n,
-};
+use common::{CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn single_thread(c: &mut Criterion, damper: &Damper, keys: &[String], group: &str, allow: bool) {
-    let order = order_n(1, keys.len());
+    let order = order(1);
     if !allow {
         damper.flood(keys);
     }

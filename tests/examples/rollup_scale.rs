@@ -27,7 +27,7 @@ fn main() {
         .map(|n| n.parse().expect("the number of keys"))
         .unwrap_or(200_000);
     let fast_onset = std::env::args().nth(2).as_deref() != Some("off");
-    let keys: Vec<String> = (0..keys).map(|i| format!("account-{i:06}")).collect();
+    let keys = common::keys_n("account", keys);
     let damper = Damper::start(fast_onset);
     let agent = &damper.agent;
     let began = Instant::now();

@@ -85,11 +85,12 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
         while let Some(event) = round.poll_event() {
             let settled = matches!(event, RoundEvent::Settled { .. });
             record(&shared, &round, event, &mut undelivered);
-            if settled && !stopping {
-                if let Some(list) = members.refresh_if_due().await {
-                    round.set_members(&list);
-                    clients.retain(&list);
-                }
+            if settled
+                && !stopping
+                && let Some(list) = members.refresh_if_due().await
+            {
+                round.set_members(&list);
+                clients.retain(&list);
             }
         }
         if stopping && round.is_finished() {

@@ -65,7 +65,10 @@ impl SurgeRule {
         let i = duration_nanos(interval).max(1);
         let target = duration_nanos(Duration::from_millis(200));
         let parts = (i / target).max(1);
-        let parts = (1..=parts).rev().find(|n| i % n == 0).unwrap_or(1);
+        let parts = (1..=parts)
+            .rev()
+            .find(|n| i.is_multiple_of(*n))
+            .unwrap_or(1);
         SurgeRule {
             window: Duration::from_nanos(i / parts),
             jump: 4.0,
@@ -553,7 +556,13 @@ mod tests {
         let state = AgentState::new(AgentConfig::default());
         // Bursts of 500 or so: of single operations (bursts all of one
         // size would look like sparse operations of that cost).
-        let bursts = |ms: u64| if ms % 250 == 0 { 497 + ms / 250 % 7 } else { 0 };
+        let bursts = |ms: u64| {
+            if ms.is_multiple_of(250) {
+                497 + ms / 250 % 7
+            } else {
+                0
+            }
+        };
         // The onset is a jump (no limit is known yet, so any jump counts).
         assert_eq!(scan(&state, 0, 2_000, bursts).len(), 1);
         // The round's rollup: 2 000/s, the baseline.
@@ -651,7 +660,7 @@ mod tests {
         let state = AgentState::new(AgentConfig::default());
         let rule = SurgeRule::default_for(Duration::from_secs(2));
         // Quiet at 100/s for two rounds, rolled up.
-        let quiet = |ms: u64| u64::from(ms % 100 == 0) * 10;
+        let quiet = |ms: u64| u64::from(ms.is_multiple_of(100)) * 10;
         scan(&state, 0, 2_000, quiet);
         state.drain(Nanos::ZERO, |_, _, _| {});
         assert_eq!(scan(&state, 2_000, 4_000, quiet), vec![]);

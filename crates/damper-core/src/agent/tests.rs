@@ -513,7 +513,7 @@ proptest! {
             let mut batch = Vec::new();
             agent.drain(t(0), |a, o, d| batch.push((a.to_owned(), o.to_owned(), d)));
             for (a, o, d) in batch {
-                if may_fail && drains % fail_every == 0 {
+                if may_fail && drains.is_multiple_of(fail_every) {
                     agent.undrain(&a, &o, d, t(0));
                 } else {
                     got_attempted += d.attempted;

@@ -36,7 +36,7 @@ fn verdict(
 ) -> Option<Verdict> {
     let limit = config.limits.lookup(account, op)?.rate;
     Some(Verdict {
-        factor: if kind % 2 == 0 { 0.0 } else { factor },
+        factor: if kind.is_multiple_of(2) { 0.0 } else { factor },
         limit,
         valid_for: config.policy.factor_validity,
         rates: Rates::default(),

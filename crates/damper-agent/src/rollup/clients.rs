@@ -65,11 +65,14 @@ impl Clients {
     }
 
     /// The permits a rollup to `master` takes before it is sent.
+    /// Copies `master`'s name only the first time.
     pub(super) fn rollup_slots(&mut self, master: &str) -> Arc<Semaphore> {
-        self.rollup_slots
-            .entry(master.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(ROLLUPS_IN_FLIGHT)))
-            .clone()
+        if let Some(slots) = self.rollup_slots.get(master) {
+            return slots.clone();
+        }
+        let slots = Arc::new(Semaphore::new(ROLLUPS_IN_FLIGHT));
+        self.rollup_slots.insert(master.to_owned(), slots.clone());
+        slots
     }
 
     pub(super) fn get(

@@ -615,6 +615,20 @@ impl AgentState {
     /// none: the op has no default), for the local guard of pairs not yet
     /// answered for. Ops the reply does not mention keep what is known.
     pub fn learn_op_limits(&self, reply: &Reply) {
+        self.learn_ops(reply, false);
+    }
+
+    /// Learns what a reply to a query naming nothing (a hello, a probe)
+    /// says: each op's default limit, and the accounts whose limit is not
+    /// it (replacing what an earlier such reply said of the op), so the
+    /// local guard of a new pair applies its own account's limit.
+    pub fn learn_hello(&self, reply: &Reply) {
+        self.learn_ops(reply, true);
+    }
+
+    /// Both of the above under one lock; an op already known costs no
+    /// allocation (every rollup's reply comes through here).
+    fn learn_ops(&self, reply: &Reply, overrides: bool) {
         if reply.ops.is_empty() {
             return;
         }
@@ -623,29 +637,18 @@ impl AgentState {
             if !reportable(&op.op) {
                 continue;
             }
+            if !ops.contains_key(op.op.as_str()) {
+                ops.insert(op.op.as_str().into(), OpInfo::new(&op.op));
+            }
+            let known = ops.get_mut(op.op.as_str()).expect("just made sure");
             let limit = op.unlisted.map_or(0.0, |u| u.limit);
-            let limit = if limit.is_finite() && limit > 0.0 {
+            known.default_limit = Some(if limit.is_finite() && limit > 0.0 {
                 limit
             } else {
                 0.0
-            };
-            let known = ops
-                .entry(op.op.as_str().into())
-                .or_insert_with(|| OpInfo::new(&op.op));
-            known.default_limit = Some(limit);
+            });
             known.default_shadow = op.unlisted.is_some_and(|u| u.shadow);
-        }
-    }
-
-    /// Learns what a reply to a query naming nothing (a hello, a probe)
-    /// says: each op's default limit, and the accounts whose limit is not
-    /// it (replacing what an earlier such reply said of the op), so the
-    /// local guard of a new pair applies its own account's limit.
-    pub fn learn_hello(&self, reply: &Reply) {
-        self.learn_op_limits(reply);
-        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
-        for op in &reply.ops {
-            if let Some(known) = ops.get_mut(op.op.as_str()) {
+            if overrides {
                 known.overrides = op
                     .overrides
                     .iter()

@@ -13,6 +13,12 @@
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
 //! - `check_hot_key`: one thread on one single account.
+//! - `check_admit_1m`, `check_reject_1m`: 1 000 000 keys, one thread. The
+//!   agent's state machine itself (`AgentState::check`, which `Agent::check`
+//!   wraps with its clock and random source), its factors applied as a
+//!   master's reply would: one agent cannot roll up two million busy pairs
+//!   every 2 s on this 2-core machine (docs/performance.md, "One agent with
+//!   very many pairs"), so no live loop runs beside it.
 //!
 //! Run: `cargo bench -p damper-tests --bench check`.
 
@@ -26,8 +32,14 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order};
+use common::{
+    CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order, order_n,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
+use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::time::Nanos;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
 fn single_thread(c: &mut Criterion, damper: &Damper, keys: &[String], group: &str, allow: bool) {
     let order = order(1);
@@ -124,6 +136,46 @@ fn benches(c: &mut Criterion) {
     threaded(c, &damper, &keys, "check_reject_2_threads", false, false);
     threaded(c, &damper, &keys, "check_hot_key_2_threads", true, true);
     hot_key(c, &damper, &keys);
+    drop(damper);
+    million_keys(c);
+}
+
+/// Keys of the 1 000 000-key cases.
+const MILLION: usize = 1_000_000;
+
+/// `check_admit_1m` and `check_reject_1m`: the state machine over a
+/// million keys on each op, factor 0 on [`CALM`] and 1 on [`FLOOD`], valid
+/// for the whole run, beside governor over the same keys.
+fn million_keys(c: &mut Criterion) {
+    let keys = common::keys_n("account", MILLION);
+    let order = order_n(2, MILLION);
+    let now = Nanos::from_secs(1_700_000_000);
+    let valid_for = Duration::from_secs(24 * 3600);
+    let state = AgentState::new(AgentConfig::default());
+    for key in &keys {
+        state.apply(now, key, CALM, 0.0, 1e12, valid_for);
+        state.apply(now, key, FLOOD, 1.0, 1.0, valid_for);
+    }
+    for (group, allow) in [("check_admit_1m", true), ("check_reject_1m", false)] {
+        let (op, cost) = if allow {
+            (CALM, 1)
+        } else {
+            (FLOOD, FLOOD_COST)
+        };
+        let gov = governor(&keys, allow);
+        let mut g = c.benchmark_group(group);
+        g.bench_function("damper", |b| {
+            let mut rng = SmallRng::seed_from_u64(7);
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) % order.len();
+                let decision = state.check(now, &keys[order[i]], op, cost, &mut rng);
+                black_box(decision.is_admit())
+            })
+        });
+        bench_governor(&mut g, &gov, &keys, &order);
+        g.finish();
+    }
 }
 
 /// One thread, one account, over and over: the cost of the decision itself,

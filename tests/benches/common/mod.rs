@@ -49,8 +49,13 @@ pub fn keys_n(prefix: &str, n: usize) -> Vec<String> {
 /// A shuffled visiting order of `KEYS` keys, the same for every limiter
 /// compared.
 pub fn order(seed: u64) -> Vec<usize> {
+    order_n(seed, KEYS)
+}
+
+/// A shuffled visiting order of `n` keys.
+pub fn order_n(seed: u64, n: usize) -> Vec<usize> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut order: Vec<usize> = (0..KEYS).collect();
+    let mut order: Vec<usize> = (0..n).collect();
     for i in (1..order.len()).rev() {
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         order.swap(i, j);

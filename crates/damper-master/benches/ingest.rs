@@ -60,6 +60,10 @@ fn benches(c: &mut Criterion) {
     let mut options = MasterOptions::default();
     options.shards = 1;
     options.max_entries = PER_ROLLUP;
+    // One agent brings every pair: its budget of new pairs per round
+    // (250 000 by default, against a hostile agent) would cut the setup
+    // short.
+    options.max_new_pairs_per_agent = KEYS;
     let master = Master::with_clock(config, options, clock.clone());
     // Two rounds before the measured one, so the benchmark sees a master in
     // its steady state rather than every pair's first round (where every

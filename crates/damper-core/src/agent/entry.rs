@@ -207,8 +207,14 @@ pub(super) struct Entry {
     /// Start of the oldest interval of counts put back by `undrain`, or 0.
     pub(super) carried_since: AtomicU64,
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
-    /// already counted, so each lapse is counted once.
-    pub(super) expiry_counted: AtomicU64,
+    /// already counted, so each lapse is counted once: its low 32 bits
+    /// (two expiries 4.3 s apart to the nanosecond never meet).
+    pub(super) expiry_counted: AtomicU32,
+    /// A moving mean of the sub-window rates (`f32` bits; 0: none yet),
+    /// over about a second: what a suppressed pair's fall is also judged
+    /// on, with the noise of a second's count rather than a sub-window's
+    /// (scanner only).
+    pub(super) slow_rate: AtomicU32,
     /// The attempted total at the last surge scan, its low 32 bits: a
     /// sub-window's cost is the wrapping difference, right below 2^32 cost
     /// per sub-window (scanner only).
@@ -277,7 +283,8 @@ impl Entry {
             utilisation: AtomicU32::new(0),
             local_start: AtomicU64::new(now.as_nanos()),
             local_base: AtomicU64::new(0),
-            expiry_counted: AtomicU64::new(0),
+            expiry_counted: AtomicU32::new(0),
+            slow_rate: AtomicU32::new(0),
             idle_drains: AtomicU16::new(0),
             window_rate: AtomicU32::new(0),
             held_rate: AtomicU32::new(0),

@@ -679,7 +679,7 @@ impl AgentState {
             if expires != 0
                 && now.as_nanos() >= expires
                 && entry.master_factor.load(Relaxed) != 0
-                && entry.expiry_counted.swap(expires, Relaxed) != expires
+                && entry.expiry_counted.swap(expires as u32, Relaxed) != expires as u32
             {
                 lapsed += 1;
             }

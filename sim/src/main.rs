@@ -57,6 +57,9 @@ struct Overrides {
     /// Overrides the scenario's `cluster.fast_onset`: true or false.
     #[arg(long, value_name = "BOOL")]
     fast_onset: Option<bool>,
+    /// Overrides the scenario's `cluster.push`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    push: Option<bool>,
     /// Overrides the scenario's `cluster.low_noise`: true or false.
     #[arg(long, value_name = "BOOL")]
     low_noise: Option<bool>,
@@ -82,6 +85,9 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     let mut scenario = Scenario::from_toml(&text).with_context(|| format!("{}", path.display()))?;
     if let Some(on) = overrides.fast_onset {
         scenario = scenario.with_fast_onset(on);
+    }
+    if let Some(on) = overrides.push {
+        scenario = scenario.with_push(on);
     }
     if let Some(on) = overrides.low_noise {
         scenario = scenario.with_low_noise(on);

@@ -96,6 +96,11 @@ pub struct ClusterSection {
     /// guard's op defaults (default true). `false` runs rollups alone, as
     /// before it existed.
     pub fast_onset: bool,
+    /// Whether masters push a verdict an early report flipped to every
+    /// agent (default true; only with fast onset, which makes early
+    /// reports). `false` leaves the other agents to their rounds and
+    /// rechecks, as before pushes existed.
+    pub push: bool,
     /// Low-noise admission on the agents (default true): a per-pair
     /// credit keeps the admitted cost within a few operations of
     /// `1 − factor` of the attempted. `false` decides each operation by an
@@ -121,6 +126,7 @@ impl Default for ClusterSection {
             jitter_ms: 2.0,
             loss: 0.0,
             fast_onset: true,
+            push: true,
             low_noise: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
@@ -374,6 +380,13 @@ impl Scenario {
     pub fn with_fast_onset(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.fast_onset = on;
+        s
+    }
+
+    /// The scenario with masters that push, or not.
+    pub fn with_push(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.push = on;
         s
     }
 

@@ -194,8 +194,12 @@ fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares(
 fn lost_replies_are_not_counted_twice() {
     let mut s = scenario("deluge");
     s.cluster.loss = 0.05;
-    let mut masters =
-        damper_sim::engine::SimMasters::new(&s.master, s.cluster.masters as usize, engine::EPOCH);
+    let mut masters = damper_sim::engine::SimMasters::new(
+        &s.master,
+        s.cluster.masters as usize,
+        engine::EPOCH,
+        s.cluster.push,
+    );
     let run = engine::Sim::with_masters(s, &mut masters).run(|_| {});
     let summary = summarize(&run);
     let attempted: u64 = summary.accounts.iter().map(|a| a.attempted).sum();

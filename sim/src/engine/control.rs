@@ -28,6 +28,11 @@ pub struct Control {
     pub request_bytes: u64,
     /// Bytes of the replies that came back, encoded.
     pub reply_bytes: u64,
+    /// Pushes that reached an agent (verdicts early reports flipped, sent
+    /// to every agent on a stream: messages, not requests).
+    pub pushes: u64,
+    /// Bytes of those pushes, encoded.
+    pub push_bytes: u64,
 }
 
 impl Control {
@@ -36,9 +41,9 @@ impl Control {
         self.rollups + self.rechecks + self.probes + self.surges
     }
 
-    /// Bytes both ways.
+    /// Bytes both ways, pushes included.
     pub fn bytes(&self) -> u64 {
-        self.request_bytes + self.reply_bytes
+        self.request_bytes + self.reply_bytes + self.push_bytes
     }
 
     /// Counts a request leaving an agent.
@@ -71,5 +76,11 @@ impl Control {
     /// Counts a reply reaching an agent.
     pub(super) fn answered(&mut self, reply: &Reply) {
         self.reply_bytes += v1::RollupReply::from(reply.clone()).encoded_len() as u64;
+    }
+
+    /// Counts a push reaching an agent.
+    pub(super) fn pushed(&mut self, reply: &Reply) {
+        self.pushes += 1;
+        self.push_bytes += v1::RollupReply::from(reply.clone()).encoded_len() as u64;
     }
 }

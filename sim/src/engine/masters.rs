@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use damper_core::config::MasterConfig;
-use damper_core::master::{MasterState, RollupLog, SurgeBudget};
+use damper_core::master::{MasterState, RollupLog, SurgeBudget, push_reply};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
 use damper_core::wire::{Reply, ReplyHeader};
@@ -25,6 +25,12 @@ pub trait Masters {
     fn kill(&mut self, m: usize);
     /// Starts master `m` again, empty, at `now`.
     fn restart(&mut self, m: usize, now: Nanos);
+    /// What master `m` pushes to every agent after its last answer
+    /// ([`damper_core::master::Push`]), if anything. Masters that do not
+    /// push say `None`.
+    fn take_push(&mut self, _m: usize) -> Option<Reply> {
+        None
+    }
 }
 
 /// Most entries a simulated master takes in one request, as the service's
@@ -46,20 +52,22 @@ pub struct SimMasters {
     /// Attempted cost counted by every master, and rollups answered as
     /// repeats (resends of rollups already counted).
     counted: (u64, u64),
+    /// Whether the masters push verdicts early reports flipped.
+    push: bool,
 }
 
 impl SimMasters {
-    /// `count` masters on `config`, up since an hour before `now`.
-    pub fn new(config: &MasterConfig, count: usize, now: Nanos) -> SimMasters {
+    /// `count` masters on `config`, up since an hour before `now`, pushing
+    /// (`push`) or not.
+    pub fn new(config: &MasterConfig, count: usize, now: Nanos, push: bool) -> SimMasters {
         SimMasters {
             config: config.clone(),
-            masters: (0..count)
-                .map(|_| Some(MasterState::new(config.clone())))
-                .collect(),
+            masters: (0..count).map(|_| Some(master(config, push))).collect(),
             budgets: (0..count).map(|_| SurgeBudget::default()).collect(),
             logs: (0..count).map(|_| RollupLog::default()).collect(),
             started: vec![now - Duration::from_secs(3600); count],
             counted: (0, 0),
+            push,
         }
     }
 
@@ -120,12 +128,27 @@ impl Masters for SimMasters {
 
     fn restart(&mut self, m: usize, now: Nanos) {
         if self.masters[m].is_none() {
-            self.masters[m] = Some(MasterState::new(self.config.clone()));
+            self.masters[m] = Some(master(&self.config, self.push));
             self.budgets[m] = SurgeBudget::default();
             self.logs[m] = RollupLog::default();
             self.started[m] = now;
         }
     }
+
+    fn take_push(&mut self, m: usize) -> Option<Reply> {
+        let pushes = self.masters[m].as_mut()?.take_pushes();
+        (!pushes.is_empty()).then(|| {
+            let interval = self.config.window.rollup_interval;
+            push_reply(&self.config, pushes, interval, self.started[m])
+        })
+    }
+}
+
+/// A master as the service runs it: queueing pushes when it pushes.
+fn master(config: &MasterConfig, push: bool) -> MasterState {
+    let mut state = MasterState::new(config.clone());
+    state.track_pushes(push);
+    state
 }
 
 /// Lends masters to a simulation, so the caller can look at them (or stop
@@ -149,5 +172,9 @@ impl<M: Masters + ?Sized> Masters for &mut M {
 
     fn restart(&mut self, m: usize, now: Nanos) {
         (**self).restart(m, now)
+    }
+
+    fn take_push(&mut self, m: usize) -> Option<Reply> {
+        (**self).take_push(m)
     }
 }

@@ -110,6 +110,12 @@ enum Event {
         rollup: bool,
         outcome: Outcome,
     },
+    /// A master's push reaches the agent.
+    Push {
+        agent: usize,
+        master: usize,
+        reply: std::sync::Arc<Reply>,
+    },
     Scenario(Action),
 }
 
@@ -161,7 +167,12 @@ pub struct Sim<M: Masters = SimMasters> {
 impl Sim<SimMasters> {
     /// A simulation of `scenario` with its simulated masters, ready to run.
     pub fn new(scenario: Scenario) -> Sim<SimMasters> {
-        let masters = SimMasters::new(&scenario.master, scenario.cluster.masters as usize, EPOCH);
+        let masters = SimMasters::new(
+            &scenario.master,
+            scenario.cluster.masters as usize,
+            EPOCH,
+            scenario.cluster.push,
+        );
         Sim::with_masters(scenario, masters)
     }
 }
@@ -315,6 +326,11 @@ impl<M: Masters> Sim<M> {
                     rollup,
                     outcome,
                 } => self.answer(agent, id, rollup, outcome),
+                Event::Push {
+                    agent,
+                    master,
+                    reply,
+                } => self.pushed(agent, master, &reply),
                 Event::Scenario(action) => self.act(action),
             }
         }
@@ -420,7 +436,9 @@ impl<M: Masters> Sim<M> {
             self.schedule(at.min(deadline), refused);
             return;
         }
-        match self.masters.answer(m, self.now, &transmit.message) {
+        let answered = self.masters.answer(m, self.now, &transmit.message);
+        self.push_from(m, a);
+        match answered {
             // Refused: the status comes back like a reply would.
             None => {
                 let at = self.now + self.delay();
@@ -444,6 +462,37 @@ impl<M: Masters> Sim<M> {
                 }
             }
         }
+    }
+
+    /// Sends what master `m` pushes after answering agent `from` to every
+    /// other agent not cut off, each over its own delay and loss.
+    fn push_from(&mut self, m: usize, from: usize) {
+        let Some(reply) = self.masters.take_push(m) else {
+            return;
+        };
+        let reply = std::sync::Arc::new(reply);
+        for a in 0..self.agents.len() {
+            if a == from || self.agents[a].partitioned || self.lost() {
+                continue;
+            }
+            let at = self.now + self.delay();
+            let push = Event::Push {
+                agent: a,
+                master: m,
+                reply: reply.clone(),
+            };
+            self.schedule(at, push);
+        }
+    }
+
+    /// A push from master `m` reaches agent `a`'s round.
+    fn pushed(&mut self, a: usize, m: usize, reply: &Reply) {
+        self.control.pushed(reply);
+        let agent = &mut self.agents[a];
+        agent
+            .round
+            .on_push(self.now, &self.names[m], reply, &agent.state);
+        self.sync(a);
     }
 
     fn fail_at(&mut self, at: Nanos, a: usize, id: RequestId, rollup: bool) {

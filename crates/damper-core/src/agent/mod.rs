@@ -596,6 +596,34 @@ impl AgentState {
         }
     }
 
+    /// Applies a master's push (see [`crate::master::Push`]): each listed
+    /// verdict, to the pairs this agent holds only (a pair it never saw,
+    /// or forgot, stays as it is: it has nothing to hold). Learns nothing
+    /// else from it. Returns how many pairs it applied to.
+    pub fn apply_pushed(&self, now: Nanos, reply: &Reply) -> usize {
+        let mut applied = 0;
+        for op in &reply.ops {
+            for listed in &op.listed {
+                let pair = Pair::new(&listed.account, &op.op);
+                if self.holds(pair) {
+                    self.apply_factor(now, pair, &listed.factor);
+                    applied += 1;
+                }
+            }
+        }
+        applied
+    }
+
+    /// Whether the agent has an entry for `pair`.
+    fn holds(&self, pair: Pair<'_>) -> bool {
+        let guard = self.entries.guard();
+        let key = KeyRef {
+            op: pair.op,
+            account: pair.account,
+        };
+        self.entries.get(&key, &guard).is_some()
+    }
+
     /// Forgets that `pair` was reported early (the report failed): its
     /// baseline is its last rollup's again.
     pub fn unmark_surge(&self, pair: Pair<'_>) {

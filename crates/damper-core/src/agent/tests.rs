@@ -896,3 +896,48 @@ fn a_new_pair_is_guarded_under_its_accounts_override_from_its_first_check() {
         "a pair made before keeps its limit"
     );
 }
+
+/// A push applies to the pairs the agent holds, and creates none: a pair
+/// it never saw has nothing to hold.
+#[test]
+fn a_push_applies_to_held_pairs_only() {
+    use crate::wire::{Factor, Listed, OpVerdicts, Reply};
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(3);
+    agent.check(t(0), "acme", "messages", 1, &mut rng);
+    let listed = |account: &str| Listed {
+        account: account.into(),
+        factor: Factor {
+            factor: 1.0,
+            limit: 10.0,
+            valid_for: Duration::from_secs(6),
+            shadow: false,
+            utilisation: 0.0,
+        },
+        recheck: false,
+    };
+    let push = Reply {
+        ops: vec![OpVerdicts {
+            op: "messages".into(),
+            listed: vec![listed("acme"), listed("globex")],
+            unlisted: None,
+            overrides: Vec::new(),
+        }],
+        ..Reply::default()
+    };
+    assert_eq!(agent.apply_pushed(t(10), &push), 1);
+    assert!(
+        !agent
+            .check(t(20), "acme", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.len(), 1, "no entry made for globex");
+    assert!(
+        agent
+            .check(t(20), "globex", "messages", 1, &mut rng)
+            .is_admit()
+    );
+    // A push teaches no op default: its `unlisted` is not this agent's
+    // question.
+    assert_eq!(agent.op_limit("messages"), None);
+}

@@ -34,9 +34,11 @@
 //! - `new_pairs`: [`NewPairBudget`], how many pairs one agent may add per
 //!   round.
 //! - `seen`: [`RollupLog`], the numbered rollups counted lately.
+//! - `push`: [`Push`], verdicts an early report flipped, for every agent.
 
 mod budget;
 mod new_pairs;
+mod push;
 mod seen;
 mod table;
 
@@ -55,6 +57,7 @@ pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 pub use new_pairs::NewPairBudget;
+pub use push::{PUSH_MAX_PAIRS, Push, push_reply};
 pub use seen::RollupLog;
 use table::{Entries, Op};
 
@@ -245,6 +248,9 @@ pub struct MasterState {
     /// ([`track_transitions`](Self::track_transitions)); `None` otherwise,
     /// so a caller that never takes them (the simulator) keeps nothing.
     transitions: Option<Vec<Transition>>,
+    /// Verdicts early reports flipped, not yet taken, when tracked
+    /// ([`track_pushes`](Self::track_pushes)); `None` otherwise.
+    pushes: Option<Vec<Push>>,
 }
 
 impl MasterState {
@@ -263,6 +269,7 @@ impl MasterState {
             refused_pairs: 0,
             new_pairs_allowed: None,
             transitions: None,
+            pushes: None,
         }
     }
 
@@ -391,13 +398,14 @@ impl MasterState {
         key.window
             .surge(&self.config.window, now, at.min(now), rates);
         key.last_report = key.last_report.max(now);
+        let was_suppressed = key.is(table::SUPPRESSED);
         let recheck_at = now + self.config.policy.surge_recheck;
-        Ok(self
-            .conclude(i, pair.account, pair.op, now)
-            .map(|v| Verdict {
-                recheck_at: Some(recheck_at),
-                ..v
-            }))
+        let verdict = self.conclude(i, pair.account, pair.op, now);
+        self.queue_push(pair.account, pair.op, was_suppressed, verdict.as_ref());
+        Ok(verdict.map(|v| Verdict {
+            recheck_at: Some(recheck_at),
+            ..v
+        }))
     }
 
     /// The verdict of entry `i` after a report, with its limit looked up

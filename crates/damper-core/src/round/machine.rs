@@ -345,6 +345,22 @@ impl AgentRound {
                 .any(|f| matches!(f, InFlight::Rollup { .. }))
     }
 
+    /// A push from `master` ([`crate::master::Push`]), received at `now`:
+    /// its verdicts applied to the pairs this agent holds. Ignored with
+    /// fast onset off, which is how the round ran before pushes.
+    pub fn on_push(&mut self, now: Nanos, master: &str, reply: &Reply, state: &AgentState) {
+        if self.config.fast_onset.is_none() {
+            return;
+        }
+        let applied = state.apply_pushed(now, reply);
+        let pairs = reply.ops.iter().map(|o| o.listed.len()).sum();
+        self.events.push_back(RoundEvent::Pushed {
+            master: master.to_owned(),
+            pairs,
+            applied,
+        });
+    }
+
     /// The answer to request `id`, received at `now`.
     pub fn on_reply(&mut self, now: Nanos, id: RequestId, reply: &Reply, state: &AgentState) {
         match self.in_flight.remove(&id) {

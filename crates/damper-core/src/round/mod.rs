@@ -195,6 +195,15 @@ pub enum RoundEvent {
         /// (`AgentState::offer_joins`).
         joined: usize,
     },
+    /// A master's push arrived ([`AgentRound::on_push`]).
+    Pushed {
+        /// The master.
+        master: String,
+        /// The pairs it listed.
+        pairs: usize,
+        /// How many of them this agent holds, and applied.
+        applied: usize,
+    },
     /// Undelivered cost older than `max_carry`, dropped.
     Dropped {
         /// Attempted cost dropped.

@@ -1,0 +1,216 @@
+//! Pushes: verdicts an early report changed, for every agent of the
+//! master, not only the one that reported.
+//!
+//! An early report moves an account's estimate between rounds. The agent
+//! that sent it hears the new verdict in its reply; the account's other
+//! agents would hear it only at their next round, up to one rollup interval
+//! later, or at a recheck if they reported early themselves. When the
+//! early report turns the account's suppression on or off, the master
+//! queues the verdict as a *push*; its driver takes the queue after the
+//! request ([`MasterState::take_pushes`]) and sends it to every agent
+//! watching it, and each agent applies it to the pairs it holds
+//! ([`AgentState::apply_pushed`](crate::agent::AgentState::apply_pushed)).
+//! So a flood that ends is released on every agent once enough of them
+//! have reported their fall for the estimate to cross the limit, and one
+//! that starts is held on agents whose own share rose too little to call.
+//!
+//! Only a change of suppression is pushed, so with nothing surging nothing
+//! is sent, and a pair pushes at most once per early report that flips it.
+
+use std::time::Duration;
+
+use super::{MasterState, Verdict};
+use crate::config::MasterConfig;
+use crate::time::Nanos;
+use crate::wire::{Listed, OpVerdicts, Reply, Unlisted};
+
+/// Most pairs one push carries: the rest wait for their rounds, as before
+/// pushes existed. Bounds what one agent's early report can make a master
+/// send to every agent.
+pub const PUSH_MAX_PAIRS: usize = 10_000;
+
+/// One verdict to push.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Push {
+    /// The op.
+    pub op: String,
+    /// The account.
+    pub account: String,
+    /// Its verdict after the early report.
+    pub verdict: Verdict,
+}
+
+impl MasterState {
+    /// Starts (or stops) queueing pushes for [`take_pushes`](Self::take_pushes).
+    /// Off by default, so a caller with no agents to push to keeps nothing.
+    pub fn track_pushes(&mut self, on: bool) {
+        self.pushes = on.then(Vec::new);
+    }
+
+    /// The pushes queued since the last call, at most [`PUSH_MAX_PAIRS`]
+    /// (the rest are dropped: their agents hear at their rounds).
+    pub fn take_pushes(&mut self) -> Vec<Push> {
+        let Some(pushes) = &mut self.pushes else {
+            return Vec::new();
+        };
+        let mut taken = std::mem::take(pushes);
+        taken.truncate(PUSH_MAX_PAIRS);
+        taken
+    }
+
+    /// Queues `verdict` if pushes are tracked and it flips the pair's
+    /// suppression (`was_suppressed` before the report).
+    pub(super) fn queue_push(
+        &mut self,
+        account: &str,
+        op: &str,
+        was_suppressed: bool,
+        verdict: Option<&Verdict>,
+    ) {
+        let Some(pushes) = &mut self.pushes else {
+            return;
+        };
+        let Some(verdict) = verdict else {
+            return;
+        };
+        if (verdict.factor > 0.0) != was_suppressed && pushes.len() < PUSH_MAX_PAIRS {
+            pushes.push(Push {
+                op: op.to_owned(),
+                account: account.to_owned(),
+                verdict: Verdict {
+                    recheck_at: None,
+                    ..*verdict
+                },
+            });
+        }
+    }
+}
+
+/// The message that carries `pushes` to agents: a reply listing every
+/// pushed pair (none is implied by its op's default), grouped by op,
+/// stamped with `started` and the master's interval like any reply.
+pub fn push_reply(
+    config: &MasterConfig,
+    pushes: Vec<Push>,
+    rollup_interval: Duration,
+    started: Nanos,
+) -> Reply {
+    let mut ops: Vec<OpVerdicts> = Vec::new();
+    for push in pushes {
+        let listed = Listed::new(push.account, &push.verdict, 0.0);
+        match ops.iter_mut().find(|o| o.op == push.op) {
+            Some(op) => op.listed.push(listed),
+            None => ops.push(OpVerdicts {
+                unlisted: Unlisted::of(config, &push.op),
+                op: push.op,
+                listed: vec![listed],
+                overrides: Vec::new(),
+            }),
+        }
+    }
+    Reply {
+        ops,
+        rollup_interval: Some(rollup_interval).filter(|d| !d.is_zero()),
+        recheck_after: None,
+        started: Some(started).filter(|&s| s != Nanos::ZERO),
+        ring_version: 0,
+        foreign_entries: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Pair;
+    use crate::wire::{Report, SurgeRates};
+
+    const T0_MS: u64 = 1_699_999_998_000;
+
+    fn at(ms: u64) -> Nanos {
+        Nanos::from_millis(T0_MS + ms)
+    }
+
+    fn master(push: bool) -> MasterState {
+        let config = MasterConfig::from_toml("[limits]\nmessages = 1000\n").unwrap();
+        let mut m = MasterState::new(config);
+        m.track_pushes(push);
+        m
+    }
+
+    /// Two agents' reports of `rate` cost/s each over the round ending at
+    /// `end_ms`.
+    fn round(m: &mut MasterState, end_ms: u64, rate: f64) {
+        for account in ["acme", "acme"] {
+            let attempted = (rate * 2.0) as u64;
+            let report = Report {
+                account,
+                op: "messages",
+                start: at(end_ms - 2_000),
+                end: at(end_ms),
+                attempted,
+                admitted: attempted,
+            };
+            m.ingest(at(end_ms + 5), &report).unwrap();
+        }
+    }
+
+    fn early(m: &mut MasterState, ms: u64, rate: f32, baseline: f32) -> f64 {
+        let rates = SurgeRates {
+            rate,
+            baseline,
+            surged: false,
+            joined: false,
+        };
+        let pair = Pair::new("acme", "messages");
+        m.surge(at(ms), at(ms), pair, rates)
+            .unwrap()
+            .unwrap()
+            .factor
+    }
+
+    #[test]
+    fn early_reports_that_flip_suppression_are_pushed_and_others_are_not() {
+        let mut m = master(true);
+        // Two agents at 400/s each, for rounds: under the limit.
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        assert!(m.take_pushes().is_empty(), "rounds push nothing");
+        // One agent jumps to 4 000/s: the account is suppressed, pushed.
+        assert!(early(&mut m, 20_300, 4_000.0, 400.0) > 0.0);
+        let pushes = m.take_pushes();
+        assert_eq!(pushes.len(), 1);
+        assert_eq!(
+            (pushes[0].account.as_str(), pushes[0].op.as_str()),
+            ("acme", "messages")
+        );
+        assert!(pushes[0].verdict.factor > 0.5 && pushes[0].verdict.recheck_at.is_none());
+        // It rises further: still suppressed, nothing new to push.
+        assert!(early(&mut m, 20_500, 8_000.0, 4_000.0) > 0.0);
+        assert!(m.take_pushes().is_empty());
+        // It stops: released, pushed.
+        assert_eq!(early(&mut m, 20_700, 100.0, 8_000.0), 0.0);
+        let pushes = m.take_pushes();
+        assert_eq!(pushes.len(), 1);
+        assert_eq!(pushes[0].verdict.factor, 0.0);
+
+        // Carried as a reply that lists it, with its op's default beside.
+        let config = MasterConfig::from_toml("[limits]\nmessages = 1000\n").unwrap();
+        let reply = push_reply(&config, pushes, Duration::from_secs(2), at(0));
+        assert_eq!(reply.ops.len(), 1);
+        assert_eq!(reply.ops[0].listed.len(), 1);
+        assert_eq!(reply.ops[0].listed[0].factor.factor, 0.0);
+        assert!(reply.ops[0].unlisted.is_some() && reply.recheck_after.is_none());
+    }
+
+    #[test]
+    fn untracked_masters_keep_no_pushes() {
+        let mut m = master(false);
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        assert!(early(&mut m, 20_300, 4_000.0, 400.0) > 0.0);
+        assert!(m.take_pushes().is_empty());
+        assert!(m.pushes.is_none());
+    }
+}

@@ -44,9 +44,27 @@ fn request(message: &Message) -> Request {
     }
 }
 
+/// A master's pushes, as its `Watch` stream would carry them.
+type Watched = tokio::sync::broadcast::Receiver<Arc<Reply>>;
+
+/// The push `watched` holds after an answer, if any, through
+/// `damper.v1` bytes; `bytes` counts them.
+fn next_push(watched: &mut Watched, bytes: &mut usize) -> Option<Reply> {
+    let push = watched.try_recv().ok()?;
+    let encoded = RollupReply::from(Reply::clone(&push)).encode_to_vec();
+    *bytes += encoded.len();
+    Some(
+        RollupReply::decode(encoded.as_slice())
+            .expect("a push decodes")
+            .into(),
+    )
+}
+
 /// Masters in-process, talked to through encoded `damper.v1` messages.
 pub struct WireMasters {
     masters: Vec<Master>,
+    /// Each master's pushes.
+    watched: Vec<Watched>,
     clock: Arc<ManualClock>,
     /// Whether they behave as masters before fast onset did.
     old: bool,
@@ -91,12 +109,12 @@ impl WireMasters {
     pub fn new(config: &str, count: usize) -> WireMasters {
         let config = MasterConfig::from_toml(config).expect("a valid config");
         let clock = Arc::new(ManualClock::new(EPOCH));
+        let masters: Vec<Master> = (0..count)
+            .map(|_| Master::with_clock(config.clone(), MasterOptions::default(), clock.clone()))
+            .collect();
         WireMasters {
-            masters: (0..count)
-                .map(|_| {
-                    Master::with_clock(config.clone(), MasterOptions::default(), clock.clone())
-                })
-                .collect(),
+            watched: masters.iter().map(Master::watch).collect(),
+            masters,
             clock,
             old: false,
             wire_bytes: 0,
@@ -164,6 +182,15 @@ impl Masters for WireMasters {
         panic!("WireMasters do not kill masters: run master events against SimMasters");
     }
 
+    fn take_push(&mut self, m: usize) -> Option<Reply> {
+        // Masters before fast onset make no early reports' verdicts, and
+        // have no stream to push them on.
+        if self.old {
+            return None;
+        }
+        next_push(&mut self.watched[m], &mut self.wire_bytes)
+    }
+
     fn restart(&mut self, _: usize, _: Nanos) {
         panic!("WireMasters do not restart masters: run master events against SimMasters");
     }
@@ -175,6 +202,10 @@ pub struct GrpcMasters {
     served: Vec<ServedMaster>,
     clients: Vec<MasterClient<Channel>>,
     clock: Arc<ManualClock>,
+    /// Each master's pushes, taken in-process: the gRPC stream that
+    /// carries them is `tests/agent.rs`'s to test, and waiting on it here
+    /// would make the simulation's order depend on the network.
+    watched: Vec<Watched>,
 }
 
 impl GrpcMasters {
@@ -208,6 +239,7 @@ impl GrpcMasters {
         });
         GrpcMasters {
             runtime,
+            watched: served.iter().map(|s| s.master.watch()).collect(),
             served,
             clients,
             clock,
@@ -250,6 +282,10 @@ impl Masters for GrpcMasters {
 
     fn kill(&mut self, _: usize) {
         panic!("GrpcMasters do not kill masters: run master events against SimMasters");
+    }
+
+    fn take_push(&mut self, m: usize) -> Option<Reply> {
+        next_push(&mut self.watched[m], &mut 0)
     }
 
     fn restart(&mut self, _: usize, _: Nanos) {

@@ -125,6 +125,61 @@ async fn a_flood_is_reported_early_and_suppressed_within_the_first_round() {
     served.stop().await;
 }
 
+/// A push over real gRPC at the production time scale: agent A's early
+/// report of a flood turns the account's suppression on, and the master
+/// pushes the verdict to agent B, which holds the account but saw no
+/// flood and reported nothing since: B refuses it within the round, long
+/// before its own rollup's reply could say so (2 s plus its send spread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_reported_by_one_agent_is_pushed_to_another_that_holds_the_account() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let address = served.address.to_string();
+    let agent = |id: &str| {
+        Agent::builder()
+            .masters([address.as_str()])
+            .agent_id(id)
+            .start()
+            .unwrap()
+    };
+    let ms = damper_core::time::Clock::now(&damper_core::time::SystemClock).as_nanos() / 1_000_000;
+    tokio::time::sleep(Duration::from_millis(2_000 - ms % 2_000 + 50)).await;
+    let (a, b) = (agent("edge-a"), agent("edge-b"));
+    // B holds the account: a few operations, told early as every new pair
+    // is, and answered with no factor.
+    for _ in 0..5 {
+        assert!(b.check("acme", "messages", 1).is_admit());
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(b.factor("acme", "messages").unwrap_or(0.0), 0.0);
+    // A floods at 10 000/s until B hears, for at most 1.2 s: within B's
+    // first round.
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(1_200)
+        && b.factor("acme", "messages").unwrap_or(0.0) == 0.0
+    {
+        for _ in 0..100 {
+            a.check("acme", "messages", 1);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let heard = start.elapsed();
+    let factor = b.factor("acme", "messages").unwrap_or(0.0);
+    let stats = b.stats();
+    assert!(
+        factor > 0.5,
+        "B's factor {factor} after {heard:?}; {stats:?}"
+    );
+    assert_eq!(stats.pushes_applied, 1, "{stats:?}");
+    assert_eq!(
+        stats.rollups_sent, 0,
+        "B heard before its first rollup: {stats:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    served.stop().await;
+}
+
 /// Two agents of one process, both with the default id or both told the
 /// same one, started in the same millisecond: the master counts every
 /// rollup of both. Each run numbers its rollups from 1, so if the two
@@ -305,6 +360,16 @@ impl damper_proto::v1::master_server::Master for SlowMaster {
         &self,
         _: tonic::Request<damper_proto::v1::AccountsRequest>,
     ) -> Result<tonic::Response<damper_proto::v1::AccountsReply>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+
+    type WatchStream =
+        tonic::codegen::tokio_stream::Empty<Result<damper_proto::v1::RollupReply, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<damper_proto::v1::WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
         Err(tonic::Status::unimplemented("not in this test"))
     }
 }

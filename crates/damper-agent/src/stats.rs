@@ -16,6 +16,7 @@ pub(crate) struct Stats {
     pub(crate) bytes_received: AtomicU64,
     pub(crate) early_reports: AtomicU64,
     pub(crate) early_reports_failed: AtomicU64,
+    pub(crate) pushes_applied: AtomicU64,
     /// Cost admitted that a limit in shadow would have refused: added by
     /// `check` itself, on the shadow path only.
     pub(crate) would_reject_cost: AtomicU64,
@@ -37,6 +38,7 @@ impl Default for Stats {
             bytes_received: AtomicU64::new(0),
             early_reports: AtomicU64::new(0),
             early_reports_failed: AtomicU64::new(0),
+            pushes_applied: AtomicU64::new(0),
             would_reject_cost: AtomicU64::new(0),
             would_reject_recorded: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -59,6 +61,7 @@ impl Stats {
             bytes_received: s.bytes_received.load(Relaxed),
             early_reports: s.early_reports.load(Relaxed),
             early_reports_failed: s.early_reports_failed.load(Relaxed),
+            pushes_applied: s.pushes_applied.load(Relaxed),
             would_reject_cost: s.would_reject_cost.load(Relaxed),
             rollup_latency: LatencyHistogram {
                 counts: std::array::from_fn(|i| s.latency[i].load(Relaxed)),
@@ -167,6 +170,10 @@ pub struct AgentStats {
     /// Early reports that failed (refused by the master's budget, timed
     /// out, unreachable); the rollups carry the counts all the same.
     pub early_reports_failed: u64,
+    /// (account, op) verdicts a master pushed (an early report elsewhere
+    /// turned the account's suppression on or off) that this agent held
+    /// and applied.
+    pub pushes_applied: u64,
     /// Cost admitted that a limit in shadow would have refused (the
     /// master's `[shadow]` table): what enforcing it would refuse.
     pub would_reject_cost: u64,
@@ -189,6 +196,7 @@ impl std::iter::Sum for AgentStats {
             bytes_received: s.bytes_received + a.bytes_received,
             early_reports: s.early_reports + a.early_reports,
             early_reports_failed: s.early_reports_failed + a.early_reports_failed,
+            pushes_applied: s.pushes_applied + a.pushes_applied,
             would_reject_cost: s.would_reject_cost + a.would_reject_cost,
             rollup_latency: LatencyHistogram {
                 counts: std::array::from_fn(|i| {

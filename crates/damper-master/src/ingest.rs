@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
-use damper_core::master::{MasterState, SurgeTaken};
+use damper_core::master::{MasterState, SurgeTaken, push_reply};
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -196,6 +196,7 @@ impl Master {
         };
         match surge {
             Some(at) => {
+                let mut pushes = Vec::new();
                 for (i, op) in query.ops.iter().enumerate() {
                     for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
                         // The verdict after the early report, marked for
@@ -207,6 +208,7 @@ impl Master {
                             state.surge(now, at, Pair::new(account, &op.op), *rates)
                         });
                         let transitions = state.take_transitions();
+                        pushes.extend(state.take_pushes());
                         drop(state);
                         self.shared.events.publish(now, transitions);
                         self.new_pairs_added(&query.agent_id, now, &refused);
@@ -219,6 +221,15 @@ impl Master {
                             reply.add(i, || account.clone(), &v);
                         }
                     }
+                }
+                if !pushes.is_empty() {
+                    let push = push_reply(
+                        &config,
+                        pushes,
+                        self.shared.rollup_interval,
+                        self.shared.started,
+                    );
+                    self.shared.pushes.publish(push);
                 }
             }
             None => {
@@ -233,6 +244,17 @@ impl Master {
             }
         }
         Ok(reply.finish(now, self.header(0)))
+    }
+
+    /// A receiver of every push from now on: the verdicts early reports
+    /// flip, for the `Watch` stream.
+    pub fn watch(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<Reply>> {
+        self.shared.pushes.subscribe()
+    }
+
+    /// How many agents watch for pushes now.
+    pub fn watchers(&self) -> usize {
+        self.shared.pushes.watchers()
     }
 
     /// Whether `rollup` is counted for the first time (always, unnumbered),

@@ -12,6 +12,8 @@
 //!   messages): a rollup validated, ingested shard by shard and answered
 //!   with a compact reply, by the rules of [`damper_core::wire`];
 //!   [`Master::factors`] for rechecks and probes; what was ingested.
+//! - `push`: the verdicts early reports flipped, broadcast to every agent
+//!   watching ([`Master::watch`]).
 //! - `ring_view`: [`Master::set_ring`], the master's view of the ring, to
 //!   tell agents whose view differs.
 //! - `accounts`: [`AccountsQuery`] and [`Master::accounts`]: which
@@ -50,6 +52,7 @@ pub mod events;
 pub mod http;
 mod identity;
 mod ingest;
+mod push;
 pub mod reload;
 mod ring_accounts;
 mod ring_view;
@@ -174,6 +177,8 @@ struct Shared {
     new_pairs: Mutex<damper_core::master::NewPairBudget>,
     /// Accounts near their limit, suppression started and ended.
     events: events::Events,
+    /// Verdicts early reports flipped, for every watching agent.
+    pushes: push::Pushes,
     /// The other masters of the ring, for one view of all accounts.
     peers: ring_accounts::Peers,
 }
@@ -200,6 +205,7 @@ impl Master {
                     .map(|_| {
                         let mut state = MasterState::new(config.clone());
                         state.track_transitions(true);
+                        state.track_pushes(true);
                         state.set_max_pairs(per_shard);
                         Mutex::new(state)
                     })
@@ -217,6 +223,7 @@ impl Master {
                 warned: crate::ingest::Warned::default(),
                 rollup_log: Mutex::default(),
                 events: events::Events::default(),
+                pushes: push::Pushes::default(),
                 peers: ring_accounts::Peers::default(),
                 new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
                     options.max_new_pairs_per_agent,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use damper_core::wire::{FactorsQuery, Rollup, RollupError};
 use damper_proto::v1::master_server::MasterServer;
 use damper_proto::v1::{
-    AccountsReply, AccountsRequest, FactorsRequest, RollupReply, RollupRequest,
+    AccountsReply, AccountsRequest, FactorsRequest, RollupReply, RollupRequest, WatchRequest,
 };
 
 use tokio::net::TcpListener;
@@ -34,6 +34,9 @@ pub struct MasterService {
     master: Master,
     /// Who may report, with mutual TLS; anyone the TLS admits when `None`.
     allowed: Option<AllowList>,
+    /// Set when the server begins to shut down: `Watch` streams end then,
+    /// or the graceful shutdown would wait for them for ever.
+    closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl MasterService {
@@ -42,7 +45,15 @@ impl MasterService {
         MasterService {
             master,
             allowed: None,
+            closing: tokio::sync::watch::channel(false).1,
         }
+    }
+
+    /// `Watch` streams end when `closing` turns true (or its sender is
+    /// gone).
+    pub fn with_closing(mut self, closing: tokio::sync::watch::Receiver<bool>) -> MasterService {
+        self.closing = closing;
+        self
     }
 
     /// Only clients whose certificate `allowed` admits may report.
@@ -101,6 +112,24 @@ impl damper_proto::v1::master_server::Master for MasterService {
         }
     }
 
+    type WatchStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<RollupReply, Status>> + Send + 'static>,
+    >;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.admit(&request)?;
+        let agent = request.into_inner().agent_id;
+        tracing::debug!(%agent, "agent watches for pushes");
+        let pushes = self.master.watch();
+        Ok(Response::new(Box::pin(push_stream(
+            pushes,
+            self.closing.clone(),
+        ))))
+    }
+
     async fn accounts(
         &self,
         request: Request<AccountsRequest>,
@@ -114,6 +143,51 @@ impl damper_proto::v1::master_server::Master for MasterService {
             now, views, matched,
         )))
     }
+}
+
+/// The pushes a watcher receives, as messages; one that fell behind
+/// skips to the newest (counted), and the stream ends with the master.
+fn push_stream(
+    pushes: tokio::sync::broadcast::Receiver<std::sync::Arc<damper_core::wire::Reply>>,
+    closing: tokio::sync::watch::Receiver<bool>,
+) -> impl futures_util::Stream<Item = Result<RollupReply, Status>> + Send + 'static {
+    futures_util::stream::unfold(
+        (pushes, Some(closing)),
+        |(mut pushes, mut closing)| async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                if closing
+                    .as_mut()
+                    .is_some_and(|watch| *watch.borrow_and_update())
+                {
+                    return None;
+                }
+                let received = match &mut closing {
+                    Some(watch) => tokio::select! {
+                        received = pushes.recv() => received,
+                        changed = watch.changed() => {
+                            // No sender: nobody will ever close it.
+                            if changed.is_err() {
+                                closing = None;
+                            }
+                            continue;
+                        }
+                    },
+                    None => pushes.recv().await,
+                };
+                match received {
+                    Ok(push) => {
+                        let message = RollupReply::from(damper_core::wire::Reply::clone(&push));
+                        return Some((Ok(message), (pushes, closing)));
+                    }
+                    Err(RecvError::Lagged(skipped)) => {
+                        metrics::counter!("damper_master_pushes_skipped_total").increment(skipped);
+                    }
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        },
+    )
 }
 
 /// Why serving stopped.
@@ -172,9 +246,14 @@ pub async fn run_with_tls(
         tls.as_ref()
             .map_or_else(Default::default, ServerTls::peer_transport),
     );
-    let service = MasterServer::new(MasterService::new(master).with_allowed(allowed))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
+    let (closing, closing_rx) = tokio::sync::watch::channel(false);
+    let service = MasterServer::new(
+        MasterService::new(master)
+            .with_allowed(allowed)
+            .with_closing(closing_rx),
+    )
+    .max_decoding_message_size(max)
+    .max_encoding_message_size(max);
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = &tls {
         server = match server.tls_config(tls.config()) {
@@ -192,6 +271,7 @@ pub async fn run_with_tls(
     health.set_serving::<MasterServer<MasterService>>().await;
     let shutdown = async move {
         shutdown.await;
+        closing.send_replace(true);
         health
             .set_not_serving::<MasterServer<MasterService>>()
             .await;

@@ -13,10 +13,12 @@
 //! - `clients`: one gRPC client per master, redialled after a timeout,
 //!   with at most two rollups in flight to it.
 //! - `refused`: a refused connection told from other failures.
+//! - `watches`: one `Watch` stream per master, for its pushes.
 
 mod clients;
 mod members;
 mod refused;
+mod watches;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -33,6 +35,7 @@ use tokio::task::JoinSet;
 use crate::{Masters, Shared};
 use clients::Clients;
 use members::Members;
+use watches::Watches;
 
 pub(crate) struct Settings {
     pub(crate) masters: Masters,
@@ -73,6 +76,16 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
     );
     let mut clients = Clients::new(settings.request_timeout, settings.tls.clone());
     let mut in_flight: JoinSet<Answer> = JoinSet::new();
+    // Pushes come with fast onset only, whose early reports make them.
+    let (push_tx, mut pushes) = tokio::sync::mpsc::unbounded_channel();
+    let mut watches = settings
+        .round
+        .fast_onset
+        .is_some()
+        .then(|| Watches::new(&shared.agent_id, push_tx));
+    if let Some(watches) = &mut watches {
+        watch_all(watches, &mut clients, &members.list);
+    }
     // Encoded size of what this agent holds undelivered this round: the
     // requests that failed and those with no master to go to.
     let mut undelivered = 0usize;
@@ -91,6 +104,10 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
             {
                 round.set_members(&list);
                 clients.retain(&list);
+                if let Some(watches) = &mut watches {
+                    watches.retain(&list);
+                    watch_all(watches, &mut clients, &list);
+                }
             }
         }
         if stopping && round.is_finished() {
@@ -108,12 +125,16 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
                     answered(&shared, &mut round, answer, &mut undelivered);
                 }
             }
+            Some((master, push)) = pushes.recv() => {
+                round.on_push(SystemClock.now(), &master, &push, &shared.state);
+            }
             _ = stop.changed(), if !stopping => {
                 stopping = true;
                 round.stop(SystemClock.now(), &shared.state);
             }
         }
     }
+    drop(watches);
     in_flight.abort_all();
     tracing::info!(agent = %shared.agent_id, "damper agent stopped after a last rollup");
 }
@@ -122,6 +143,17 @@ async fn sleep(wake: Option<Duration>) {
     match wake {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Watches every master of `list` for pushes (those already watched
+/// keep their stream).
+fn watch_all(watches: &mut Watches, clients: &mut Clients, list: &[String]) {
+    for master in list {
+        match clients.get(master) {
+            Ok(client) => watches.ensure(master, client),
+            Err(e) => tracing::warn!(%master, error = %e, "bad master address"),
+        }
     }
 }
 
@@ -343,6 +375,18 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
                 tracing::info!(%master, joined, "pairs moved to this master; its estimate is told their rates");
                 metrics::counter!("damper_agent_joined_pairs_total").increment(joined as u64);
             }
+        }
+        RoundEvent::Pushed {
+            master,
+            pairs,
+            applied,
+        } => {
+            tracing::debug!(%master, pairs, applied, "push from a master");
+            shared
+                .stats
+                .pushes_applied
+                .fetch_add(applied as u64, Relaxed);
+            metrics::counter!("damper_agent_pushed_pairs_applied_total").increment(applied as u64);
         }
         RoundEvent::Dropped { cost } => {
             shared.stats.dropped_cost.fetch_add(cost, Relaxed);

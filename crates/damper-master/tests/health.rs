@@ -141,7 +141,7 @@ async fn the_master_answers_grpc_reflection() {
     .unwrap();
     assert_eq!(file.package(), "damper.v1");
     let methods: Vec<_> = file.service[0].method.iter().map(|m| m.name()).collect();
-    assert_eq!(methods, ["Rollup", "Factors", "Accounts"]);
+    assert_eq!(methods, ["Rollup", "Factors", "Accounts", "Watch"]);
     drop(reflection);
     let _ = stop.send(());
     server.await.unwrap().unwrap();

@@ -183,6 +183,10 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.check_config {
         return check_config(path);
     }
+    // Listening from here on: a signal during the rest of the start (a
+    // snapshot being read, say) stops the master once it serves, rather
+    // than killing it with the default action.
+    let signal = shutdown_signal();
     let (config, source, config_text) = load_config(args.config.as_deref())?;
     let options = master_options(&args)?;
     let tls = server_tls(&args)?;
@@ -264,7 +268,7 @@ async fn serve() -> anyhow::Result<()> {
     let grpc = run_with_tls(listener, master.clone(), tls, {
         let stopped = stopped();
         async move {
-            shutdown_signal().await;
+            signal.await;
             let _ = stop.send(true);
             stopped.await
         }
@@ -546,24 +550,46 @@ fn sighup() -> anyhow::Result<tokio::sync::mpsc::Receiver<()>> {
     Ok(receive)
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Listens for SIGINT and SIGTERM from now on, and completes on either.
+/// Not an `async fn`: the handlers are installed when it is called, not
+/// when the future is first polled (which the server does only once it
+/// serves), so a signal right after start is not the default, fatal one
+/// that skips the snapshot.
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (interrupt, terminate) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => tracing::info!("SIGINT: shutting down"),
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    async move {
+        #[cfg(unix)]
+        let (interrupt, terminate) = (
+            async move {
+                match interrupt {
+                    Some(mut s) => s.recv().await.map_or((), |_| ()),
+                    None => std::future::pending().await,
+                }
+            },
+            async move {
+                match terminate {
+                    Some(mut s) => s.recv().await.map_or((), |_| ()),
+                    None => std::future::pending().await,
+                }
+            },
+        );
+        #[cfg(not(unix))]
+        let (interrupt, terminate) = (
+            async {
+                let _ = tokio::signal::ctrl_c().await;
+            },
+            std::future::pending::<()>(),
+        );
+        tokio::select! {
+            () = interrupt => tracing::info!("SIGINT: shutting down"),
+            () = terminate => tracing::info!("SIGTERM: shutting down"),
+        }
     }
 }

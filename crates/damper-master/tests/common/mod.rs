@@ -80,14 +80,24 @@ impl MasterProcess {
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns whether it
-    /// exited successfully.
+    /// exited successfully. When it did not, prints how it ended and its
+    /// logs, for the failure's report.
     pub fn terminate(mut self) -> bool {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("kill runs");
         assert!(status.success());
-        self.child.wait().expect("the master exits").success()
+        let exit = self.child.wait().expect("the master exits");
+        if !exit.success() {
+            // The log thread sends until the pipe closes, which it now has.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            eprintln!("the master ended with {exit}; its logs:");
+            for line in self.logs.try_iter() {
+                eprintln!("  {line}");
+            }
+        }
+        exit.success()
     }
 
     /// Sends `signal` (such as `HUP`) to the process.

@@ -73,6 +73,7 @@ fn main() -> std::process::ExitCode {
 #[tokio::main]
 async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
+    let stop = stop_signal();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if args.log_format == "json" {
@@ -110,7 +111,7 @@ async fn run() -> anyhow::Result<()> {
     );
     let node = Node::new(agent, config);
     serve(listener, node.clone(), async {
-        stop_signal().await;
+        stop.await;
         tracing::info!("shutting down: closing connections, flushing the agent");
     })
     .await?;
@@ -118,18 +119,33 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+/// Listens for SIGINT and SIGTERM from now on, and completes on either:
+/// installed when called (at start), not when the server first polls the
+/// future, so a signal during the start stops the process cleanly rather
+/// than killing it with what it holds.
+#[cfg(unix)]
+fn stop_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = signal(SignalKind::interrupt()).ok();
+    let terminate = signal(SignalKind::terminate()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => s.recv().await.map_or((), |_| ()),
+                None => std::future::pending().await,
             }
-            return;
+        };
+        tokio::select! {
+            () = wait(interrupt) => {}
+            () = wait(terminate) => {}
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Completes on Ctrl-C.
+#[cfg(not(unix))]
+fn stop_signal() -> impl Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

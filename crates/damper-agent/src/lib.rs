@@ -17,6 +17,8 @@
 //!   the simulator runs.
 //! - `stats`: [`AgentStats`] and the rollup latency histogram.
 //! - `clock`: the coarse clock `check` reads.
+//! - `signal`: [`stop_signal`], when a node should stop and shut its agent
+//!   down.
 //! - The decision itself is [`damper_core::agent`]'s, re-exported here as
 //!   [`Decision`] and [`Rejection`].
 //! - [`local`]: keyed token buckets for the node's own per-connection and
@@ -48,6 +50,7 @@
 mod builder;
 mod clock;
 mod rollup;
+mod signal;
 mod stats;
 
 use std::cell::RefCell;
@@ -65,6 +68,7 @@ pub use builder::{AgentBuilder, AgentError, AgentTls, Masters};
 pub use damper_core::agent::{
     Admitted, Decision, RejectSource, Rejection, Standing, implied_demand,
 };
+pub use signal::stop_signal;
 use stats::Stats;
 pub use stats::{AgentStats, LatencyHistogram};
 

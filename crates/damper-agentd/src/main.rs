@@ -166,7 +166,7 @@ fn start() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn serve(config: Config, json_logs: bool) -> anyhow::Result<()> {
-    let stop = stop_signal();
+    let stop = damper_agent::stop_signal();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json_logs {
@@ -201,26 +201,4 @@ async fn serve(config: Config, json_logs: bool) -> anyhow::Result<()> {
     .await?;
     tracing::info!("damper-agentd stopped");
     Ok(())
-}
-
-/// Listens for SIGINT and SIGTERM from now on, and completes on either:
-/// installed when called (at start), not when the server first polls the
-/// future, so a signal during the start stops the process cleanly rather
-/// than killing it with what it holds.
-fn stop_signal() -> impl Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let interrupt = signal(SignalKind::interrupt()).ok();
-    let terminate = signal(SignalKind::terminate()).ok();
-    async move {
-        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
-            match s {
-                Some(mut s) => s.recv().await.map_or((), |_| ()),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = wait(interrupt) => {}
-            () = wait(terminate) => {}
-        }
-    }
 }

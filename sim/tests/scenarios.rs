@@ -215,3 +215,20 @@ fn lost_replies_are_not_counted_twice() {
         "counted {counted} of {attempted}"
     );
 }
+
+/// An overload that falls back under its limit over 20 agents, each one's
+/// share too small to report in two sub-windows, is released within a
+/// second of the fall: the agents see it on their pairs' slow means, and
+/// the master pushes the release to those that have not reported yet.
+/// Without pushes it waits for the round.
+#[test]
+fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
+    let (_, with) = simulate(scenario("creeping-loss"));
+    let creeper = account(&with, "creeper");
+    assert!(creeper.release_s.unwrap() <= 1.5, "{creeper:?}");
+    assert!(with.control.by_kind.pushes > 0, "{:?}", with.control);
+    let (_, without) = simulate(scenario("creeping-loss").with_push(false));
+    let creeper = account(&without, "creeper");
+    assert!(creeper.release_s.unwrap() >= 2.0, "{creeper:?}");
+    assert_eq!(without.control.by_kind.pushes, 0);
+}

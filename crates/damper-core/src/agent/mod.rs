@@ -537,6 +537,11 @@ impl AgentState {
         }
         let guard = self.entries.guard();
         let entry = self.entry(now, account, op, &guard);
+        self.set_verdict(now, op, entry, verdict);
+    }
+
+    /// Stores a master's `verdict` in `entry`, a pair of `op`.
+    fn set_verdict(&self, now: Nanos, op: &str, entry: &Entry, verdict: &Factor) {
         let limit = if verdict.limit.is_finite() && verdict.limit > 0.0 {
             verdict.limit
         } else {
@@ -601,27 +606,21 @@ impl AgentState {
     /// or forgot, stays as it is: it has nothing to hold). Learns nothing
     /// else from it. Returns how many pairs it applied to.
     pub fn apply_pushed(&self, now: Nanos, reply: &Reply) -> usize {
+        let guard = self.entries.guard();
         let mut applied = 0;
         for op in &reply.ops {
             for listed in &op.listed {
-                let pair = Pair::new(&listed.account, &op.op);
-                if self.holds(pair) {
-                    self.apply_factor(now, pair, &listed.factor);
+                let key = KeyRef {
+                    op: &op.op,
+                    account: &listed.account,
+                };
+                if let Some(entry) = self.entries.get(&key, &guard) {
+                    self.set_verdict(now, &op.op, entry, &listed.factor);
                     applied += 1;
                 }
             }
         }
         applied
-    }
-
-    /// Whether the agent has an entry for `pair`.
-    fn holds(&self, pair: Pair<'_>) -> bool {
-        let guard = self.entries.guard();
-        let key = KeyRef {
-            op: pair.op,
-            account: pair.account,
-        };
-        self.entries.get(&key, &guard).is_some()
     }
 
     /// Forgets that `pair` was reported early (the report failed): its

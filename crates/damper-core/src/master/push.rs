@@ -47,15 +47,11 @@ impl MasterState {
         self.pushes = on.then(Vec::new);
     }
 
-    /// The pushes queued since the last call, at most [`PUSH_MAX_PAIRS`]
-    /// (the rest are dropped: their agents hear at their rounds).
+    /// The pushes queued since the last call: at most [`PUSH_MAX_PAIRS`],
+    /// as [`queue_push`](Self::queue_push) keeps no more (the rest are
+    /// dropped: their agents hear at their rounds).
     pub fn take_pushes(&mut self) -> Vec<Push> {
-        let Some(pushes) = &mut self.pushes else {
-            return Vec::new();
-        };
-        let mut taken = std::mem::take(pushes);
-        taken.truncate(PUSH_MAX_PAIRS);
-        taken
+        self.pushes.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Queues `verdict` if pushes are tracked and it flips the pair's

@@ -252,11 +252,6 @@ impl Master {
         self.shared.pushes.subscribe()
     }
 
-    /// How many agents watch for pushes now.
-    pub fn watchers(&self) -> usize {
-        self.shared.pushes.watchers()
-    }
-
     /// Whether `rollup` is counted for the first time (always, unnumbered),
     /// recording it. Checked after validation, so a refused rollup's resend
     /// is refused again rather than taken for a repeat.

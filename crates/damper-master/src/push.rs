@@ -43,9 +43,4 @@ impl Pushes {
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Reply>> {
         self.live.subscribe()
     }
-
-    /// How many watch now.
-    pub(crate) fn watchers(&self) -> usize {
-        self.live.receiver_count()
-    }
 }

@@ -35,8 +35,9 @@ pub struct MasterService {
     /// Who may report, with mutual TLS; anyone the TLS admits when `None`.
     allowed: Option<AllowList>,
     /// Set when the server begins to shut down: `Watch` streams end then,
-    /// or the graceful shutdown would wait for them for ever.
-    closing: tokio::sync::watch::Receiver<bool>,
+    /// or the graceful shutdown would wait for them for ever. Held here,
+    /// so it lives as long as the service.
+    closing: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl MasterService {
@@ -45,13 +46,15 @@ impl MasterService {
         MasterService {
             master,
             allowed: None,
-            closing: tokio::sync::watch::channel(false).1,
+            closing: std::sync::Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
-    /// `Watch` streams end when `closing` turns true (or its sender is
-    /// gone).
-    pub fn with_closing(mut self, closing: tokio::sync::watch::Receiver<bool>) -> MasterService {
+    /// `Watch` streams end once `closing` holds true.
+    pub fn with_closing(
+        mut self,
+        closing: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+    ) -> MasterService {
         self.closing = closing;
         self
     }
@@ -126,7 +129,7 @@ impl damper_proto::v1::master_server::Master for MasterService {
         let pushes = self.master.watch();
         Ok(Response::new(Box::pin(push_stream(
             pushes,
-            self.closing.clone(),
+            self.closing.subscribe(),
         ))))
     }
 
@@ -146,48 +149,32 @@ impl damper_proto::v1::master_server::Master for MasterService {
 }
 
 /// The pushes a watcher receives, as messages; one that fell behind
-/// skips to the newest (counted), and the stream ends with the master.
+/// skips to the newest (counted). The stream ends when `closing` turns
+/// true, or with the master.
 fn push_stream(
     pushes: tokio::sync::broadcast::Receiver<std::sync::Arc<damper_core::wire::Reply>>,
     closing: tokio::sync::watch::Receiver<bool>,
 ) -> impl futures_util::Stream<Item = Result<RollupReply, Status>> + Send + 'static {
-    futures_util::stream::unfold(
-        (pushes, Some(closing)),
-        |(mut pushes, mut closing)| async move {
-            use tokio::sync::broadcast::error::RecvError;
-            loop {
-                if closing
-                    .as_mut()
-                    .is_some_and(|watch| *watch.borrow_and_update())
-                {
-                    return None;
+    futures_util::stream::unfold((pushes, closing), |(mut pushes, mut closing)| async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let received = tokio::select! {
+                received = pushes.recv() => received,
+                // Closing, or the service (and its sender) gone.
+                _ = closing.wait_for(|closing| *closing) => return None,
+            };
+            match received {
+                Ok(push) => {
+                    let message = RollupReply::from(damper_core::wire::Reply::clone(&push));
+                    return Some((Ok(message), (pushes, closing)));
                 }
-                let received = match &mut closing {
-                    Some(watch) => tokio::select! {
-                        received = pushes.recv() => received,
-                        changed = watch.changed() => {
-                            // No sender: nobody will ever close it.
-                            if changed.is_err() {
-                                closing = None;
-                            }
-                            continue;
-                        }
-                    },
-                    None => pushes.recv().await,
-                };
-                match received {
-                    Ok(push) => {
-                        let message = RollupReply::from(damper_core::wire::Reply::clone(&push));
-                        return Some((Ok(message), (pushes, closing)));
-                    }
-                    Err(RecvError::Lagged(skipped)) => {
-                        metrics::counter!("damper_master_pushes_skipped_total").increment(skipped);
-                    }
-                    Err(RecvError::Closed) => return None,
+                Err(RecvError::Lagged(skipped)) => {
+                    metrics::counter!("damper_master_pushes_skipped_total").increment(skipped);
                 }
+                Err(RecvError::Closed) => return None,
             }
-        },
-    )
+        }
+    })
 }
 
 /// Why serving stopped.
@@ -246,11 +233,11 @@ pub async fn run_with_tls(
         tls.as_ref()
             .map_or_else(Default::default, ServerTls::peer_transport),
     );
-    let (closing, closing_rx) = tokio::sync::watch::channel(false);
+    let closing = std::sync::Arc::new(tokio::sync::watch::Sender::new(false));
     let service = MasterServer::new(
         MasterService::new(master)
             .with_allowed(allowed)
-            .with_closing(closing_rx),
+            .with_closing(closing.clone()),
     )
     .max_decoding_message_size(max)
     .max_encoding_message_size(max);

@@ -78,9 +78,15 @@ impl Control {
         self.reply_bytes += v1::RollupReply::from(reply.clone()).encoded_len() as u64;
     }
 
-    /// Counts a push reaching an agent.
-    pub(super) fn pushed(&mut self, reply: &Reply) {
+    /// A push's encoded size: measured once, counted at each agent it
+    /// reaches.
+    pub(super) fn push_size(reply: &Reply) -> u64 {
+        v1::RollupReply::from(reply.clone()).encoded_len() as u64
+    }
+
+    /// Counts a push of `bytes` reaching an agent.
+    pub(super) fn pushed(&mut self, bytes: u64) {
         self.pushes += 1;
-        self.push_bytes += v1::RollupReply::from(reply.clone()).encoded_len() as u64;
+        self.push_bytes += bytes;
     }
 }

@@ -115,6 +115,8 @@ enum Event {
         agent: usize,
         master: usize,
         reply: std::sync::Arc<Reply>,
+        /// Its encoded size.
+        bytes: u64,
     },
     Scenario(Action),
 }
@@ -330,7 +332,8 @@ impl<M: Masters> Sim<M> {
                     agent,
                     master,
                     reply,
-                } => self.pushed(agent, master, &reply),
+                    bytes,
+                } => self.pushed(agent, master, &reply, bytes),
                 Event::Scenario(action) => self.act(action),
             }
         }
@@ -470,6 +473,7 @@ impl<M: Masters> Sim<M> {
         let Some(reply) = self.masters.take_push(m) else {
             return;
         };
+        let bytes = Control::push_size(&reply);
         let reply = std::sync::Arc::new(reply);
         for a in 0..self.agents.len() {
             if a == from || self.agents[a].partitioned || self.lost() {
@@ -480,14 +484,15 @@ impl<M: Masters> Sim<M> {
                 agent: a,
                 master: m,
                 reply: reply.clone(),
+                bytes,
             };
             self.schedule(at, push);
         }
     }
 
     /// A push from master `m` reaches agent `a`'s round.
-    fn pushed(&mut self, a: usize, m: usize, reply: &Reply) {
-        self.control.pushed(reply);
+    fn pushed(&mut self, a: usize, m: usize, reply: &Reply, bytes: u64) {
+        self.control.pushed(bytes);
         let agent = &mut self.agents[a];
         agent
             .round

@@ -375,7 +375,9 @@ impl DemandWindow {
     pub fn estimate(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         let estimate = self.round_estimate(cfg, now);
         match self.surge_demand(cfg, now, estimate.rates.demand) {
-            Some(demand) => Estimate {
+            // Early reports that prove no more than the rounds leave the
+            // rounds' estimate as it is, tested for chance as any.
+            Some(demand) if demand != estimate.rates.demand => Estimate {
                 rates: Rates {
                     demand,
                     admitted: estimate.rates.admitted,
@@ -386,7 +388,7 @@ impl DemandWindow {
                 first_round: false,
                 surge: true,
             },
-            None => estimate,
+            _ => estimate,
         }
     }
 

@@ -87,8 +87,19 @@ impl DemandWindow {
         if round < self.round {
             return false;
         }
-        if self.surge_at(cfg, now).is_none() {
-            let base = self.round_estimate(cfg, now).rates.demand as f32;
+        let rounds = self.round_estimate(cfg, now).rates.demand;
+        // A standing estimate of an earlier round that says no more than
+        // the rounds (a chance spike) gives way to a new one: otherwise a
+        // deluge reported in the next round would lapse with it, when the
+        // round before the deluge is whole. One that says more stands (its
+        // round, once whole, shows the jump), and a new one starts from the
+        // rounds, so chance spikes never pile up from round to round.
+        let fresh = match self.surge_at(cfg, now) {
+            None => true,
+            Some(s) => s.round < round && s.demand(rounds) <= rounds,
+        };
+        if fresh {
+            let base = rounds as f32;
             self.surge = Some(Box::new(Surge {
                 base,
                 round,
@@ -187,6 +198,31 @@ mod tests {
         assert_eq!(e.rates.demand, 10_000.0);
     }
 
+    /// A chance spike reported just before a deluge, in the round before
+    /// its reports, does not take them with it when it lapses (at the end
+    /// of the round before the deluge's): the deluge's estimate stands
+    /// until its own round after is whole.
+    #[test]
+    fn a_chance_spike_gives_way_to_a_deluge_in_the_next_round() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 25);
+        // One agent's chance spike, in the round ending at 4 000: it
+        // proves less than the rounds.
+        assert!(w.surge(&c, ms(2_100), ms(1_900), rates(100.0, 25.0, false)));
+        assert_eq!(w.estimate(&c, ms(2_110)).rates.demand, 500.0);
+        // A deluge, in the round ending at 6 000.
+        for _ in 0..20 {
+            w.surge(&c, ms(2_300), ms(2_200), rates(500.0, 25.0, false));
+        }
+        assert_eq!(w.estimate(&c, ms(2_310)).rates.demand, 10_000.0);
+        // The round ending at 4 000, whole, holds part of it: the
+        // deluge's estimate stands.
+        round(&mut w, 4_000, 350);
+        let e = w.estimate(&c, ms(4_400));
+        assert!(e.surge);
+        assert_eq!(e.rates.demand, 10_000.0);
+    }
+
     #[test]
     fn traffic_that_only_moves_is_not_a_surge() {
         // 0.8× a 1 000/s limit over 20 agents moves onto 2 of them; the 18
@@ -227,8 +263,10 @@ mod tests {
         drops(&mut w, 10);
         assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 5_250.0);
         round(&mut w, 4_000, 25);
+        // The surge estimate still stands, and says what the round says:
+        // the estimate is the round's, tested for chance as any.
         let e = w.estimate(&c, ms(4_400));
-        assert!(e.surge);
+        assert!(!e.surge);
         assert_eq!(e.rates.demand, 500.0);
     }
 

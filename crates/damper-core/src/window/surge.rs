@@ -21,7 +21,9 @@
 //! the rounds say more, they win unless drops were reported, and then
 //! they are moved down by the net change. It
 //! stands until the first round wholly after the first early report is
-//! whole, and then the rounds speak again.
+//! whole, and then the rounds speak again; an early report of a later
+//! round, while it proves no more than the rounds (a chance spike),
+//! starts a new one.
 
 use serde::{Deserialize, Serialize};
 
@@ -199,24 +201,25 @@ mod tests {
     }
 
     /// A chance spike reported just before a deluge, in the round before
-    /// its reports, does not take them with it when it lapses (at the end
-    /// of the round before the deluge's): the deluge's estimate stands
-    /// until its own round after is whole.
+    /// the deluge's reports, does not take them with it when it lapses
+    /// (once the deluge's own round is whole): the deluge's estimate
+    /// stands until the round after its own is whole.
     #[test]
     fn a_chance_spike_gives_way_to_a_deluge_in_the_next_round() {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 25);
-        // One agent's chance spike, in the round ending at 4 000: it
+        // One agent's chance spike, in the round ending at 2 000: it
         // proves less than the rounds.
         assert!(w.surge(&c, ms(2_100), ms(1_900), rates(100.0, 25.0, false)));
         assert_eq!(w.estimate(&c, ms(2_110)).rates.demand, 500.0);
-        // A deluge, in the round ending at 6 000.
+        // A deluge, in the round ending at 4 000.
         for _ in 0..20 {
             w.surge(&c, ms(2_300), ms(2_200), rates(500.0, 25.0, false));
         }
         assert_eq!(w.estimate(&c, ms(2_310)).rates.demand, 10_000.0);
-        // The round ending at 4 000, whole, holds part of it: the
-        // deluge's estimate stands.
+        // The round ending at 4 000, whole, holds only part of it: the
+        // spike's estimate would lapse now; the deluge's stands until the
+        // round ending at 6 000 is whole.
         round(&mut w, 4_000, 350);
         let e = w.estimate(&c, ms(4_400));
         assert!(e.surge);

@@ -106,6 +106,11 @@ pub struct ClusterSection {
     /// `1 − factor` of the attempted. `false` decides each operation by an
     /// independent draw, as before it existed.
     pub low_noise: bool,
+    /// Whether agents give accounts by number to masters that hold their
+    /// dictionaries (default true), so each name goes to a master once.
+    /// `false` names every account in every rollup, as before numbers
+    /// existed.
+    pub account_numbers: bool,
     /// The agents' surge sub-window, in milliseconds (default 200); must
     /// divide the rollup interval.
     pub surge_window_ms: u64,
@@ -128,6 +133,7 @@ impl Default for ClusterSection {
             fast_onset: true,
             push: true,
             low_noise: true,
+            account_numbers: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
             surge_floor: 0.125,
@@ -380,6 +386,13 @@ impl Scenario {
     pub fn with_fast_onset(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.fast_onset = on;
+        s
+    }
+
+    /// The scenario with agents that give accounts by number, or not.
+    pub fn with_account_numbers(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.account_numbers = on;
         s
     }
 

@@ -70,6 +70,8 @@ pub struct WireMasters {
     old: bool,
     /// Bytes of requests and replies carried so far.
     pub wire_bytes: usize,
+    /// Rollups that gave some account by number.
+    pub numbered_rollups: usize,
 }
 
 /// `FactorsRequest` as `damper.v1` had it before fast onset: what a master
@@ -118,6 +120,7 @@ impl WireMasters {
             clock,
             old: false,
             wire_bytes: 0,
+            numbered_rollups: 0,
         }
     }
 
@@ -149,9 +152,13 @@ impl Masters for WireMasters {
         let master = &self.masters[m];
         let reply = match request(message) {
             Request::Rollup(r) => {
+                self.numbered_rollups += usize::from(r.ops.iter().any(|o| !o.ids.is_empty()));
                 let bytes = r.encode_to_vec();
                 self.wire_bytes += bytes.len();
-                master.rollup_bytes(&bytes).ok()?
+                let mut reply = master.rollup_bytes(&bytes).ok()?;
+                // Masters before fast onset predate account numbers too.
+                reply.takes_ids &= !self.old;
+                reply
             }
             Request::Factors(q) => {
                 let bytes = q.encode_to_vec();

@@ -73,9 +73,27 @@ fn an_old_agents_requests_are_todays_with_the_new_fields_unset() {
 #[test]
 fn agents_that_predate_fast_onset_work_with_todays_masters() {
     let mut masters = WireMasters::new(LIMITS, 3);
-    let old_agents = scenario(&cluster()).with_fast_onset(false);
+    let old_agents = scenario(&cluster())
+        .with_fast_onset(false)
+        .with_account_numbers(false);
     let run = Sim::with_masters(old_agents, &mut masters).run(|_| {});
     assert_eq!((run.control.surges, run.control.probes), (0, 0));
+    assert_eq!(masters.numbered_rollups, 0);
+    assert_the_loop_works(&run);
+}
+
+/// Agents that give accounts by number (a rollup's names sent once per
+/// master): today's masters take them, and the loop works as with names;
+/// masters that predate numbers never say they take them, and get names.
+#[test]
+fn accounts_go_by_number_to_todays_masters_and_by_name_to_older_ones() {
+    let mut masters = WireMasters::new(LIMITS, 3);
+    let run = Sim::with_masters(scenario(&cluster()), &mut masters).run(|_| {});
+    assert!(masters.numbered_rollups > 0);
+    assert_the_loop_works(&run);
+    let mut old = WireMasters::predating_fast_onset(LIMITS, 3);
+    let run = Sim::with_masters(scenario(&cluster()), &mut old).run(|_| {});
+    assert_eq!(old.numbered_rollups, 0);
     assert_the_loop_works(&run);
 }
 

@@ -29,6 +29,9 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
         interval_start_unix_ms: end - 500,
         interval_end_unix_ms: end,
         ops: vec![OpCounts {
+            attempted: Vec::new(),
+            ids: Vec::new(),
+            rejected: Vec::new(),
             op: "messages".into(),
             accounts,
         }],
@@ -39,6 +42,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
 
 fn counts(account: String, attempted: u64) -> AccountCounts {
     AccountCounts {
+        id: 0,
         account,
         attempted,
         admitted: attempted,
@@ -121,6 +125,39 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
             .unwrap_err();
         assert_eq!(early.code(), tonic::Code::InvalidArgument);
         lies_refused += 2;
+        // Account numbers the master never held, under a new agent run
+        // each time: refused whole, nothing counted, nothing kept.
+        let mut unknown = rollup("hostile", Vec::new());
+        unknown.incarnation = batch;
+        unknown.dictionary = 1;
+        unknown.ops[0].ids = vec![7];
+        unknown.ops[0].attempted = vec![1_000_000];
+        unknown.ops[0].rejected = vec![0];
+        let refused = hostile.rollup(unknown.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().contains("ops[0].ids"),
+            "{}",
+            refused.message()
+        );
+        // Lists that do not line up, and a rejected cost above the attempted.
+        unknown.ops[0].rejected = vec![];
+        let refused = hostile.rollup(unknown.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(
+            refused.message().contains("rejected (0)"),
+            "{}",
+            refused.message()
+        );
+        unknown.ops[0].rejected = vec![2_000_000];
+        let refused = hostile.rollup(unknown).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(
+            refused.message().contains("ops[0].rejected[0]"),
+            "{}",
+            refused.message()
+        );
+        lies_refused += 3;
     }
     let secs = attack_started.elapsed().as_secs_f64().max(1.0);
     // Let a few more rounds pass under the attack's aftermath.
@@ -134,7 +171,12 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
         "during the attack ({secs:.1} s): flood admitted {rate:.0}/s; {tracked} pairs tracked"
     );
     assert!(tracked <= 5_000, "tracked {tracked} pairs, max_pairs 5 000");
-    assert_eq!(lies_refused, 400);
+    assert_eq!(lies_refused, 1_000);
+    // The honest agent's two accounts (numbers 1 and 2: room for 3).
+    assert!(
+        served.master.dictionary_ids() <= 3,
+        "the attack's numbers were kept"
+    );
     damper_testkit::assert_held("the flood during the attack", rate, 1_000.0, 0.15);
     assert_eq!(victim_refused.load(Relaxed), 0, "the victim was refused");
     assert_eq!(agent.peek("victim", "messages").factor, 0.0);

@@ -69,6 +69,7 @@ pub struct AgentBuilder {
     agent_id: Option<String>,
     rollup_interval: Duration,
     fast_onset: bool,
+    account_numbers: bool,
     low_noise: bool,
     local_window: Duration,
     forget_after: Duration,
@@ -130,6 +131,7 @@ impl Default for AgentBuilder {
             agent_id: None,
             rollup_interval: damper_core::DEFAULT_ROLLUP_INTERVAL,
             fast_onset: true,
+            account_numbers: true,
             low_noise: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
@@ -193,6 +195,16 @@ impl AgentBuilder {
     /// the agent reports in rollups alone, every interval.
     pub fn fast_onset(mut self, on: bool) -> Self {
         self.fast_onset = on;
+        self
+    }
+
+    /// Account numbers (default on): a master that holds this agent's
+    /// dictionary gets each account's name once, and its number after
+    /// (a few bytes an entry rather than the name's length, see
+    /// `damper_core::wire::dictionary`). Masters that predate numbers get
+    /// names either way. Off, every rollup names every account.
+    pub fn account_numbers(mut self, on: bool) -> Self {
+        self.account_numbers = on;
         self
     }
 
@@ -292,6 +304,7 @@ impl AgentBuilder {
         round.max_carry = self.max_carry;
         round.incarnation = Some(crate::os_seeded_u64());
         round.health.fail_after = self.fail_after;
+        round.account_numbers = self.account_numbers;
         round.fast_onset = self
             .fast_onset
             .then(|| SurgeRule::default_for(self.rollup_interval));

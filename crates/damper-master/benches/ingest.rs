@@ -33,6 +33,7 @@ const T0_MS: u64 = 1_800_000_000_000;
 
 fn rollup(first: usize, end_ms: u64) -> RollupRequest {
     RollupRequest {
+        dictionary: 0,
         agent_id: "bench".into(),
         interval_start_unix_ms: end_ms - 2_000,
         interval_end_unix_ms: end_ms,
@@ -40,9 +41,13 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
         incarnation: 0,
         sequence: 0,
         ops: vec![OpCounts {
+            attempted: Vec::new(),
+            ids: Vec::new(),
+            rejected: Vec::new(),
             op: "messages".into(),
             accounts: (first..first + PER_ROLLUP)
                 .map(|i| AccountCounts {
+                    id: 0,
                     account: format!("account-{:07}", i % KEYS),
                     // Every tenth account over its limit, so replies carry factors.
                     attempted: if i % 10 == 0 { 8_000 } else { 200 },

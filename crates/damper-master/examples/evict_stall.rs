@@ -27,9 +27,13 @@ fn rollup(end_ms: u64, accounts: impl Iterator<Item = String>) -> RollupRequest 
         interval_start_unix_ms: end_ms - 2_000,
         interval_end_unix_ms: end_ms,
         ops: vec![OpCounts {
+            attempted: Vec::new(),
+            ids: Vec::new(),
+            rejected: Vec::new(),
             op: "messages".into(),
             accounts: accounts
                 .map(|account| AccountCounts {
+                    id: 0,
                     account,
                     attempted: 10,
                     admitted: 10,

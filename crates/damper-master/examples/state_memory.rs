@@ -67,10 +67,14 @@ fn main() {
                 interval_end_unix_ms: end,
                 ring_version: 0,
                 ops: vec![OpCounts {
+                    attempted: Vec::new(),
+                    ids: Vec::new(),
+                    rejected: Vec::new(),
                     op: "messages".into(),
                     accounts: chunk
                         .iter()
                         .map(|a| AccountCounts {
+                            id: 0,
                             account: a.clone(),
                             attempted: 100,
                             admitted: 100,

@@ -82,6 +82,7 @@ impl Master {
     /// copied.
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
+        let takes_ids = self.expand(now, rollup)?;
         rollup.validate(now, self.shared.options.max_entries)?;
         rollup
             .check_rates(self.shared.options.max_claimed_rate)
@@ -90,7 +91,9 @@ impl Master {
             // A resend of a rollup already counted (its reply was lost):
             // the verdicts in force, nothing counted again.
             metrics::counter!("damper_master_rollups_repeated_total").increment(1);
-            return self.answer_factors(&rollup.as_query());
+            let mut reply = self.answer_factors(&rollup.as_query())?;
+            reply.takes_ids = takes_ids;
+            return Ok(reply);
         }
         let mut refused = Refused::default();
         let mut allowance = self.new_pairs_left(&rollup.agent_id, now);
@@ -149,12 +152,52 @@ impl Master {
             ),
         };
         self.count(rollup, totals, reply.listed(), foreign);
-        Ok(reply.finish(now, self.header(foreign.unwrap_or(0))))
+        let header = ReplyHeader {
+            takes_ids,
+            ..self.header(foreign.unwrap_or(0))
+        };
+        Ok(reply.finish(now, header))
+    }
+
+    /// Turns the rollup's account numbers back into names (see
+    /// [`damper_core::wire::dictionary`]); whether this master holds the
+    /// sender's dictionary. The entries by number are counted on the way
+    /// (`damper_master_rollup_entries_by_id_total`).
+    fn expand(
+        &self,
+        now: damper_core::time::Nanos,
+        rollup: &mut Rollup,
+    ) -> Result<bool, RollupError> {
+        let by_id: usize = rollup.ops.iter().map(|o| o.by_id.len()).sum();
+        if rollup.entries() > self.shared.options.max_entries {
+            // Refused by the validation that follows, before any work.
+            return Ok(false);
+        }
+        let expanded = self.dictionaries().expand(now, rollup);
+        match &expanded {
+            Ok(_) => {
+                metrics::counter!("damper_master_rollup_entries_by_id_total")
+                    .increment(by_id as u64);
+            }
+            Err(e) => {
+                let reason = if e.is_unknown() {
+                    "unknown"
+                } else {
+                    "malformed"
+                };
+                metrics::counter!("damper_master_dictionary_refusals_total", "reason" => reason)
+                    .increment(1);
+            }
+        }
+        Ok(expanded?)
     }
 
     /// [`answer`](Self::answer) on the protobuf request, as the service
     /// receives it; errors as the service sends them. Copies the request.
     pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
+        if let Some(error) = damper_proto::convert::id_lists_error(request) {
+            return Err(Status::invalid_argument(error));
+        }
         let mut rollup = Rollup::from(request.clone());
         self.answer(&mut rollup)
             .map(RollupReply::from)
@@ -167,6 +210,9 @@ impl Master {
     pub fn rollup_bytes(&self, bytes: &[u8]) -> Result<RollupReply, Status> {
         let request = <RollupRequest as prost::Message>::decode(bytes)
             .map_err(|e| Status::invalid_argument(format!("not a RollupRequest: {e}")))?;
+        if let Some(error) = damper_proto::convert::id_lists_error(&request) {
+            return Err(Status::invalid_argument(error));
+        }
         let mut rollup = Rollup::from(request);
         self.answer(&mut rollup)
             .map(RollupReply::from)
@@ -391,6 +437,7 @@ impl Master {
             started: self.shared.started,
             ring_version: self.shared.ring.get().map_or(0, |v| v.ring.version()),
             foreign_entries: u32::try_from(foreign_entries).unwrap_or(u32::MAX),
+            takes_ids: false,
         }
     }
 

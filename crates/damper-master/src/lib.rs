@@ -181,6 +181,10 @@ struct Shared {
     pushes: push::Pushes,
     /// The other masters of the ring, for one view of all accounts.
     peers: ring_accounts::Peers,
+    /// Each agent run's account numbers, so its rollups name an account
+    /// once rather than every round. Taken once per rollup, before any
+    /// shard.
+    dictionaries: Mutex<damper_core::wire::dictionary::Dictionaries>,
 }
 
 impl Master {
@@ -225,6 +229,7 @@ impl Master {
                 events: events::Events::default(),
                 pushes: push::Pushes::default(),
                 peers: ring_accounts::Peers::default(),
+                dictionaries: Mutex::default(),
                 new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
                     options.max_new_pairs_per_agent,
                     w.rollup_interval,
@@ -236,6 +241,21 @@ impl Master {
 
     fn shard(&self, account: &str) -> usize {
         (self.shared.shard_hasher.hash_one(account) % self.shared.shards.len() as u64) as usize
+    }
+
+    /// Account numbers held in agents' dictionaries, over every agent run
+    /// (counted by the room they take).
+    pub fn dictionary_ids(&self) -> usize {
+        self.dictionaries().total()
+    }
+
+    fn dictionaries(
+        &self,
+    ) -> std::sync::MutexGuard<'_, damper_core::wire::dictionary::Dictionaries> {
+        self.shared
+            .dictionaries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self, shard: usize) -> std::sync::MutexGuard<'_, MasterState> {
@@ -250,6 +270,7 @@ impl Master {
     /// Returns how many went.
     pub fn evict_idle(&self) -> usize {
         let now = self.shared.clock.now();
+        self.dictionaries().evict_idle(now);
         let mut evicted = 0;
         for s in 0..self.shared.shards.len() {
             // A shard's pass in steps of EVICT_STEP pairs, the lock let go
@@ -296,6 +317,10 @@ impl Master {
             }
         }
         metrics::gauge!("damper_master_accounts_tracked").set(tracked as f64);
+        let dictionaries = self.dictionaries();
+        metrics::gauge!("damper_master_dictionary_ids").set(dictionaries.total() as f64);
+        metrics::gauge!("damper_master_dictionaries").set(dictionaries.len() as f64);
+        drop(dictionaries);
         let mut seen = self
             .shared
             .suppressed_ops

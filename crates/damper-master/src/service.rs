@@ -18,11 +18,14 @@ use crate::AllowList;
 use crate::{Master, ServerTls};
 
 /// The status a refused request gets: RESOURCE_EXHAUSTED when it was too
-/// big (split it and send again), INVALID_ARGUMENT naming the field
-/// otherwise.
+/// big (split it and send again), FAILED_PRECONDITION when it gives an
+/// account by a number this master does not hold (send the names again),
+/// INVALID_ARGUMENT naming the field otherwise.
 pub fn status(error: RollupError) -> Status {
     if error.is_too_big() {
         Status::resource_exhausted(error.to_string())
+    } else if matches!(&error, RollupError::Dictionary(e) if e.is_unknown()) {
+        Status::failed_precondition(error.to_string())
     } else {
         Status::invalid_argument(error.to_string())
     }
@@ -83,7 +86,14 @@ impl damper_proto::v1::master_server::Master for MasterService {
     ) -> Result<Response<RollupReply>, Status> {
         self.admit(&request)?;
         let began = tokio::time::Instant::now();
-        let mut rollup = Rollup::from(request.into_inner());
+        let request = request.into_inner();
+        if let Some(error) = damper_proto::convert::id_lists_error(&request) {
+            let status = Status::invalid_argument(error);
+            self.master
+                .log_refused("rollup", &request.agent_id, &status);
+            return Err(status);
+        }
+        let mut rollup = Rollup::from(request);
         let result = self.master.answer(&mut rollup);
         metrics::histogram!("damper_master_ingest_duration_seconds")
             .record(began.elapsed().as_secs_f64());

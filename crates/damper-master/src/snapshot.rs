@@ -207,8 +207,12 @@ mod tests {
                 interval_start_unix_ms: T0_MS + end - 2_000,
                 interval_end_unix_ms: T0_MS + end,
                 ops: vec![OpCounts {
+                    attempted: Vec::new(),
+                    ids: Vec::new(),
+                    rejected: Vec::new(),
                     op: "messages".into(),
                     accounts: vec![AccountCounts {
+                        id: 0,
                         account: "flood".into(),
                         attempted: 8_000,
                         admitted: 8_000,

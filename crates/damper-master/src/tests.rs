@@ -19,6 +19,7 @@ fn master(clock: Arc<ManualClock>) -> Master {
 
 fn counts(account: &str, attempted: u64, admitted: u64) -> AccountCounts {
     AccountCounts {
+        id: 0,
         account: account.into(),
         attempted,
         admitted,
@@ -35,6 +36,9 @@ fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
         ops: ops
             .into_iter()
             .map(|(op, accounts)| OpCounts {
+                attempted: Vec::new(),
+                ids: Vec::new(),
+                rejected: Vec::new(),
                 op: op.into(),
                 accounts,
             })

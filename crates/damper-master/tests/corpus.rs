@@ -40,6 +40,7 @@ fn master() -> Master {
 
 fn counts(account: &str, attempted: u64, admitted: u64) -> AccountCounts {
     AccountCounts {
+        id: 0,
         account: account.into(),
         attempted,
         admitted,
@@ -55,6 +56,9 @@ fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
         ops: ops
             .into_iter()
             .map(|(op, accounts)| OpCounts {
+                attempted: Vec::new(),
+                ids: Vec::new(),
+                rejected: Vec::new(),
                 op: op.into(),
                 accounts,
             })

@@ -40,8 +40,12 @@ fn good_rollup() -> RollupRequest {
         interval_start_unix_ms: T0_MS - 2_000,
         interval_end_unix_ms: T0_MS,
         ops: vec![OpCounts {
+            attempted: Vec::new(),
+            ids: Vec::new(),
+            rejected: Vec::new(),
             op: "messages".into(),
             accounts: vec![AccountCounts {
+                id: 0,
                 account: "acme".into(),
                 attempted: 8_000,
                 admitted: 8_000,
@@ -90,14 +94,20 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
     let entry =
         (name(), count(), count(), millis()).prop_map(|(account, attempted, admitted, start)| {
             AccountCounts {
+                id: 0,
                 account,
                 attempted,
                 admitted,
                 start_unix_ms: start,
             }
         });
-    let op = (name(), prop::collection::vec(entry, 0..8))
-        .prop_map(|(op, accounts)| OpCounts { op, accounts });
+    let op = (name(), prop::collection::vec(entry, 0..8)).prop_map(|(op, accounts)| OpCounts {
+        attempted: Vec::new(),
+        ids: Vec::new(),
+        rejected: Vec::new(),
+        op,
+        accounts,
+    });
     (
         name(),
         millis(),

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use damper_core::time::Nanos;
 use damper_core::wire::{
-    AccountCounts, Factor, FactorsQuery, Listed, OpAccounts, OpCounts, OpVerdicts, Override, Reply,
-    Rollup, SurgeRates, Unlisted, millis_u32,
+    AccountCounts, Factor, FactorsQuery, IdCounts, Listed, OpAccounts, OpCounts, OpVerdicts,
+    Override, Reply, Rollup, SurgeRates, Unlisted, millis_u32,
 };
 
 use crate::v1;
@@ -37,23 +37,111 @@ impl From<Rollup> for v1::RollupRequest {
             ops: r
                 .ops
                 .into_iter()
-                .map(|op| v1::OpCounts {
-                    op: op.op,
-                    accounts: op
-                        .accounts
-                        .into_iter()
-                        .map(|c| v1::AccountCounts {
-                            account: c.account,
-                            attempted: c.attempted,
-                            admitted: c.admitted,
-                            start_unix_ms: c.since.map_or(0, Nanos::as_millis),
-                        })
-                        .collect(),
+                .map(|op| {
+                    let (ids, attempted, rejected) = by_id_lists(&op.by_id);
+                    v1::OpCounts {
+                        op: op.op,
+                        accounts: op
+                            .accounts
+                            .into_iter()
+                            .map(|c| v1::AccountCounts {
+                                account: c.account,
+                                attempted: c.attempted,
+                                admitted: c.admitted,
+                                start_unix_ms: c.since.map_or(0, Nanos::as_millis),
+                                id: c.id,
+                            })
+                            .collect(),
+                        ids,
+                        attempted,
+                        rejected,
+                    }
                 })
                 .collect(),
             ring_version: r.ring_version,
+            dictionary: r.dictionary,
         }
     }
+}
+
+/// Entries by number as the wire packs them: each number as its
+/// difference from the one before (they come sorted), the attempted cost,
+/// and the cost not admitted (0 for most, one byte).
+fn by_id_lists(by_id: &[IdCounts]) -> (Vec<u32>, Vec<u64>, Vec<u64>) {
+    let mut before = 0u32;
+    let ids = by_id
+        .iter()
+        .map(|c| {
+            let delta = c.id.wrapping_sub(before);
+            before = c.id;
+            delta
+        })
+        .collect();
+    let attempted = by_id.iter().map(|c| c.attempted).collect();
+    let rejected = by_id
+        .iter()
+        .map(|c| c.attempted.saturating_sub(c.admitted))
+        .collect();
+    (ids, attempted, rejected)
+}
+
+/// The entries of an op given by number, from the three packed lists.
+/// Malformed lists (which [`id_lists_error`] names) come out as far as
+/// they make sense: as long as the shortest, numbers wrapping, admitted
+/// at least 0.
+fn by_id(op: &v1::OpCounts) -> Vec<IdCounts> {
+    let mut id = 0u32;
+    op.ids
+        .iter()
+        .zip(&op.attempted)
+        .zip(&op.rejected)
+        .map(|((&delta, &attempted), &rejected)| {
+            id = id.wrapping_add(delta);
+            IdCounts {
+                id,
+                attempted,
+                admitted: attempted.saturating_sub(rejected),
+            }
+        })
+        .collect()
+}
+
+/// Why a rollup's entries by number cannot be read, naming the field;
+/// `None` when every op's `ids`, `attempted` and `rejected` have one value
+/// per entry, every difference is positive, no number passes 2^32 − 1 and
+/// no entry rejected more than it attempted.
+pub fn id_lists_error(request: &v1::RollupRequest) -> Option<String> {
+    request.ops.iter().enumerate().find_map(|(i, op)| {
+        let lens = [op.ids.len(), op.attempted.len(), op.rejected.len()];
+        if lens[1] != lens[0] || lens[2] != lens[0] {
+            return Some(format!(
+                "ops[{i}]: ids ({}), attempted ({}) and rejected ({}) must have one value per entry",
+                lens[0], lens[1], lens[2]
+            ));
+        }
+        let mut id = 0u32;
+        for (j, &delta) in op.ids.iter().enumerate() {
+            if delta == 0 {
+                return Some(format!(
+                    "ops[{i}].ids[{j}] is 0: each id is its difference from the one before, sorted and distinct, the first from 0"
+                ));
+            }
+            match id.checked_add(delta) {
+                Some(next) => id = next,
+                None => return Some(format!("ops[{i}].ids[{j}]: the id passes 2^32 - 1")),
+            }
+        }
+        op.rejected
+            .iter()
+            .zip(&op.attempted)
+            .position(|(r, a)| r > a)
+            .map(|j| {
+                format!(
+                    "ops[{i}].rejected[{j}] ({}) is above ops[{i}].attempted[{j}] ({})",
+                    op.rejected[j], op.attempted[j]
+                )
+            })
+    })
 }
 
 impl From<v1::RollupRequest> for Rollup {
@@ -69,6 +157,7 @@ impl From<v1::RollupRequest> for Rollup {
                 .ops
                 .into_iter()
                 .map(|op| OpCounts {
+                    by_id: by_id(&op),
                     op: op.op,
                     accounts: op
                         .accounts
@@ -78,10 +167,12 @@ impl From<v1::RollupRequest> for Rollup {
                             attempted: c.attempted,
                             admitted: c.admitted,
                             since: nonzero_millis(c.start_unix_ms),
+                            id: c.id,
                         })
                         .collect(),
                 })
                 .collect(),
+            dictionary: r.dictionary,
         }
     }
 }
@@ -206,6 +297,7 @@ impl From<Reply> for v1::RollupReply {
             started_unix_ms: r.started.map_or(0, Nanos::as_millis),
             ring_version: r.ring_version,
             foreign_entries: r.foreign_entries,
+            takes_ids: r.takes_ids,
         }
     }
 }
@@ -256,6 +348,7 @@ impl From<v1::RollupReply> for Reply {
             started: nonzero_millis(r.started_unix_ms),
             ring_version: r.ring_version,
             foreign_entries: r.foreign_entries,
+            takes_ids: r.takes_ids,
         }
     }
 }
@@ -274,21 +367,28 @@ mod tests {
         fn rollup()(
             agent_id in "[a-z0-9-]{0,12}",
             start in 1u64..1u64 << 44, span in 0u64..60_000, ring_version: u64,
-            incarnation: u64, sequence: u64,
+            incarnation: u64, sequence: u64, dictionary: u32,
             ops in proptest::collection::vec(
                 ("[a-z/]{1,8}", proptest::collection::vec(
-                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44)),
-                    0..4)),
+                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44), any::<u32>()),
+                    0..4),
+                 proptest::collection::btree_map(1u32.., (any::<u64>(), any::<u64>()), 0..6)),
                 0..4),
         ) -> Rollup {
             Rollup {
                 agent_id, start: ms(start), end: ms(start + span), ring_version, incarnation, sequence,
-                ops: ops.into_iter().map(|(op, accounts)| OpCounts {
+                ops: ops.into_iter().map(|(op, accounts, by_id)| OpCounts {
                     op,
-                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since)| AccountCounts {
-                        account, attempted, admitted, since: since.map(ms),
+                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id)| AccountCounts {
+                        account, attempted, admitted, since: since.map(ms), id,
+                    }).collect(),
+                    // Sorted and distinct, admitted at most attempted: as
+                    // an agent sends them.
+                    by_id: by_id.into_iter().map(|(id, (a, b))| IdCounts {
+                        id, attempted: a.max(b), admitted: a.min(b),
                     }).collect(),
                 }).collect(),
+                dictionary,
             }
         }
     }
@@ -303,6 +403,7 @@ mod tests {
                 0..4),
             interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
             started in proptest::option::of(1u64..1 << 44), ring_version: u64, foreign_entries: u32,
+            takes_ids: bool,
         ) -> Reply {
             let d = |ms: u32| Duration::from_millis(u64::from(ms));
             Reply {
@@ -315,7 +416,7 @@ mod tests {
                     overrides: overrides.into_iter().map(|(account, limit, shadow)| Override { account, limit, shadow }).collect(),
                 }).collect(),
                 rollup_interval: interval.map(d), recheck_after: recheck.map(d),
-                started: started.map(ms), ring_version, foreign_entries,
+                started: started.map(ms), ring_version, foreign_entries, takes_ids,
             }
         }
     }
@@ -325,7 +426,9 @@ mod tests {
         #[test]
         fn core_messages_survive_the_wire(rollup in rollup(), reply in reply()) {
             use prost::Message;
-            let bytes = v1::RollupRequest::from(rollup.clone()).encode_to_vec();
+            let request = v1::RollupRequest::from(rollup.clone());
+            prop_assert_eq!(id_lists_error(&request), None);
+            let bytes = request.encode_to_vec();
             let back = Rollup::from(v1::RollupRequest::decode(bytes.as_slice()).unwrap());
             prop_assert_eq!(back, rollup.clone());
             let bytes = v1::RollupReply::from(reply.clone()).encode_to_vec();

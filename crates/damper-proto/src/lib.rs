@@ -30,12 +30,14 @@
 //!             account: "acme".into(),
 //!             attempted: 1001,
 //!             admitted: 0,
-//!             start_unix_ms: 0,
+//!             ..Default::default()
 //!         }],
+//!         ..Default::default()
 //!     }],
 //!     // The digest of the ring the agent routed by (0: unknown).
 //!     ring_version: 0,
-//!  ..Default::default() };
+//!     ..Default::default()
+//! };
 //! let bytes = request.encode_to_vec();
 //! assert_eq!(RollupRequest::decode(bytes.as_slice()).unwrap(), request);
 //! ```

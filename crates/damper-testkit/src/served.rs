@@ -25,6 +25,23 @@ impl ServedMaster {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
+        ServedMaster::serve(master, tls, listener)
+    }
+
+    /// Serves `master` at `address`, as a master restarted in place would
+    /// be (the port of one stopped a moment ago).
+    pub async fn start_at(master: Master, address: SocketAddr) -> ServedMaster {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .expect("the port a stopped master let go");
+        ServedMaster::serve(master, None, listener)
+    }
+
+    fn serve(
+        master: Master,
+        tls: Option<ServerTls>,
+        listener: tokio::net::TcpListener,
+    ) -> ServedMaster {
         let address = listener.local_addr().expect("bound");
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(run_with_tls(listener, master.clone(), tls, async {

@@ -9,7 +9,8 @@ use damper_core::config::MasterConfig;
 use damper_core::master::{MasterState, RollupLog, SurgeBudget, push_reply};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
-use damper_core::wire::{Reply, ReplyHeader};
+use damper_core::wire::dictionary::Dictionaries;
+use damper_core::wire::{Reply, ReplyHeader, Rollup, RollupError};
 
 /// The masters of a simulation. Network delay, loss and partitions are the
 /// engine's; a master only answers, or is down.
@@ -47,6 +48,8 @@ pub struct SimMasters {
     /// Each master's numbered rollups counted lately: a resend after a
     /// lost reply is counted once, as by the service.
     logs: Vec<RollupLog>,
+    /// Each master's dictionaries of agents' account numbers.
+    dictionaries: Vec<Dictionaries>,
     /// When each (last) started: a probe's answer says so.
     started: Vec<Nanos>,
     /// Attempted cost counted by every master, and rollups answered as
@@ -65,6 +68,7 @@ impl SimMasters {
             masters: (0..count).map(|_| Some(master(config, push))).collect(),
             budgets: (0..count).map(|_| SurgeBudget::default()).collect(),
             logs: (0..count).map(|_| RollupLog::default()).collect(),
+            dictionaries: (0..count).map(|_| Dictionaries::default()).collect(),
             started: vec![now - Duration::from_secs(3600); count],
             counted: (0, 0),
             push,
@@ -89,16 +93,21 @@ impl Masters for SimMasters {
     }
 
     fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
-        let header = ReplyHeader {
+        let mut header = ReplyHeader {
             rollup_interval: self.config.window.rollup_interval,
             started: self.started[m],
             ..ReplyHeader::default()
         };
         let state = self.masters[m].as_mut().expect("answered only when up");
         let answered = match message {
-            Message::Rollup(rollup) => state
-                .answer_rollup_once(now, rollup, &mut self.logs[m], MAX_ENTRIES, header)
-                .map(|(reply, repeat)| {
+            Message::Rollup(rollup) => expand(&mut self.dictionaries[m], now, rollup)
+                .and_then(|(rollup, takes_ids)| {
+                    header.takes_ids = takes_ids;
+                    state
+                        .answer_rollup_once(now, &rollup, &mut self.logs[m], MAX_ENTRIES, header)
+                        .map(|answer| (answer, rollup))
+                })
+                .map(|((reply, repeat), rollup)| {
                     if repeat {
                         self.counted.1 += 1;
                     } else {
@@ -131,6 +140,7 @@ impl Masters for SimMasters {
             self.masters[m] = Some(master(&self.config, self.push));
             self.budgets[m] = SurgeBudget::default();
             self.logs[m] = RollupLog::default();
+            self.dictionaries[m] = Dictionaries::default();
             self.started[m] = now;
         }
     }
@@ -142,6 +152,23 @@ impl Masters for SimMasters {
             push_reply(&self.config, pushes, interval, self.started[m])
         })
     }
+}
+
+/// `rollup` with its account numbers turned back into names, as the
+/// service does first, and whether the master takes numbers from its
+/// sender. A rollup that names every account is not copied.
+fn expand<'r>(
+    dictionaries: &mut Dictionaries,
+    now: Nanos,
+    rollup: &'r Rollup,
+) -> Result<(std::borrow::Cow<'r, Rollup>, bool), RollupError> {
+    if rollup.dictionary == 0 {
+        let takes_ids = dictionaries.named(rollup)?;
+        return Ok((std::borrow::Cow::Borrowed(rollup), takes_ids));
+    }
+    let mut named = rollup.clone();
+    let takes_ids = dictionaries.expand(now, &mut named)?;
+    Ok((std::borrow::Cow::Owned(named), takes_ids))
 }
 
 /// A master as the service runs it: queueing pushes when it pushes.

@@ -193,6 +193,7 @@ impl<M: Masters> Sim<M> {
                 let mut config = RoundConfig::new(format!("agent-{a}"));
                 config.rollup_interval = interval;
                 config.fast_onset = surge_rule;
+                config.account_numbers = scenario.cluster.account_numbers;
                 let mut agent_config = AgentConfig::default();
                 agent_config.rollup_interval = interval;
                 agent_config.fast_onset = scenario.cluster.fast_onset;

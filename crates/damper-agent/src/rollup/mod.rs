@@ -225,18 +225,21 @@ fn dispatch(
     });
 }
 
-/// Per op, the (admitted, attempted) cost a rollup delivers.
+/// Per op, the (admitted, attempted) cost a rollup delivers, its entries
+/// by name and by number alike.
 fn per_op(rollup: &Rollup) -> Vec<(String, u64, u64)> {
     rollup
         .ops
         .iter()
         .map(|op| {
-            let (admitted, attempted) = op.accounts.iter().fold((0u64, 0u64), |(ad, at), c| {
-                (
-                    ad.saturating_add(c.admitted),
-                    at.saturating_add(c.attempted),
-                )
-            });
+            let named = op.accounts.iter().map(|c| (c.admitted, c.attempted));
+            let numbered = op.by_id.iter().map(|c| (c.admitted, c.attempted));
+            let (admitted, attempted) =
+                named
+                    .chain(numbered)
+                    .fold((0u64, 0u64), |(ad, at), (admitted, attempted)| {
+                        (ad.saturating_add(admitted), at.saturating_add(attempted))
+                    });
             (op.op.clone(), admitted, attempted)
         })
         .collect()
@@ -282,7 +285,13 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
             metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
             shared.stats.rollups_failed.fetch_add(1, Relaxed);
             *undelivered += bytes;
-            tracing::warn!(%master, code = ?status.code(), message = status.message(), refused, "rollup failed");
+            if status.code() == tonic::Code::FailedPrecondition {
+                // A master that restarted, or dropped this agent's account
+                // numbers: the round resends the rollup naming every account.
+                tracing::info!(%master, message = status.message(), "master lacks this agent's account numbers; resending with names");
+            } else {
+                tracing::warn!(%master, code = ?status.code(), message = status.message(), refused, "rollup failed");
+            }
             failed(round);
         }
         (Sent::Recheck, Ok(reply)) => {

@@ -111,6 +111,7 @@ pub fn push_reply(
         started: Some(started).filter(|&s| s != Nanos::ZERO),
         ring_version: 0,
         foreign_entries: 0,
+        takes_ids: false,
     }
 }
 

@@ -10,6 +10,7 @@ use crate::agent::{AgentState, Pending, agent_seed, send_spread};
 use crate::membership::{HealthConfig, Membership};
 use crate::ring::Ring;
 use crate::time::Nanos;
+use crate::wire::dictionary::{AgentDictionary, Defined};
 use crate::wire::{FactorsQuery, Reply, Rollup, SurgeRates};
 use crate::{OwnedPair, Pair};
 
@@ -75,6 +76,9 @@ enum InFlight {
         /// When it was first sent: a rollup kept in doubt is given up
         /// [`IN_DOUBT_FOR`] after it.
         sent_at: Nanos,
+        /// The account numbers this sending of it defined in its master's
+        /// dictionary ([`AgentDictionary::compact`]), confirmed by its reply.
+        defined: Defined,
     },
     Recheck {
         master: String,
@@ -169,6 +173,10 @@ pub struct AgentRound {
     /// scan, the pairs it moved are joined to their new masters
     /// (`AgentState::offer_joins`).
     counted_ring: Ring,
+    /// Per master, the accounts numbered for it, so its rollups name each
+    /// account once rather than every round (see
+    /// [`crate::wire::dictionary`]).
+    dictionaries: BTreeMap<String, AgentDictionary>,
 }
 
 /// A rollup its master may or may not have counted, kept for it.
@@ -219,6 +227,7 @@ impl AgentRound {
             incarnation: config.incarnation.unwrap_or(now.as_millis()),
             sequence: 0,
             in_doubt: BTreeMap::new(),
+            dictionaries: BTreeMap::new(),
             config,
         };
         if round.config.fast_onset.is_some() {
@@ -256,7 +265,13 @@ impl AgentRound {
     /// Replaces the configured masters (a new DNS answer): known ones keep
     /// their health. Returns whether the live ring changed.
     pub fn set_members<S: AsRef<str>>(&mut self, members: impl IntoIterator<Item = S>) -> bool {
-        self.membership.set_members(members)
+        let changed = self.membership.set_members(members);
+        if changed {
+            let membership = &self.membership;
+            self.dictionaries
+                .retain(|master, _| membership.members().any(|m| m == master));
+        }
+        changed
     }
 
     /// The next request to send.
@@ -369,9 +384,11 @@ impl AgentRound {
                 master,
                 rollup,
                 resent,
+                defined,
                 ..
             }) => {
                 self.check_interval(&master, reply);
+                self.dictionary(&master).confirm(reply, &defined);
                 // A resend's round was settled at its first failure.
                 if reply.foreign_entries > 0 && resent == 0 {
                     let open = self.open.entry(round).or_default();
@@ -444,7 +461,11 @@ impl AgentRound {
                 rollup,
                 resent,
                 sent_at,
+                defined,
             }) => {
+                // Whether the master took its numbers is unknown: name
+                // every account again, in a new epoch.
+                self.dictionary(&master).failed(&defined);
                 if resent == 0 {
                     self.finish_one(round, master.clone(), false, now, state);
                 }
@@ -458,6 +479,7 @@ impl AgentRound {
                         rollup: rollup.clone(),
                         resent: resent + 1,
                         sent_at,
+                        defined: Defined::default(),
                     };
                     self.transmit(master, Message::Rollup(rollup), flight);
                     return;
@@ -590,6 +612,7 @@ impl AgentRound {
                 // Part of a round still open, or a resend of one settled.
                 resent: u8::from(!round_open),
                 sent_at: now,
+                defined: Defined::default(),
             };
             self.transmit(owner, Message::Rollup(moved), flight);
         }
@@ -840,6 +863,7 @@ impl AgentRound {
                 rollup: rollup.clone(),
                 resent: 0,
                 sent_at: now,
+                defined: Defined::default(),
             };
             self.transmit(master, Message::Rollup(rollup), flight);
         }
@@ -902,7 +926,11 @@ impl AgentRound {
         Arc::new(rollup)
     }
 
-    fn transmit(&mut self, master: String, message: Message, flight: InFlight) -> RequestId {
+    fn transmit(&mut self, master: String, message: Message, mut flight: InFlight) -> RequestId {
+        let message = match message {
+            Message::Rollup(rollup) => Message::Rollup(self.compact(&master, rollup, &mut flight)),
+            other => other,
+        };
         let id = RequestId(self.next_id);
         self.next_id += 1;
         self.in_flight.insert(id, flight);
@@ -912,6 +940,33 @@ impl AgentRound {
             message,
         });
         id
+    }
+
+    /// `rollup` as it goes to `master`: its accounts by number where the
+    /// master holds them. The round keeps the named rollup (`flight`), and
+    /// the numbers this sending defines.
+    fn compact(&mut self, master: &str, rollup: Arc<Rollup>, flight: &mut InFlight) -> Arc<Rollup> {
+        if !self.config.account_numbers {
+            return rollup;
+        }
+        let dictionary = self.dictionary(master);
+        if !dictionary.enabled() {
+            return rollup;
+        }
+        let (compacted, defined) = dictionary.compact(&rollup);
+        if let InFlight::Rollup { defined: d, .. } = flight {
+            *d = defined;
+        }
+        Arc::new(compacted)
+    }
+
+    /// The dictionary of `master`, made if need be.
+    fn dictionary(&mut self, master: &str) -> &mut AgentDictionary {
+        if !self.dictionaries.contains_key(master) {
+            self.dictionaries
+                .insert(master.to_owned(), AgentDictionary::default());
+        }
+        self.dictionaries.get_mut(master).expect("just made sure")
     }
 
     /// Keeps `kept`, a rollup whose master went down before answering it,
@@ -965,6 +1020,7 @@ impl AgentRound {
                         rollup: kept.rollup.clone(),
                         resent: ROLLUP_RESENDS,
                         sent_at: kept.sent_at,
+                        defined: Defined::default(),
                     };
                     self.transmit(master.clone(), Message::Rollup(kept.rollup), flight);
                 }

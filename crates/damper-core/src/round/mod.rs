@@ -96,6 +96,11 @@ pub struct RoundConfig {
     /// one process may share an id and start in the same millisecond, and
     /// then a master would take one's rollups for resends of the other's.
     pub incarnation: Option<u64>,
+    /// Whether rollups give accounts by number to masters that take them
+    /// (see [`crate::wire::dictionary`]): each account's name goes to a
+    /// master once rather than every round. Off, every account is named,
+    /// as before numbers existed. Default on.
+    pub account_numbers: bool,
 }
 
 impl RoundConfig {
@@ -110,6 +115,7 @@ impl RoundConfig {
             health: HealthConfig::default(),
             fast_onset: Some(SurgeRule::default_for(crate::DEFAULT_ROLLUP_INTERVAL)),
             incarnation: None,
+            account_numbers: true,
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct ReplyHeader {
     pub ring_version: u64,
     /// Entries the request carried for accounts the master does not own.
     pub foreign_entries: u32,
+    /// Whether the master holds (or would make) a dictionary for the
+    /// sender: [`Reply::takes_ids`].
+    pub takes_ids: bool,
 }
 
 /// Builds the compact reply to one request, verdict by verdict.
@@ -174,6 +177,7 @@ impl ReplyBuilder {
             started: Some(header.started).filter(|&s| s != Nanos::ZERO),
             ring_version: header.ring_version,
             foreign_entries: header.foreign_entries,
+            takes_ids: header.takes_ids,
         }
     }
 }

@@ -20,12 +20,15 @@
 //!   [`Report::validate`], [`Rollup::validate`]) and their errors.
 //! - `compact`: the reply's compaction ([`ReplyBuilder`]) and expansion
 //!   ([`Reply::expand`]).
+//! - [`dictionary`]: account names sent once per agent and master, then
+//!   by number ([`dictionary::AgentDictionary`], [`dictionary::Dictionaries`]).
 //! - `answer`: one [`MasterState`](crate::master::MasterState) answering a
 //!   rollup or a query (the simulator's master; the service shards the
 //!   same steps).
 
 mod answer;
 mod compact;
+pub mod dictionary;
 mod validate;
 
 use std::time::Duration;
@@ -63,6 +66,9 @@ pub struct Rollup {
     pub sequence: u64,
     /// The counts, grouped by op so each op name is carried once.
     pub ops: Vec<OpCounts>,
+    /// The epoch of the sender's [`dictionary`] for this master when some
+    /// accounts go by number; 0 when every account is named.
+    pub dictionary: dictionary::Epoch,
 }
 
 /// One op's counts in a [`Rollup`].
@@ -72,6 +78,23 @@ pub struct OpCounts {
     pub op: String,
     /// One entry per account with activity (or just gone quiet).
     pub accounts: Vec<AccountCounts>,
+    /// Entries whose account goes by its number in the sender's
+    /// [`dictionary`], sorted by number. Empty once a master has expanded
+    /// the rollup ([`dictionary::Dictionaries::expand`]), and in every
+    /// rollup the agent's round keeps: only what goes on the wire has them.
+    pub by_id: Vec<IdCounts>,
+}
+
+/// One account's counts in a [`Rollup`], the account given by its number
+/// in the sender's [`dictionary`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdCounts {
+    /// The account's number.
+    pub id: u32,
+    /// As [`AccountCounts::attempted`].
+    pub attempted: u64,
+    /// As [`AccountCounts::admitted`].
+    pub admitted: u64,
 }
 
 /// One account's counts in a [`Rollup`].
@@ -87,6 +110,10 @@ pub struct AccountCounts {
     /// The start of these counts when it is not the rollup's: counts
     /// carried over from a failed rollup.
     pub since: Option<Nanos>,
+    /// When not 0, the account's number in the sender's [`dictionary`]
+    /// (the rollup's `dictionary` epoch): later rollups may give the
+    /// account by this number alone.
+    pub id: u32,
 }
 
 /// The (account, op) pairs whose factors an agent asks for without
@@ -161,6 +188,9 @@ pub struct Reply {
     /// Entries of the rollup for accounts the master does not own under its
     /// view of the ring: the agent's view differs.
     pub foreign_entries: u32,
+    /// Whether the master holds a [`dictionary`] for the sender (or has
+    /// room for one): its next rollups may give accounts by number.
+    pub takes_ids: bool,
 }
 
 /// One op's verdicts in a [`Reply`].
@@ -297,6 +327,7 @@ impl Rollup {
                 attempted: p.delta.attempted,
                 admitted: p.delta.admitted,
                 since: p.delta.since.map(whole_millis),
+                id: 0,
             };
             (p.op, counts)
         });
@@ -305,6 +336,7 @@ impl Rollup {
             .map(|(op, accounts)| OpCounts {
                 op: op.to_string(),
                 accounts,
+                by_id: Vec::new(),
             })
             .collect();
         Rollup {
@@ -315,6 +347,22 @@ impl Rollup {
             incarnation: 0,
             sequence: 0,
             ops,
+            dictionary: 0,
+        }
+    }
+
+    /// This rollup's header (who, when, which ring and number) with no
+    /// counts.
+    pub fn without_ops(&self) -> Rollup {
+        Rollup {
+            agent_id: self.agent_id.clone(),
+            start: self.start,
+            end: self.end,
+            ring_version: self.ring_version,
+            incarnation: self.incarnation,
+            sequence: self.sequence,
+            ops: Vec::new(),
+            dictionary: self.dictionary,
         }
     }
 
@@ -336,20 +384,26 @@ impl Rollup {
         }
     }
 
-    /// Number of (account, op) entries.
+    /// Number of (account, op) entries, named or by number.
     pub fn entries(&self) -> usize {
-        self.ops.iter().map(|op| op.accounts.len()).sum()
+        self.ops
+            .iter()
+            .map(|op| op.accounts.len() + op.by_id.len())
+            .sum()
     }
 
     /// The attempted cost of every entry, summed (saturating).
     pub fn attempted(&self) -> u64 {
-        self.ops
-            .iter()
-            .flat_map(|op| &op.accounts)
-            .fold(0u64, |sum, c| sum.saturating_add(c.attempted))
+        let named = self.ops.iter().flat_map(|op| &op.accounts);
+        let numbered = self.ops.iter().flat_map(|op| &op.by_id);
+        named
+            .map(|c| c.attempted)
+            .chain(numbered.map(|c| c.attempted))
+            .fold(0u64, u64::saturating_add)
     }
 
-    /// The (account, op) of every entry.
+    /// The (account, op) of every named entry (every entry, in a rollup
+    /// the agent's round keeps or a master has expanded).
     pub fn pairs(&self) -> impl Iterator<Item = Pair<'_>> {
         self.ops.iter().flat_map(|op| {
             op.accounts

@@ -230,6 +230,10 @@ pub enum RollupError {
     /// An early report from an agent over its budget.
     #[error(transparent)]
     SurgeBudget(#[from] crate::master::SurgeRefused),
+    /// The rollup's account numbers cannot be read: this master does not
+    /// hold them, or they are malformed.
+    #[error(transparent)]
+    Dictionary(#[from] super::dictionary::DictionaryError),
     /// One entry is malformed.
     #[error("ops[{op}].accounts[{account}]: {error}")]
     Entry {
@@ -270,6 +274,16 @@ impl Rollup {
                 start_ms: self.start.as_millis(),
                 end_ms: self.end.as_millis(),
             });
+        }
+        // Numbers left: nothing here holds the sender's dictionary.
+        if let Some(op) = self.ops.iter().position(|o| !o.by_id.is_empty()) {
+            return Err(super::dictionary::DictionaryError::Unknown {
+                op,
+                id: self.ops[op].by_id[0].id,
+                incarnation: self.incarnation,
+                epoch: self.dictionary,
+            }
+            .into());
         }
         for (op, account, report) in self.reports() {
             report

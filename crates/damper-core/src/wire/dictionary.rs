@@ -1,0 +1,571 @@
+//! Account names sent once: a per-(agent, master) dictionary that lets a
+//! rollup name an account by a small number instead of its name.
+//!
+//! Most of a rollup entry's bytes are its account's name, sent again every
+//! round for the same accounts. With a dictionary, the agent numbers each
+//! account it reports to a master and sends the name once, beside its
+//! number ([`AccountCounts::id`]); once the master has answered a rollup
+//! that carried the pair, later rounds carry the account by number alone
+//! ([`OpCounts::by_id`], three packed numbers on the wire: a few bytes an
+//! entry rather than twenty).
+//!
+//! Both sides live here, so they cannot drift apart:
+//! - [`AgentDictionary`], one per master, in the agent's round: numbers
+//!   accounts, rewrites a rollup for its master ([`AgentDictionary::compact`]),
+//!   learns from replies which numbers the master holds.
+//! - [`Dictionaries`], in the master: one [`Held`] dictionary per agent run
+//!   (`agent_id`, `incarnation`), which turns numbers back into names
+//!   before anything else reads the rollup ([`Dictionaries::expand`]).
+//!
+//! # Safety of the protocol
+//! - **Opt-in by the master.** An agent uses numbers only with a master
+//!   whose last reply said it holds dictionaries ([`Reply::takes_ids`]).
+//!   A master that predates them never says so, and gets names; an agent
+//!   that predates them never sends numbers, and the master reads names as
+//!   always.
+//! - **Confirmed before use.** A number goes alone only after a reply to a
+//!   rollup that defined it. A rollup whose answer never came may or may
+//!   not have been taken, so the agent starts a new *epoch* (a fresh,
+//!   empty dictionary on the master) and names everything again.
+//! - **Refused, not guessed.** A master that does not hold a number the
+//!   rollup uses (it restarted, or dropped an idle agent's dictionary)
+//!   refuses the whole rollup with [`DictionaryError::Unknown`]
+//!   (FAILED_PRECONDITION on the wire), counting none of it; the agent's
+//!   resend names every account, so nothing is lost and nothing counted
+//!   twice (the resend keeps its sequence number).
+//! - **Bounded.** A master holds at most [`DictionaryLimits::max_ids`]
+//!   numbers per agent run and [`DictionaryLimits::max_total`] in all; an
+//!   agent past them is told `takes_ids = false` and names its accounts, as
+//!   before dictionaries. Dictionaries idle for a while are dropped.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use compact_str::CompactString;
+
+use super::{AccountCounts, IdCounts, OpCounts, Reply, Rollup, validate_name};
+use crate::time::Nanos;
+
+/// How a rollup's accounts are named: `0` for no dictionary (names only),
+/// otherwise the epoch of the sending agent's dictionary for this master.
+pub type Epoch = u32;
+
+/// Why a master refuses a rollup's numbers.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DictionaryError {
+    /// The rollup uses a number this master does not hold for the agent
+    /// (or a dictionary it does not hold at all): resend with names.
+    #[error(
+        "ops[{op}].ids: account id {id} is not in this master's dictionary for agent run {incarnation} (epoch {epoch}); send the account names again"
+    )]
+    Unknown {
+        /// Index of the op.
+        op: usize,
+        /// The number.
+        id: u32,
+        /// The agent run's incarnation.
+        incarnation: u64,
+        /// The rollup's epoch.
+        epoch: Epoch,
+    },
+    /// A definition gives a held number another name: the agent's
+    /// dictionary and the master's disagree; resend with names in a new
+    /// epoch.
+    #[error(
+        "ops[{op}].accounts[{account}].id: id {id} is held for another account in epoch {epoch}; start a new epoch"
+    )]
+    Conflict {
+        /// Index of the op.
+        op: usize,
+        /// Index of the entry.
+        account: usize,
+        /// The number.
+        id: u32,
+        /// The rollup's epoch.
+        epoch: Epoch,
+    },
+    /// Numbers in a rollup that names no dictionary (`dictionary` is 0).
+    #[error("ops[{op}]: account ids without a dictionary (dictionary is 0)")]
+    NoDictionary {
+        /// Index of the op.
+        op: usize,
+    },
+    /// A number of 0, which names nothing.
+    #[error("ops[{op}]: account id 0 is not a valid id")]
+    Zero {
+        /// Index of the op.
+        op: usize,
+    },
+}
+
+impl DictionaryError {
+    /// Whether the agent should resend with names (the master lacks what
+    /// the agent thought it held), rather than fix a malformed request.
+    pub fn is_unknown(&self) -> bool {
+        matches!(
+            self,
+            DictionaryError::Unknown { .. } | DictionaryError::Conflict { .. }
+        )
+    }
+}
+
+/// One account as an [`AgentDictionary`] numbers it.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    id: u32,
+    /// Whether the master holds it: a reply came to a rollup of this epoch
+    /// that defined it.
+    confirmed: bool,
+    /// The end of the last rollup that carried it, for pruning.
+    used: Nanos,
+}
+
+/// An account no rollup has carried for this long counts as gone quiet;
+/// the dictionary is looked over for pruning this often.
+const PRUNE_AFTER: Duration = Duration::from_secs(64);
+
+/// The agent's dictionary for one master. See the module docs.
+#[derive(Debug)]
+pub struct AgentDictionary {
+    /// Whether the master said, in its last reply to a rollup, that it
+    /// takes numbers.
+    enabled: bool,
+    epoch: Epoch,
+    slots: HashMap<String, Slot>,
+    next_id: u32,
+    /// The end of the rollup being compacted: the clock of `Slot::used`.
+    now: Nanos,
+    /// When the dictionary was last looked over for pruning.
+    pruned: Nanos,
+}
+
+impl Default for AgentDictionary {
+    fn default() -> Self {
+        AgentDictionary {
+            enabled: false,
+            epoch: 1,
+            slots: HashMap::new(),
+            next_id: 1,
+            now: Nanos::ZERO,
+            pruned: Nanos::ZERO,
+        }
+    }
+}
+
+/// What [`AgentDictionary::compact`] defined in one rollup: confirmed
+/// when its reply comes ([`AgentDictionary::confirm`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Defined {
+    /// The epoch the rollup was sent in (0: it used no dictionary).
+    pub epoch: Epoch,
+    /// The numbers it defined.
+    pub ids: Vec<u32>,
+}
+
+impl AgentDictionary {
+    /// Whether rollups to this master use numbers.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Accounts numbered.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no account is numbered.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// `rollup` (named) as it goes to this master: with numbers when the
+    /// master takes them, each confirmed account by number alone and every
+    /// other one named with its number; as it is otherwise. An entry with
+    /// its own start (carried over) keeps its name: the packed form has no
+    /// room for a start.
+    pub fn compact(&mut self, rollup: &Rollup) -> (Rollup, Defined) {
+        if !self.enabled {
+            return (rollup.clone(), Defined::default());
+        }
+        self.now = self.now.max(rollup.end);
+        self.prune();
+        let mut defined = Vec::new();
+        let ops = rollup
+            .ops
+            .iter()
+            .map(|op| self.compact_op(op, &mut defined))
+            .collect();
+        let compacted = Rollup {
+            ops,
+            dictionary: self.epoch,
+            ..rollup.without_ops()
+        };
+        let defined = Defined {
+            epoch: self.epoch,
+            ids: defined,
+        };
+        (compacted, defined)
+    }
+
+    fn compact_op(&mut self, op: &OpCounts, defined: &mut Vec<u32>) -> OpCounts {
+        let mut named = Vec::new();
+        let mut by_id = Vec::new();
+        for c in &op.accounts {
+            let slot = self.slot(&c.account);
+            if slot.confirmed && c.since.is_none() {
+                by_id.push(IdCounts {
+                    id: slot.id,
+                    attempted: c.attempted,
+                    admitted: c.admitted,
+                });
+            } else {
+                if !slot.confirmed {
+                    defined.push(slot.id);
+                }
+                named.push(AccountCounts {
+                    id: slot.id,
+                    ..c.clone()
+                });
+            }
+        }
+        by_id.sort_unstable_by_key(|c| c.id);
+        OpCounts {
+            op: op.op.clone(),
+            accounts: named,
+            by_id,
+        }
+    }
+
+    /// The slot of `account`, numbered now if new, marked used.
+    fn slot(&mut self, account: &str) -> Slot {
+        let now = self.now;
+        if let Some(slot) = self.slots.get_mut(account) {
+            slot.used = now;
+            return *slot;
+        }
+        let slot = Slot {
+            id: self.next_id,
+            confirmed: false,
+            used: now,
+        };
+        self.next_id += 1;
+        self.slots.insert(account.to_owned(), slot);
+        slot
+    }
+
+    /// Starts afresh in a new epoch, keeping only the accounts used lately,
+    /// numbered from 1, when more than half the numbers given out belong
+    /// to accounts gone quiet: the master's copy, which never forgets a
+    /// number within an epoch, stays within twice the live accounts.
+    fn prune(&mut self) {
+        if self.now.since(self.pruned) < PRUNE_AFTER {
+            return;
+        }
+        self.pruned = self.now;
+        let cutoff = self.now.since(Nanos::ZERO).saturating_sub(PRUNE_AFTER);
+        let cutoff = Nanos::ZERO + cutoff;
+        let live = self.slots.values().filter(|s| s.used >= cutoff).count();
+        if live * 2 >= (self.next_id - 1) as usize && self.next_id < u32::MAX / 2 {
+            return;
+        }
+        self.slots.retain(|_, s| s.used >= cutoff);
+        self.next_epoch();
+        let mut next = 1;
+        for slot in self.slots.values_mut() {
+            slot.id = next;
+            next += 1;
+        }
+        self.next_id = next;
+    }
+
+    /// Every number unconfirmed, in a new epoch: the master's dictionary
+    /// for it starts empty.
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        for slot in self.slots.values_mut() {
+            slot.confirmed = false;
+        }
+    }
+
+    /// A reply to a rollup arrived: whether the master takes numbers, and
+    /// the numbers that rollup defined, now held (if still this epoch).
+    pub fn confirm(&mut self, reply: &Reply, defined: &Defined) {
+        if !reply.takes_ids {
+            // An old master, or one at its budget: names from now on, and a
+            // new epoch, should it take numbers again.
+            if self.enabled || !self.slots.is_empty() {
+                self.enabled = false;
+                self.slots.clear();
+                self.next_id = 1;
+                self.next_epoch();
+            }
+            return;
+        }
+        self.enabled = true;
+        if defined.epoch != self.epoch || defined.ids.is_empty() {
+            return;
+        }
+        let mut ids: Vec<u32> = defined.ids.clone();
+        ids.sort_unstable();
+        for slot in self.slots.values_mut() {
+            if ids.binary_search(&slot.id).is_ok() {
+                slot.confirmed = true;
+            }
+        }
+    }
+
+    /// A rollup sent with numbers failed: whether the master took it is
+    /// unknown (or it said it lacks a number). A new epoch: every account
+    /// is named again, and the master starts a fresh dictionary.
+    pub fn failed(&mut self, defined: &Defined) {
+        if defined.epoch != 0 && defined.epoch == self.epoch {
+            self.next_epoch();
+        }
+    }
+}
+
+/// Bounds on what a master holds in dictionaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DictionaryLimits {
+    /// Most numbers held for one agent run: an agent past it names its
+    /// accounts. Default 1 000 000.
+    pub max_ids: u32,
+    /// Most numbers held over every agent run, counted by the room they
+    /// take (the highest number of each dictionary): past it, an agent is
+    /// told to name its accounts. 24 bytes each, and the name beyond 24
+    /// bytes. Default 8 000 000 (about 200 MB).
+    pub max_total: usize,
+    /// A dictionary unused this long is dropped. Default 5 minutes.
+    pub idle_for: Duration,
+}
+
+impl Default for DictionaryLimits {
+    fn default() -> Self {
+        DictionaryLimits {
+            max_ids: 1_000_000,
+            max_total: 8_000_000,
+            idle_for: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One agent run's dictionary, held by a master.
+#[derive(Debug)]
+pub struct Held {
+    epoch: Epoch,
+    /// Index: the number; `None` for numbers not defined.
+    names: Vec<Option<CompactString>>,
+    last_used: Nanos,
+}
+
+/// A master's dictionaries, one per agent run. See the module docs.
+#[derive(Debug, Default)]
+pub struct Dictionaries {
+    limits: DictionaryLimits,
+    held: HashMap<(String, u64), Held>,
+    /// Numbers held over every dictionary.
+    total: usize,
+}
+
+impl Dictionaries {
+    /// None held yet, under `limits`.
+    pub fn new(limits: DictionaryLimits) -> Dictionaries {
+        Dictionaries {
+            limits,
+            ..Dictionaries::default()
+        }
+    }
+
+    /// Numbers held, over every agent run.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Agent runs with a dictionary.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Turns `rollup`'s numbers back into names at `now`: takes its
+    /// definitions, and moves every entry given by number into
+    /// `accounts`, named, so what follows reads a rollup like any other.
+    /// Returns whether this master holds the sender's dictionary (the
+    /// reply's `takes_ids`). A rollup that uses a number not held is
+    /// refused whole, and changed in nothing that is counted.
+    pub fn expand(&mut self, now: Nanos, rollup: &mut Rollup) -> Result<bool, DictionaryError> {
+        if rollup.dictionary == 0 {
+            return self.named(rollup);
+        }
+        let key = (rollup.agent_id.clone(), rollup.incarnation);
+        let fresh = self
+            .held
+            .get(&key)
+            .is_none_or(|h| h.epoch != rollup.dictionary);
+        if fresh {
+            if let Some(op) = rollup.ops.iter().position(|o| !o.by_id.is_empty()) {
+                let id = rollup.ops[op].by_id[0].id;
+                return Err(DictionaryError::Unknown {
+                    op,
+                    id,
+                    incarnation: rollup.incarnation,
+                    epoch: rollup.dictionary,
+                });
+            }
+            self.drop_held(&key);
+            if !self.has_room(&key) {
+                return Ok(false);
+            }
+            self.held.insert(
+                key.clone(),
+                Held {
+                    epoch: rollup.dictionary,
+                    names: Vec::new(),
+                    last_used: now,
+                },
+            );
+        }
+        self.check_numbers(&key, rollup)?;
+        let held = self.held.get_mut(&key).expect("made above");
+        held.last_used = now;
+        for op in &mut rollup.ops {
+            for c in std::mem::take(&mut op.by_id) {
+                let name = held.names[c.id as usize].as_ref().expect("checked");
+                op.accounts.push(AccountCounts {
+                    account: name.to_string(),
+                    attempted: c.attempted,
+                    admitted: c.admitted,
+                    since: None,
+                    id: 0,
+                });
+            }
+        }
+        Ok(self.define(&key, rollup))
+    }
+
+    /// [`expand`](Self::expand) for a rollup that names every account
+    /// (`dictionary` 0), which it leaves as it is: whether this master
+    /// would hold a dictionary for its sender.
+    pub fn named(&self, rollup: &Rollup) -> Result<bool, DictionaryError> {
+        if let Some(op) = rollup
+            .ops
+            .iter()
+            .position(|o| !o.by_id.is_empty() || o.accounts.iter().any(|c| c.id != 0))
+        {
+            return Err(DictionaryError::NoDictionary { op });
+        }
+        Ok(self.has_room(&(rollup.agent_id.clone(), rollup.incarnation)))
+    }
+
+    /// Refuses a rollup whose numbers or definitions this dictionary
+    /// cannot take, before anything of it is taken.
+    fn check_numbers(&self, key: &(String, u64), rollup: &Rollup) -> Result<(), DictionaryError> {
+        let held = &self.held[key];
+        for (i, op) in rollup.ops.iter().enumerate() {
+            for (j, c) in op.accounts.iter().enumerate() {
+                if c.id == 0 {
+                    continue;
+                }
+                if let Some(Some(name)) = held.names.get(c.id as usize)
+                    && name.as_str() != c.account
+                {
+                    return Err(DictionaryError::Conflict {
+                        op: i,
+                        account: j,
+                        id: c.id,
+                        epoch: held.epoch,
+                    });
+                }
+            }
+            for c in &op.by_id {
+                if c.id == 0 {
+                    return Err(DictionaryError::Zero { op: i });
+                }
+                // Only numbers defined by an earlier rollup, answered.
+                if !matches!(held.names.get(c.id as usize), Some(Some(_))) {
+                    return Err(DictionaryError::Unknown {
+                        op: i,
+                        id: c.id,
+                        incarnation: rollup.incarnation,
+                        epoch: rollup.dictionary,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the rollup's definitions of valid names within the limits;
+    /// whether every one was taken (if not, the agent is told to name its
+    /// accounts, and its dictionary here is dropped).
+    fn define(&mut self, key: &(String, u64), rollup: &Rollup) -> bool {
+        let max_ids = self.limits.max_ids;
+        let room = self.limits.max_total.saturating_sub(self.total);
+        let held = self.held.get_mut(key).expect("made above");
+        let mut added = 0usize;
+        let mut within = true;
+        for c in rollup.ops.iter().flat_map(|o| &o.accounts) {
+            if c.id == 0 || validate_name("account", &c.account).is_err() {
+                continue;
+            }
+            let i = c.id as usize;
+            if held.names.len() <= i {
+                // Numbers are counted by the room they take, defined or
+                // not, so sparse numbers cannot hold more than their share.
+                let grow = i + 1 - held.names.len();
+                if c.id > max_ids || added + grow > room {
+                    within = false;
+                    break;
+                }
+                held.names.resize(i + 1, None);
+                added += grow;
+            }
+            // A number given twice in one rollup keeps its first name: only
+            // the sender's own counts can suffer.
+            if held.names[i].is_none() {
+                held.names[i] = Some(CompactString::from(c.account.as_str()));
+            }
+        }
+        self.total += added;
+        if !within {
+            self.drop_held(key);
+        }
+        within
+    }
+
+    /// Whether a dictionary for `key` is held or could be made.
+    fn has_room(&self, key: &(String, u64)) -> bool {
+        self.held.contains_key(key) || self.total < self.limits.max_total
+    }
+
+    fn drop_held(&mut self, key: &(String, u64)) {
+        if let Some(held) = self.held.remove(key) {
+            self.total -= held.names.len();
+        }
+    }
+
+    /// Drops the dictionaries unused since `limits.idle_for` before `now`;
+    /// returns how many.
+    pub fn evict_idle(&mut self, now: Nanos) -> usize {
+        let idle_for = self.limits.idle_for;
+        let idle: Vec<(String, u64)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| now.since(h.last_used) >= idle_for)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &idle {
+            self.drop_held(key);
+        }
+        idle.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

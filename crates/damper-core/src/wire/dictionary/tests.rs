@@ -1,0 +1,456 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::agent::{Delta, Pending};
+
+const T0: u64 = 1_800_000_000_000;
+
+fn at(ms: u64) -> Nanos {
+    Nanos::from_millis(T0 + ms)
+}
+
+/// A named rollup of `accounts` on op `messages`, each attempting 10 ×
+/// its index + 1 and admitting all but 1; `carried` ones with their own
+/// start.
+fn rollup(sequence: u64, accounts: &[&str], carried: &[&str]) -> Rollup {
+    let pending = accounts
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Pending {
+            account: (*a).to_owned(),
+            op: "messages".into(),
+            delta: Delta {
+                attempted: 10 * (i as u64 + 1),
+                admitted: 10 * (i as u64 + 1) - 1,
+                since: carried.contains(a).then(|| at(0)),
+            },
+        })
+        .collect();
+    let mut r = Rollup::from_drain("agent-1", at(2_000), at(4_000), 0, pending);
+    r.incarnation = 7;
+    r.sequence = sequence;
+    r
+}
+
+fn reply(takes_ids: bool) -> Reply {
+    Reply {
+        takes_ids,
+        ..Reply::default()
+    }
+}
+
+/// Its entries as (account, attempted, admitted, since), sorted: what a
+/// master counts, whatever the order.
+fn counts(r: &Rollup) -> Vec<(String, u64, u64, Option<Nanos>)> {
+    let mut v: Vec<_> = r
+        .ops
+        .iter()
+        .flat_map(|o| &o.accounts)
+        .map(|c| (c.account.clone(), c.attempted, c.admitted, c.since))
+        .collect();
+    v.sort();
+    v
+}
+
+fn numbered(r: &Rollup) -> usize {
+    r.ops.iter().map(|o| o.by_id.len()).sum()
+}
+
+/// Sends `named` through `agent` to `master`, as the round and the
+/// service do: the master's answer (`takes_ids`) or its refusal. The
+/// expanded rollup must count exactly what the agent meant.
+fn send(
+    agent: &mut AgentDictionary,
+    master: &mut Dictionaries,
+    now: Nanos,
+    named: &Rollup,
+) -> Result<usize, DictionaryError> {
+    let (mut wire, defined) = agent.compact(named);
+    let by_number = numbered(&wire);
+    match master.expand(now, &mut wire) {
+        Ok(takes_ids) => {
+            assert_eq!(counts(&wire), counts(named), "expanded as the agent meant");
+            agent.confirm(&reply(takes_ids), &defined);
+            Ok(by_number)
+        }
+        Err(e) => {
+            agent.failed(&defined);
+            Err(e)
+        }
+    }
+}
+
+#[test]
+fn accounts_go_by_number_once_their_names_were_answered() {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    let named = rollup(1, &["acme", "globex", "initech"], &[]);
+    // Before any master said it takes numbers: names, untouched.
+    let (wire, defined) = agent.compact(&named);
+    assert_eq!(wire, named);
+    assert_eq!(defined, Defined::default());
+    agent.confirm(&reply(true), &defined);
+    assert!(agent.enabled());
+    // The first rollup names each account with its number...
+    let (wire, defined) = agent.compact(&rollup(2, &["acme", "globex", "initech"], &[]));
+    assert_eq!(numbered(&wire), 0);
+    assert!(wire.ops[0].accounts.iter().all(|c| c.id != 0));
+    assert_eq!(defined.ids.len(), 3);
+    let mut expanded = wire.clone();
+    assert_eq!(master.expand(at(2_100), &mut expanded), Ok(true));
+    agent.confirm(&reply(true), &defined);
+    // ... and the next ones by number alone, read back as names.
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(4_100),
+            &rollup(3, &["acme", "globex", "initech"], &[])
+        ),
+        Ok(3)
+    );
+    // A new account is named; the others go by number.
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(6_100),
+            &rollup(4, &["acme", "hooli"], &[])
+        ),
+        Ok(1)
+    );
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(8_100),
+            &rollup(5, &["acme", "hooli"], &[])
+        ),
+        Ok(2)
+    );
+}
+
+#[test]
+fn numbers_take_a_fraction_of_the_names_bytes() {
+    // The wire's packing is damper-proto's; here, what goes by number.
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    let names: Vec<String> = (0..100).map(|i| format!("account-{i:04}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    send(&mut agent, &mut master, at(100), &rollup(1, &names, &[])).unwrap();
+    let (wire, _) = agent.compact(&rollup(2, &names, &[]));
+    assert_eq!(numbered(&wire), 100);
+    assert!(wire.ops[0].accounts.is_empty());
+    let ids: Vec<u32> = wire.ops[0].by_id.iter().map(|c| c.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "sorted: {ids:?}");
+}
+
+#[test]
+fn a_carried_entry_keeps_its_name_and_start() {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    send(
+        &mut agent,
+        &mut master,
+        at(100),
+        &rollup(1, &["acme", "globex"], &[]),
+    )
+    .unwrap();
+    let named = rollup(2, &["acme", "globex"], &["globex"]);
+    let (wire, _) = agent.compact(&named);
+    assert_eq!(wire.ops[0].by_id.len(), 1);
+    assert_eq!(wire.ops[0].accounts.len(), 1);
+    assert_eq!(wire.ops[0].accounts[0].account, "globex");
+    assert_eq!(send(&mut agent, &mut master, at(2_100), &named), Ok(1));
+}
+
+#[test]
+fn a_master_that_restarted_refuses_numbers_and_the_resend_names_everything() {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    send(
+        &mut agent,
+        &mut master,
+        at(100),
+        &rollup(1, &["acme", "globex"], &[]),
+    )
+    .unwrap();
+    // The master restarts: it holds nothing.
+    let mut master = Dictionaries::default();
+    let named = rollup(2, &["acme", "globex"], &[]);
+    let refused = send(&mut agent, &mut master, at(2_100), &named).unwrap_err();
+    assert!(refused.is_unknown(), "{refused}");
+    assert!(refused.to_string().contains("send the account names again"));
+    // The round resends it at once, same number: every account named, in a
+    // new epoch, and taken.
+    let (wire, _) = agent.compact(&named);
+    assert_eq!(numbered(&wire), 0);
+    assert_eq!(send(&mut agent, &mut master, at(2_200), &named), Ok(0));
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(4_100),
+            &rollup(3, &["acme", "globex"], &[])
+        ),
+        Ok(2)
+    );
+}
+
+#[test]
+fn a_rollup_whose_answer_was_lost_starts_a_new_epoch() {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    send(&mut agent, &mut master, at(100), &rollup(1, &["acme"], &[])).unwrap();
+    // Sent with numbers; the master took it but the reply was lost.
+    let named = rollup(2, &["acme", "globex"], &[]);
+    let (mut wire, defined) = agent.compact(&named);
+    let epoch = wire.dictionary;
+    master.expand(at(2_100), &mut wire).unwrap();
+    agent.failed(&defined);
+    // The resend names both in a new epoch, which the master starts afresh.
+    let (wire, _) = agent.compact(&named);
+    assert_ne!(wire.dictionary, epoch);
+    assert_eq!(numbered(&wire), 0);
+    assert_eq!(send(&mut agent, &mut master, at(2_300), &named), Ok(0));
+    assert_eq!(send(&mut agent, &mut master, at(4_100), &named), Ok(2));
+    assert_eq!(master.len(), 1, "the old epoch's dictionary is gone");
+    assert_eq!(master.total(), 3, "numbers 0 to 2 of the new epoch");
+}
+
+#[test]
+fn a_master_that_predates_numbers_gets_names() {
+    let mut agent = AgentDictionary::default();
+    agent.confirm(&reply(true), &Defined::default());
+    let (_, defined) = agent.compact(&rollup(1, &["acme"], &[]));
+    // Its reply has no `takes_ids`: names from now on.
+    agent.confirm(&reply(false), &defined);
+    assert!(!agent.enabled());
+    assert!(agent.is_empty());
+    let named = rollup(2, &["acme"], &[]);
+    assert_eq!(agent.compact(&named).0, named);
+}
+
+#[test]
+fn a_number_given_another_name_is_a_conflict() {
+    let mut master = Dictionaries::default();
+    let mut first = rollup(1, &["acme"], &[]);
+    first.dictionary = 1;
+    first.ops[0].accounts[0].id = 1;
+    assert_eq!(master.expand(at(100), &mut first), Ok(true));
+    let mut second = rollup(2, &["globex"], &[]);
+    second.dictionary = 1;
+    second.ops[0].accounts[0].id = 1;
+    let refused = master.expand(at(200), &mut second).unwrap_err();
+    assert!(
+        matches!(refused, DictionaryError::Conflict { id: 1, .. }),
+        "{refused:?}"
+    );
+    assert!(refused.is_unknown());
+}
+
+#[test]
+fn malformed_numbers_are_refused_by_name() {
+    let mut master = Dictionaries::default();
+    // Numbers in a rollup that names no dictionary.
+    let mut r = rollup(1, &["acme"], &[]);
+    r.ops[0].accounts[0].id = 3;
+    let refused = master.expand(at(100), &mut r).unwrap_err();
+    assert_eq!(refused, DictionaryError::NoDictionary { op: 0 });
+    assert!(!refused.is_unknown());
+    // Number 0.
+    let mut r = rollup(2, &["acme"], &[]);
+    r.dictionary = 1;
+    r.ops[0].accounts[0].id = 1;
+    master.expand(at(100), &mut r).unwrap();
+    let mut r = rollup(3, &[], &[]);
+    r.dictionary = 1;
+    r.ops.push(OpCounts {
+        op: "messages".into(),
+        accounts: Vec::new(),
+        by_id: vec![IdCounts {
+            id: 0,
+            attempted: 1,
+            admitted: 1,
+        }],
+    });
+    assert_eq!(
+        master.expand(at(200), &mut r),
+        Err(DictionaryError::Zero { op: 0 })
+    );
+}
+
+#[test]
+fn an_agent_past_its_budget_is_told_to_name_its_accounts() {
+    let limits = DictionaryLimits {
+        max_ids: 2,
+        ..DictionaryLimits::default()
+    };
+    let mut master = Dictionaries::new(limits);
+    let mut agent = AgentDictionary::default();
+    agent.confirm(&reply(true), &Defined::default());
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(100),
+            &rollup(1, &["a", "b"], &[])
+        ),
+        Ok(0)
+    );
+    assert!(agent.enabled());
+    // A third account passes `max_ids`: counted (it is named) but no
+    // dictionary is kept, and the agent names everything from then on.
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(2_100),
+            &rollup(2, &["a", "b", "c"], &[])
+        ),
+        Ok(2)
+    );
+    assert!(!agent.enabled());
+    assert_eq!(master.total(), 0);
+    assert!(master.is_empty());
+}
+
+#[test]
+fn the_masters_total_is_bounded_over_every_agent() {
+    let limits = DictionaryLimits {
+        max_total: 5,
+        ..DictionaryLimits::default()
+    };
+    let mut master = Dictionaries::new(limits);
+    let mut one = AgentDictionary::default();
+    one.confirm(&reply(true), &Defined::default());
+    send(
+        &mut one,
+        &mut master,
+        at(100),
+        &rollup(1, &["a", "b", "c"], &[]),
+    )
+    .unwrap();
+    assert_eq!(master.total(), 4);
+    // Another agent run: no room for its numbers.
+    let mut other = rollup(1, &["x", "y"], &[]);
+    other.incarnation = 8;
+    let mut agent = AgentDictionary::default();
+    agent.confirm(&reply(true), &Defined::default());
+    assert_eq!(send(&mut agent, &mut master, at(200), &other), Ok(0));
+    assert!(!agent.enabled());
+    assert_eq!(master.total(), 4);
+    assert!(one.enabled());
+}
+
+#[test]
+fn idle_dictionaries_are_dropped() {
+    let mut master = Dictionaries::new(DictionaryLimits {
+        idle_for: Duration::from_secs(60),
+        ..DictionaryLimits::default()
+    });
+    let mut agent = AgentDictionary::default();
+    agent.confirm(&reply(true), &Defined::default());
+    send(&mut agent, &mut master, at(100), &rollup(1, &["acme"], &[])).unwrap();
+    assert_eq!(master.evict_idle(at(30_000)), 0);
+    assert_eq!(master.evict_idle(at(60_100)), 1);
+    assert!(master.is_empty());
+    // The agent's next numbers are refused, and its resend names them.
+    assert!(
+        send(
+            &mut agent,
+            &mut master,
+            at(62_000),
+            &rollup(2, &["acme"], &[])
+        )
+        .is_err()
+    );
+    assert_eq!(
+        send(
+            &mut agent,
+            &mut master,
+            at(62_100),
+            &rollup(2, &["acme"], &[])
+        ),
+        Ok(0)
+    );
+}
+
+#[test]
+fn accounts_gone_quiet_are_pruned_in_a_new_epoch() {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    let many: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    send(&mut agent, &mut master, at(0), &rollup(1, &many, &[])).unwrap();
+    // Only two stay busy, for three times PRUNE_AFTER (looked over every
+    // PRUNE_AFTER, pruned of what was quiet for as long).
+    let rounds = 3 * PRUNE_AFTER.as_millis() as u64 / 2_000;
+    for round in 2..(2 + rounds) {
+        let mut busy = rollup(round, &["a1", "a2"], &[]);
+        busy.end = at(round * 2_000);
+        send(&mut agent, &mut master, at(round * 2_000), &busy).unwrap();
+    }
+    assert_eq!(agent.len(), 2, "the quiet accounts were forgotten");
+    assert!(
+        master.total() <= 3,
+        "the master's copy followed: {}",
+        master.total()
+    );
+}
+
+proptest! {
+    /// Whatever accounts come and go and whichever requests fail (the
+    /// master took it or not) or masters restart, every rollup a master
+    /// takes counts exactly what the agent meant, and numbers are used
+    /// once a round has confirmed them.
+    #[test]
+    fn a_master_reads_what_the_agent_meant(
+        rounds in proptest::collection::vec(
+            (proptest::collection::btree_set(0u8..24, 0..12), 0u8..10),
+            1..40),
+    ) {
+        let mut agent = AgentDictionary::default();
+        agent.confirm(&reply(true), &Defined::default());
+        let mut master = Dictionaries::default();
+        let mut by_number = 0;
+        for (i, (accounts, fate)) in rounds.iter().enumerate() {
+            let names: Vec<String> = accounts.iter().map(|a| format!("acct-{a}")).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let named = rollup(i as u64 + 1, &names, &[]);
+            let now = at(i as u64 * 2_000);
+            let (mut wire, defined) = agent.compact(&named);
+            let sent_by_number = numbered(&wire);
+            match fate {
+                // Lost before the master.
+                0 => agent.failed(&defined),
+                // Taken, the reply lost.
+                1 => {
+                    let _ = master.expand(now, &mut wire);
+                    agent.failed(&defined);
+                }
+                // The master restarts.
+                2 => master = Dictionaries::default(),
+                _ => match master.expand(now, &mut wire) {
+                    Ok(takes_ids) => {
+                        prop_assert_eq!(counts(&wire), counts(&named));
+                        by_number += sent_by_number;
+                        agent.confirm(&reply(takes_ids), &defined);
+                    }
+                    Err(e) => {
+                        prop_assert!(e.is_unknown());
+                        agent.failed(&defined);
+                    }
+                },
+            }
+        }
+        prop_assert!(by_number <= rounds.iter().map(|r| r.0.len()).sum::<usize>());
+    }
+}

@@ -3,7 +3,7 @@
 # directory on exit, and starts masters on loopback.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --locked -p damper-master -p damper-load >&2
-bin=target/release
+bin=${DAMPER_BIN:-target/release}
 dir=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"; }

@@ -22,7 +22,7 @@ use damper_core::wire::{Reply, Rollup};
 use damper_master::{Master, MasterOptions};
 use damper_proto::v1::master_client::MasterClient;
 use damper_proto::v1::{FactorsRequest, RollupReply, RollupRequest};
-use damper_sim::engine::{EPOCH, Masters};
+use damper_sim::engine::{EPOCH, Masters, Refusal};
 use prost::Message as _;
 use tonic::transport::Channel;
 
@@ -41,6 +41,15 @@ fn request(message: &Message) -> Request {
             Request::Factors(q.clone().into())
         }
         _ => unreachable!("every message a round sends is handled"),
+    }
+}
+
+/// What an agent makes of an error status.
+fn refusal(status: tonic::Status) -> Refusal {
+    if status.code() == tonic::Code::FailedPrecondition {
+        Refusal::UnknownNumbers
+    } else {
+        Refusal::Other
     }
 }
 
@@ -147,7 +156,7 @@ impl Masters for WireMasters {
         true
     }
 
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, Refusal> {
         self.clock.set(now);
         let master = &self.masters[m];
         let reply = match request(message) {
@@ -155,7 +164,7 @@ impl Masters for WireMasters {
                 self.numbered_rollups += usize::from(r.ops.iter().any(|o| !o.ids.is_empty()));
                 let bytes = r.encode_to_vec();
                 self.wire_bytes += bytes.len();
-                let mut reply = master.rollup_bytes(&bytes).ok()?;
+                let mut reply = master.rollup_bytes(&bytes).map_err(refusal)?;
                 // Masters before fast onset predate account numbers too.
                 reply.takes_ids &= !self.old;
                 reply
@@ -165,24 +174,22 @@ impl Masters for WireMasters {
                 self.wire_bytes += bytes.len();
                 if self.old {
                     let seen = as_seen_before_fast_onset(&bytes);
-                    let mut reply = master.factors(&seen).ok()?;
+                    let mut reply = master.factors(&seen).map_err(refusal)?;
                     if seen.ops.is_empty() {
                         reply.ops.clear();
                     }
                     reply
                 } else {
                     let decoded = FactorsRequest::decode(bytes.as_slice()).expect("encoded above");
-                    master.factors(&decoded).ok()?
+                    master.factors(&decoded).map_err(refusal)?
                 }
             }
         };
         let bytes = reply.encode_to_vec();
         self.wire_bytes += bytes.len();
-        Some(
-            RollupReply::decode(bytes.as_slice())
-                .expect("a reply decodes")
-                .into(),
-        )
+        Ok(RollupReply::decode(bytes.as_slice())
+            .expect("a reply decodes")
+            .into())
     }
 
     fn kill(&mut self, _: usize) {
@@ -275,7 +282,7 @@ impl Masters for GrpcMasters {
         true
     }
 
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, Refusal> {
         self.clock.set(now);
         let mut client = self.clients[m].clone();
         let reply = self.runtime.block_on(async move {
@@ -284,7 +291,7 @@ impl Masters for GrpcMasters {
                 Request::Factors(q) => client.factors(q).await,
             }
         });
-        reply.ok().map(|r| r.into_inner().into())
+        reply.map(|r| r.into_inner().into()).map_err(refusal)
     }
 
     fn kill(&mut self, _: usize) {

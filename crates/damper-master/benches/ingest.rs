@@ -8,6 +8,9 @@
 //!   shard, window updates, verdicts, the reply.
 //! - `ingest/rollup_bytes_1000_entries`: the same from wire bytes
 //!   (`Master::rollup_bytes`: protobuf decoding included).
+//! - `ingest/rollup_bytes_by_number_1000_entries`: the same rollups with
+//!   every account given by its number in the agent's dictionary, as a
+//!   steady round sends them (`damper_core::wire::dictionary`).
 //! - `ingest/encode_reply`: encoding the reply of such a rollup (the tenth
 //!   of its pairs that are over their limit are listed; the others are
 //!   implied by the op's `unlisted_limit`).
@@ -59,6 +62,28 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
     }
 }
 
+/// [`rollup`] with each account given by its number (`i + 1`) in the
+/// dictionary of epoch 1 that the setup's rollups defined.
+fn by_number(first: usize, end_ms: u64) -> RollupRequest {
+    let mut request = rollup(first, end_ms);
+    request.dictionary = 1;
+    let named = std::mem::take(&mut request.ops[0].accounts);
+    let mut entries: Vec<(u32, u64)> = (first..first + PER_ROLLUP)
+        .zip(named)
+        .map(|(i, c)| ((i % KEYS) as u32 + 1, c.attempted))
+        .collect();
+    entries.sort_unstable();
+    let mut before = 0;
+    let op = &mut request.ops[0];
+    for (id, attempted) in entries {
+        op.ids.push(id - before);
+        before = id;
+        op.attempted.push(attempted);
+        op.rejected.push(0);
+    }
+    request
+}
+
 fn benches(c: &mut Criterion) {
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS + 5)));
@@ -76,7 +101,14 @@ fn benches(c: &mut Criterion) {
     for round_end in [T0_MS - 2_000, T0_MS] {
         clock.set(Nanos::from_millis(round_end + 5));
         for first in (0..KEYS).step_by(PER_ROLLUP) {
-            master.rollup(&rollup(first, round_end)).unwrap();
+            // Naming each account with its number, as an agent's first
+            // rounds at a master do.
+            let mut defining = rollup(first, round_end);
+            defining.dictionary = 1;
+            for (i, c) in defining.ops[0].accounts.iter_mut().enumerate() {
+                c.id = ((first + i) % KEYS) as u32 + 1;
+            }
+            master.rollup(&defining).unwrap();
         }
     }
     clock.set(Nanos::from_millis(T0_MS + 2_005));
@@ -87,6 +119,11 @@ fn benches(c: &mut Criterion) {
         .map(|first| rollup((first * 7919) % KEYS, T0_MS + 2_000))
         .collect();
     let encoded: Vec<Vec<u8>> = requests.iter().map(Message::encode_to_vec).collect();
+    let numbered: Vec<Vec<u8>> = (0..KEYS)
+        .step_by(PER_ROLLUP)
+        .map(|first| by_number((first * 7919) % KEYS, T0_MS + 2_000).encode_to_vec())
+        .collect();
+    eprintln!("the same by number: {} bytes", numbered[0].len());
     let reply = master.rollup(&requests[0]).unwrap();
     eprintln!(
         "a 1 000-entry rollup: {} bytes; its reply: {} bytes carrying {} factors",
@@ -117,6 +154,13 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % encoded.len();
             black_box(master.rollup_bytes(&encoded[i]).unwrap())
+        })
+    });
+    g.bench_function("rollup_bytes_by_number_1000_entries", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % numbered.len();
+            black_box(master.rollup_bytes(&numbered[i]).unwrap())
         })
     });
     g.bench_function("encode_reply", |b| {

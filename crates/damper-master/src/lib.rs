@@ -320,6 +320,7 @@ impl Master {
         let dictionaries = self.dictionaries();
         metrics::gauge!("damper_master_dictionary_ids").set(dictionaries.total() as f64);
         metrics::gauge!("damper_master_dictionaries").set(dictionaries.len() as f64);
+        metrics::gauge!("damper_master_dictionary_names").set(dictionaries.names() as f64);
         drop(dictionaries);
         let mut seen = self
             .shared

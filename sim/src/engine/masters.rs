@@ -19,9 +19,9 @@ pub trait Masters {
     fn names(&self) -> Vec<String>;
     /// Whether master `m` is running.
     fn is_up(&self, m: usize) -> bool;
-    /// Master `m` answers `message`, received at `now`; `None` when it
-    /// refuses it (the agent sees an error status).
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply>;
+    /// Master `m` answers `message`, received at `now`, or refuses it
+    /// (the agent sees an error status).
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, Refusal>;
     /// Stops master `m`, losing its state.
     fn kill(&mut self, m: usize);
     /// Starts master `m` again, empty, at `now`.
@@ -31,6 +31,27 @@ pub trait Masters {
     /// push say `None`.
     fn take_push(&mut self, _m: usize) -> Option<Reply> {
         None
+    }
+}
+
+/// Why a master refused a request, as far as an agent can tell from the
+/// status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// A rollup gave accounts by numbers the master does not hold
+    /// (FAILED_PRECONDITION): the agent resends it naming them.
+    UnknownNumbers,
+    /// Anything else (bad input, over a budget): a failure.
+    Other,
+}
+
+impl From<&RollupError> for Refusal {
+    fn from(error: &RollupError) -> Refusal {
+        match error {
+            RollupError::Dictionary(e) if e.is_unknown() => Refusal::UnknownNumbers,
+            _ => Refusal::Other,
+        }
     }
 }
 
@@ -92,7 +113,7 @@ impl Masters for SimMasters {
         self.masters[m].is_some()
     }
 
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, Refusal> {
         let mut header = ReplyHeader {
             rollup_interval: self.config.window.rollup_interval,
             started: self.started[m],
@@ -128,7 +149,7 @@ impl Masters for SimMasters {
             }
             _ => unreachable!("every message a round sends is answered"),
         };
-        answered.ok()
+        answered.map_err(|e| Refusal::from(&e))
     }
 
     fn kill(&mut self, m: usize) {
@@ -189,7 +210,7 @@ impl<M: Masters + ?Sized> Masters for &mut M {
         (**self).is_up(m)
     }
 
-    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Option<Reply> {
+    fn answer(&mut self, m: usize, now: Nanos, message: &Message) -> Result<Reply, Refusal> {
         (**self).answer(m, now, message)
     }
 

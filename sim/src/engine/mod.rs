@@ -38,7 +38,7 @@ use rand::{RngExt, SeedableRng};
 use crate::scenario::{Action, Scenario, Traffic};
 
 pub use control::Control;
-pub use masters::{Masters, SimMasters};
+pub use masters::{Masters, Refusal, SimMasters};
 use traffic::{Item, pair_ranks};
 
 /// The start of simulated time: a multiple of every interval.
@@ -131,6 +131,9 @@ enum Outcome {
     Failed,
     /// The master's process is not running: nothing counted, for certain.
     Refused,
+    /// A rollup refused for account numbers its master does not hold:
+    /// nothing counted, the master up.
+    UnknownNumbers,
 }
 
 /// One edge node: its agent state and the round that reports it.
@@ -444,14 +447,24 @@ impl<M: Masters> Sim<M> {
         self.push_from(m, a);
         match answered {
             // Refused: the status comes back like a reply would.
-            None => {
+            Err(Refusal::UnknownNumbers) => {
+                let at = self.now + self.delay();
+                let event = Event::Answer {
+                    agent: a,
+                    id: transmit.id,
+                    rollup,
+                    outcome: Outcome::UnknownNumbers,
+                };
+                self.schedule(at.min(deadline), event);
+            }
+            Err(_) => {
                 let at = self.now + self.delay();
                 self.fail_at(at.min(deadline), a, transmit.id, rollup);
             }
             // The master counted it, but the agent may never hear back: it
             // times out, and carries the counts over as the real agent would.
-            Some(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
-            Some(reply) => {
+            Ok(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
+            Ok(reply) => {
                 let at = self.now + self.delay();
                 if at > deadline {
                     self.fail_at(deadline, a, transmit.id, rollup);
@@ -526,6 +539,10 @@ impl<M: Masters> Sim<M> {
             Outcome::Refused => {
                 self.rollups.1 += u64::from(rollup);
                 agent.round.on_refused(self.now, id, &agent.state);
+            }
+            Outcome::UnknownNumbers => {
+                self.rollups.1 += u64::from(rollup);
+                agent.round.on_unknown_numbers(self.now, id, &agent.state);
             }
         }
         self.sync(a);

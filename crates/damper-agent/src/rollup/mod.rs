@@ -256,9 +256,13 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
     } = answer;
     let now = shared.clock.now();
     let refused = matches!(&result, Err(status) if refused::is_refused(status));
+    let unknown_numbers =
+        matches!(&result, Err(status) if status.code() == tonic::Code::FailedPrecondition);
     let failed = |round: &mut AgentRound| {
         if refused {
             round.on_refused(now, id, &shared.state);
+        } else if unknown_numbers {
+            round.on_unknown_numbers(now, id, &shared.state);
         } else {
             round.on_failure(now, id, &shared.state);
         }

@@ -461,11 +461,8 @@ impl AgentRound {
                 rollup,
                 resent,
                 sent_at,
-                defined,
+                ..
             }) => {
-                // Whether the master took its numbers is unknown: name
-                // every account again, in a new epoch.
-                self.dictionary(&master).failed(&defined);
                 if resent == 0 {
                     self.finish_one(round, master.clone(), false, now, state);
                 }
@@ -522,6 +519,50 @@ impl AgentRound {
                 self.forget_surge(&master, &pairs, state);
             }
         }
+    }
+
+    /// Request `id`, a rollup that gave accounts by number, was refused at
+    /// `now` because its master does not hold those numbers (it
+    /// restarted, or dropped this agent's dictionary: FAILED_PRECONDITION
+    /// on the wire). Nothing of it was counted, and the master is up: the
+    /// dictionary starts a new epoch and the rollup is sent again at once,
+    /// naming every account, with its number, no failure counted. Any other
+    /// request, or a rollup that gave no account by number (so it cannot
+    /// have been refused for that), is a failure like any other
+    /// ([`on_failure`](Self::on_failure)).
+    pub fn on_unknown_numbers(&mut self, now: Nanos, id: RequestId, state: &AgentState) {
+        let numbered = matches!(
+            self.in_flight.get(&id),
+            Some(InFlight::Rollup { defined, .. }) if defined.by_number > 0
+        );
+        if !numbered {
+            return self.on_failure(now, id, state);
+        }
+        let Some(InFlight::Rollup {
+            round,
+            master,
+            start,
+            end,
+            rollup,
+            resent,
+            sent_at,
+            defined,
+        }) = self.in_flight.remove(&id)
+        else {
+            unreachable!("matched above");
+        };
+        self.dictionary(&master).refused(&defined);
+        let flight = InFlight::Rollup {
+            round,
+            master: master.clone(),
+            start,
+            end,
+            rollup: rollup.clone(),
+            resent,
+            sent_at,
+            defined: Defined::default(),
+        };
+        self.transmit(master, Message::Rollup(rollup), flight);
     }
 
     /// Request `id` was refused at `now` without reaching a master: nothing

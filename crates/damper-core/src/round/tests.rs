@@ -924,3 +924,74 @@ fn a_restarted_master_rejoins_on_the_sub_window_grid_and_is_told_its_pairs_rates
         .demand;
     assert!((2_500.0..3_500.0).contains(&demand), "{demand}");
 }
+
+/// Account numbers through the round: a master whose replies say it takes
+/// them gets each account's name once and its number after; a master that
+/// lost them (it restarted) refuses the rollup, and the round sends it
+/// again at once, naming the account, with the same number (counted once),
+/// counting no failure against the master.
+#[test]
+fn a_master_that_lost_the_account_numbers_gets_the_names_again_at_once() {
+    use crate::wire::dictionary::Dictionaries;
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut dictionaries = Dictionaries::default();
+    let mut r = round("edge-3", &["m1"]);
+    // What each rollup carried: (sequence, by number, named).
+    let mut carried = Vec::new();
+    let mut refusals = 0;
+    for round_end in (2_000..=12_000).step_by(2_000) {
+        flood(&state, round_end - 2_000, 100);
+        r.handle_timeout(at(round_end), &state);
+        let now = r.poll_timeout().unwrap();
+        r.handle_timeout(now, &state);
+        if round_end == 8_000 {
+            // The master restarts: it holds no numbers.
+            dictionaries = Dictionaries::default();
+        }
+        while let Some(t) = r.poll_transmit() {
+            let Message::Rollup(rollup) = &t.message else {
+                let reply = reply_to(&mut m, now, &t, T0);
+                r.on_reply(now, t.id, &reply, &state);
+                continue;
+            };
+            let by_number: usize = rollup.ops.iter().map(|o| o.by_id.len()).sum();
+            carried.push((rollup.sequence, by_number, rollup.entries() - by_number));
+            let mut named = Rollup::clone(rollup);
+            match dictionaries.expand(now, &mut named) {
+                Ok(takes_ids) => {
+                    let header = ReplyHeader {
+                        rollup_interval: Duration::from_secs(2),
+                        started: T0,
+                        takes_ids,
+                        ..ReplyHeader::default()
+                    };
+                    let reply = m.answer_rollup(now, &named, 100, header).unwrap();
+                    r.on_reply(now, t.id, &reply, &state);
+                }
+                Err(e) => {
+                    assert!(e.is_unknown(), "{e}");
+                    refusals += 1;
+                    r.on_unknown_numbers(now, t.id, &state);
+                }
+            }
+        }
+    }
+    // Named before any reply said numbers; named with its number; then by
+    // number; after the restart refused, resent named under the same
+    // sequence, and by number again.
+    assert_eq!(
+        carried,
+        [
+            (1, 0, 1),
+            (2, 0, 1),
+            (3, 1, 0),
+            (4, 1, 0),
+            (4, 0, 1),
+            (5, 1, 0),
+            (6, 1, 0)
+        ],
+    );
+    assert_eq!(refusals, 1);
+    assert!(r.membership().is_up("m1"), "a refusal is not a failure");
+}

@@ -25,23 +25,29 @@
 //!   always.
 //! - **Confirmed before use.** A number goes alone only after a reply to a
 //!   rollup that defined it. A rollup whose answer never came may or may
-//!   not have been taken, so the agent starts a new *epoch* (a fresh,
-//!   empty dictionary on the master) and names everything again.
+//!   not have been taken: its new accounts are named again, with the same
+//!   numbers, until a reply comes (a master that took the first naming
+//!   takes the same one again).
 //! - **Refused, not guessed.** A master that does not hold a number the
 //!   rollup uses (it restarted, or dropped an idle agent's dictionary)
 //!   refuses the whole rollup with [`DictionaryError::Unknown`]
-//!   (FAILED_PRECONDITION on the wire), counting none of it; the agent's
-//!   resend names every account, so nothing is lost and nothing counted
-//!   twice (the resend keeps its sequence number).
+//!   (FAILED_PRECONDITION on the wire), counting none of it. The agent
+//!   starts a new *epoch* ([`AgentDictionary::refused`]: a fresh, empty
+//!   dictionary on the master) and resends the rollup at once, naming
+//!   every account: nothing is lost and nothing counted twice (the resend
+//!   keeps its sequence number). Only that refusal resets a dictionary: a
+//!   timeout under load costs no more bytes than it did before numbers.
 //! - **Bounded.** A master holds at most [`DictionaryLimits::max_ids`]
 //!   numbers per agent run and [`DictionaryLimits::max_total`] in all; an
 //!   agent past them is told `takes_ids = false` and names its accounts, as
 //!   before dictionaries. Dictionaries idle for a while are dropped.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::time::Duration;
 
 use compact_str::CompactString;
+use foldhash::fast::RandomState;
 
 use super::{AccountCounts, IdCounts, OpCounts, Reply, Rollup, validate_name};
 use crate::time::Nanos;
@@ -132,7 +138,10 @@ pub struct AgentDictionary {
     /// takes numbers.
     enabled: bool,
     epoch: Epoch,
-    slots: HashMap<String, Slot>,
+    /// Looked up once per entry of every rollup: a fast hasher, seeded
+    /// at random (an account name is the client's to choose); names up to
+    /// 24 bytes inline, so an account costs about 40 bytes and a slot.
+    slots: HashMap<CompactString, Slot, RandomState>,
     next_id: u32,
     /// The end of the rollup being compacted: the clock of `Slot::used`.
     now: Nanos,
@@ -145,7 +154,7 @@ impl Default for AgentDictionary {
         AgentDictionary {
             enabled: false,
             epoch: 1,
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             next_id: 1,
             now: Nanos::ZERO,
             pruned: Nanos::ZERO,
@@ -161,6 +170,8 @@ pub struct Defined {
     pub epoch: Epoch,
     /// The numbers it defined.
     pub ids: Vec<u32>,
+    /// How many of its entries went by number alone.
+    pub by_number: usize,
 }
 
 impl AgentDictionary {
@@ -204,6 +215,7 @@ impl AgentDictionary {
         let defined = Defined {
             epoch: self.epoch,
             ids: defined,
+            by_number: compacted.ops.iter().map(|o| o.by_id.len()).sum(),
         };
         (compacted, defined)
     }
@@ -250,7 +262,7 @@ impl AgentDictionary {
             used: now,
         };
         self.next_id += 1;
-        self.slots.insert(account.to_owned(), slot);
+        self.slots.insert(CompactString::from(account), slot);
         slot
     }
 
@@ -315,10 +327,14 @@ impl AgentDictionary {
         }
     }
 
-    /// A rollup sent with numbers failed: whether the master took it is
-    /// unknown (or it said it lacks a number). A new epoch: every account
-    /// is named again, and the master starts a fresh dictionary.
-    pub fn failed(&mut self, defined: &Defined) {
+    /// The master refused a rollup for its numbers
+    /// ([`DictionaryError::is_unknown`]): it does not hold what this
+    /// dictionary thought it did (it restarted, or dropped this agent's
+    /// dictionary). A new epoch: every account is named again, and the
+    /// master starts a fresh dictionary. Whether the refused rollup gave
+    /// any account by number is the caller's to check first: one that did
+    /// not cannot have been refused for it.
+    pub fn refused(&mut self, defined: &Defined) {
         if defined.epoch != 0 && defined.epoch == self.epoch {
             self.next_epoch();
         }
@@ -334,8 +350,8 @@ pub struct DictionaryLimits {
     pub max_ids: u32,
     /// Most numbers held over every agent run, counted by the room they
     /// take (the highest number of each dictionary): past it, an agent is
-    /// told to name its accounts. 24 bytes each, and the name beyond 24
-    /// bytes. Default 8 000 000 (about 200 MB).
+    /// told to name its accounts. 4 bytes each, and each distinct name
+    /// once (about 40 bytes). Default 8 000 000 (32 MB, and the names).
     pub max_total: usize,
     /// A dictionary unused this long is dropped. Default 5 minutes.
     pub idle_for: Duration,
@@ -355,16 +371,87 @@ impl Default for DictionaryLimits {
 #[derive(Debug)]
 pub struct Held {
     epoch: Epoch,
-    /// Index: the number; `None` for numbers not defined.
-    names: Vec<Option<CompactString>>,
+    /// Index: the number; the name's place in [`Names`] plus one, 0 for
+    /// numbers not defined. Four bytes a number: an account reported by
+    /// `k` agents costs `4 k` bytes and its name once.
+    names: Vec<u32>,
     last_used: Nanos,
+}
+
+/// Account names held by a master's dictionaries, each once however many
+/// agents number it, with how many numbers refer to it.
+#[derive(Debug, Default)]
+struct Names {
+    /// Name and references; a free place has none.
+    names: Vec<(CompactString, u32)>,
+    /// Places of the names, by hash of the name.
+    index: hashbrown::HashTable<u32>,
+    hasher: RandomState,
+    /// Places freed, to reuse.
+    free: Vec<u32>,
+}
+
+impl Names {
+    /// The place of `name`, which gains a reference (added if new).
+    fn intern(&mut self, name: &str) -> u32 {
+        let hash = self.hasher.hash_one(name);
+        let names = &self.names;
+        if let Some(&at) = self
+            .index
+            .find(hash, |&at| names[at as usize].0.as_str() == name)
+        {
+            self.names[at as usize].1 += 1;
+            return at;
+        }
+        let entry = (CompactString::from(name), 1);
+        let at = match self.free.pop() {
+            Some(at) => {
+                self.names[at as usize] = entry;
+                at
+            }
+            None => {
+                self.names.push(entry);
+                (self.names.len() - 1) as u32
+            }
+        };
+        let (names, hasher) = (&self.names, &self.hasher);
+        self.index.insert_unique(hash, at, |&at| {
+            hasher.hash_one(names[at as usize].0.as_str())
+        });
+        at
+    }
+
+    /// Drops a reference to the name at `at`; the last one frees it.
+    fn release(&mut self, at: u32) {
+        let entry = &mut self.names[at as usize];
+        entry.1 -= 1;
+        if entry.1 > 0 {
+            return;
+        }
+        let name = std::mem::take(&mut entry.0);
+        let hash = self.hasher.hash_one(name.as_str());
+        if let Ok(found) = self.index.find_entry(hash, |&i| i == at) {
+            found.remove();
+        }
+        self.free.push(at);
+    }
+
+    fn get(&self, at: u32) -> &str {
+        self.names[at as usize].0.as_str()
+    }
+
+    /// Distinct names held.
+    fn len(&self) -> usize {
+        self.names.len() - self.free.len()
+    }
 }
 
 /// A master's dictionaries, one per agent run. See the module docs.
 #[derive(Debug, Default)]
 pub struct Dictionaries {
     limits: DictionaryLimits,
-    held: HashMap<(String, u64), Held>,
+    held: HashMap<(String, u64), Held, RandomState>,
+    names: Names,
     /// Numbers held over every dictionary.
     total: usize,
 }
@@ -381,6 +468,11 @@ impl Dictionaries {
     /// Numbers held, over every agent run.
     pub fn total(&self) -> usize {
         self.total
+    }
+
+    /// Distinct account names held, however many agents number each.
+    pub fn names(&self) -> usize {
+        self.names.len()
     }
 
     /// Agent runs with a dictionary.
@@ -436,9 +528,9 @@ impl Dictionaries {
         held.last_used = now;
         for op in &mut rollup.ops {
             for c in std::mem::take(&mut op.by_id) {
-                let name = held.names[c.id as usize].as_ref().expect("checked");
+                let at = held.names[c.id as usize] - 1;
                 op.accounts.push(AccountCounts {
-                    account: name.to_string(),
+                    account: self.names.get(at).to_owned(),
                     attempted: c.attempted,
                     admitted: c.admitted,
                     since: None,
@@ -472,8 +564,9 @@ impl Dictionaries {
                 if c.id == 0 {
                     continue;
                 }
-                if let Some(Some(name)) = held.names.get(c.id as usize)
-                    && name.as_str() != c.account
+                if let Some(&at) = held.names.get(c.id as usize)
+                    && at != 0
+                    && self.names.get(at - 1) != c.account
                 {
                     return Err(DictionaryError::Conflict {
                         op: i,
@@ -488,7 +581,7 @@ impl Dictionaries {
                     return Err(DictionaryError::Zero { op: i });
                 }
                 // Only numbers defined by an earlier rollup, answered.
-                if !matches!(held.names.get(c.id as usize), Some(Some(_))) {
+                if held.names.get(c.id as usize).is_none_or(|&at| at == 0) {
                     return Err(DictionaryError::Unknown {
                         op: i,
                         id: c.id,
@@ -523,13 +616,13 @@ impl Dictionaries {
                     within = false;
                     break;
                 }
-                held.names.resize(i + 1, None);
+                held.names.resize(i + 1, 0);
                 added += grow;
             }
             // A number given twice in one rollup keeps its first name: only
             // the sender's own counts can suffer.
-            if held.names[i].is_none() {
-                held.names[i] = Some(CompactString::from(c.account.as_str()));
+            if held.names[i] == 0 {
+                held.names[i] = self.names.intern(&c.account) + 1;
             }
         }
         self.total += added;
@@ -547,6 +640,9 @@ impl Dictionaries {
     fn drop_held(&mut self, key: &(String, u64)) {
         if let Some(held) = self.held.remove(key) {
             self.total -= held.names.len();
+            for &at in held.names.iter().filter(|&&at| at != 0) {
+                self.names.release(at - 1);
+            }
         }
     }
 

@@ -76,7 +76,9 @@ fn send(
             Ok(by_number)
         }
         Err(e) => {
-            agent.failed(&defined);
+            if e.is_unknown() {
+                agent.refused(&defined);
+            }
             Err(e)
         }
     }
@@ -203,25 +205,26 @@ fn a_master_that_restarted_refuses_numbers_and_the_resend_names_everything() {
 }
 
 #[test]
-fn a_rollup_whose_answer_was_lost_starts_a_new_epoch() {
+fn a_rollup_whose_answer_was_lost_names_its_new_accounts_again() {
     let mut agent = AgentDictionary::default();
     let mut master = Dictionaries::default();
     agent.confirm(&reply(true), &Defined::default());
     send(&mut agent, &mut master, at(100), &rollup(1, &["acme"], &[])).unwrap();
-    // Sent with numbers; the master took it but the reply was lost.
+    // Sent with a new account; the master took it but the reply was lost.
     let named = rollup(2, &["acme", "globex"], &[]);
-    let (mut wire, defined) = agent.compact(&named);
+    let (mut wire, _) = agent.compact(&named);
     let epoch = wire.dictionary;
     master.expand(at(2_100), &mut wire).unwrap();
-    agent.failed(&defined);
-    // The resend names both in a new epoch, which the master starts afresh.
-    let (wire, _) = agent.compact(&named);
-    assert_ne!(wire.dictionary, epoch);
-    assert_eq!(numbered(&wire), 0);
-    assert_eq!(send(&mut agent, &mut master, at(2_300), &named), Ok(0));
+    // The resend: the same epoch, `acme` by number, `globex` named with the
+    // same number again, which the master takes again.
+    let (wire, defined) = agent.compact(&named);
+    assert_eq!(wire.dictionary, epoch);
+    assert_eq!(numbered(&wire), 1);
+    assert_eq!(defined.ids.len(), 1);
+    assert_eq!(send(&mut agent, &mut master, at(2_300), &named), Ok(1));
     assert_eq!(send(&mut agent, &mut master, at(4_100), &named), Ok(2));
-    assert_eq!(master.len(), 1, "the old epoch's dictionary is gone");
-    assert_eq!(master.total(), 3, "numbers 0 to 2 of the new epoch");
+    assert_eq!(master.len(), 1);
+    assert_eq!(master.total(), 3, "numbers 0 to 2");
 }
 
 #[test]
@@ -430,11 +433,10 @@ proptest! {
             let sent_by_number = numbered(&wire);
             match fate {
                 // Lost before the master.
-                0 => agent.failed(&defined),
+                0 => {}
                 // Taken, the reply lost.
                 1 => {
                     let _ = master.expand(now, &mut wire);
-                    agent.failed(&defined);
                 }
                 // The master restarts.
                 2 => master = Dictionaries::default(),
@@ -446,11 +448,64 @@ proptest! {
                     }
                     Err(e) => {
                         prop_assert!(e.is_unknown());
-                        agent.failed(&defined);
+                        prop_assert!(defined.by_number > 0);
+                        agent.refused(&defined);
                     }
                 },
             }
         }
         prop_assert!(by_number <= rounds.iter().map(|r| r.0.len()).sum::<usize>());
     }
+}
+
+#[test]
+fn a_name_numbered_by_many_agents_is_held_once() {
+    let mut master = Dictionaries::new(DictionaryLimits {
+        idle_for: Duration::from_secs(60),
+        ..DictionaryLimits::default()
+    });
+    let mut agents: Vec<AgentDictionary> = (0..3).map(|_| AgentDictionary::default()).collect();
+    for (i, agent) in agents.iter_mut().enumerate() {
+        agent.confirm(&reply(true), &Defined::default());
+        let mut named = rollup(1, &["acme", "globex"], &[]);
+        named.incarnation = i as u64;
+        send(agent, &mut master, at(i as u64 * 1_000), &named).unwrap();
+    }
+    assert_eq!(master.len(), 3);
+    assert_eq!(master.names(), 2);
+    // By number, each agent's own, read back right.
+    for (i, agent) in agents.iter_mut().enumerate() {
+        let mut named = rollup(2, &["globex", "acme"], &[]);
+        named.incarnation = i as u64;
+        assert_eq!(send(agent, &mut master, at(30_000), &named), Ok(2));
+    }
+    // Dropping dictionaries drops a name with its last reference only.
+    assert_eq!(master.evict_idle(at(62_500)), 0);
+    let mut last = rollup(3, &["acme"], &[]);
+    last.incarnation = 2;
+    send(&mut agents[2], &mut master, at(62_600), &last).unwrap();
+    assert_eq!(master.evict_idle(at(90_100)), 2);
+    assert_eq!(master.names(), 2, "the last agent still numbers both");
+    assert_eq!(master.evict_idle(at(122_700)), 1);
+    assert_eq!((master.names(), master.total()), (0, 0));
+    // A name freed and numbered again reuses its place.
+    let mut again = AgentDictionary::default();
+    again.confirm(&reply(true), &Defined::default());
+    send(
+        &mut again,
+        &mut master,
+        at(130_000),
+        &rollup(1, &["initech"], &[]),
+    )
+    .unwrap();
+    assert_eq!(
+        send(
+            &mut again,
+            &mut master,
+            at(132_000),
+            &rollup(2, &["initech"], &[])
+        ),
+        Ok(1)
+    );
+    assert_eq!(master.names(), 1);
 }

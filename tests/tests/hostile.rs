@@ -172,10 +172,12 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
     );
     assert!(tracked <= 5_000, "tracked {tracked} pairs, max_pairs 5 000");
     assert_eq!(lies_refused, 1_000);
-    // The honest agent's two accounts (numbers 1 and 2: room for 3).
+    // The honest agent's one dictionary: 16 of room for itself, numbers 0
+    // to 2. The attack's 200 agent runs would hold 16 each.
     assert!(
-        served.master.dictionary_ids() <= 3,
-        "the attack's numbers were kept"
+        served.master.dictionary_ids() < 100,
+        "the attack's numbers were kept: {}",
+        served.master.dictionary_ids()
     );
     damper_testkit::assert_held("the flood during the attack", rate, 1_000.0, 0.15);
     assert_eq!(victim_refused.load(Relaxed), 0, "the victim was refused");

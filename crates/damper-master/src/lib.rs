@@ -243,8 +243,9 @@ impl Master {
         (self.shared.shard_hasher.hash_one(account) % self.shared.shards.len() as u64) as usize
     }
 
-    /// Account numbers held in agents' dictionaries, over every agent run
-    /// (counted by the room they take).
+    /// Room held by agents' dictionaries of account numbers, over every
+    /// agent run: the numbers, and 16 for each dictionary (see
+    /// `damper_core::wire::dictionary`).
     pub fn dictionary_ids(&self) -> usize {
         self.dictionaries().total()
     }

@@ -538,30 +538,21 @@ impl AgentRound {
         if !numbered {
             return self.on_failure(now, id, state);
         }
-        let Some(InFlight::Rollup {
-            round,
+        let Some(mut flight) = self.in_flight.remove(&id) else {
+            return;
+        };
+        let InFlight::Rollup {
             master,
-            start,
-            end,
             rollup,
-            resent,
-            sent_at,
             defined,
-        }) = self.in_flight.remove(&id)
+            ..
+        } = &mut flight
         else {
             unreachable!("matched above");
         };
-        self.dictionary(&master).refused(&defined);
-        let flight = InFlight::Rollup {
-            round,
-            master: master.clone(),
-            start,
-            end,
-            rollup: rollup.clone(),
-            resent,
-            sent_at,
-            defined: Defined::default(),
-        };
+        let (master, rollup) = (master.clone(), rollup.clone());
+        self.dictionary(&master).refused(defined);
+        *defined = Defined::default();
         self.transmit(master, Message::Rollup(rollup), flight);
     }
 

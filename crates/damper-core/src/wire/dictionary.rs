@@ -376,7 +376,18 @@ pub struct Held {
     /// `k` agents costs `4 k` bytes and its name once.
     names: Vec<u32>,
     last_used: Nanos,
+    /// Its agent went past [`DictionaryLimits::max_ids`] or the room
+    /// left: it holds no numbers, and tells the agent to name its
+    /// accounts until it is dropped idle, so the agent does not try again
+    /// every other round.
+    over: bool,
 }
+
+/// What a dictionary counts against [`DictionaryLimits::max_total`] on top
+/// of its numbers, for its own keeping (its key, its place in the map):
+/// made-up agent runs with a number or two each cannot hold more than
+/// `max_total / 16` dictionaries.
+const DICTIONARY_ROOM: usize = 16;
 
 /// Account names held by a master's dictionaries, each once however many
 /// agents number it, with how many numbers refer to it.
@@ -465,7 +476,9 @@ impl Dictionaries {
         }
     }
 
-    /// Numbers held, over every agent run.
+    /// Room held over every agent run, against
+    /// [`DictionaryLimits::max_total`]: the numbers (up to each
+    /// dictionary's highest) and [`DICTIONARY_ROOM`] for each dictionary.
     pub fn total(&self) -> usize {
         self.total
     }
@@ -514,12 +527,14 @@ impl Dictionaries {
             if !self.has_room(&key) {
                 return Ok(false);
             }
+            self.total += DICTIONARY_ROOM;
             self.held.insert(
                 key.clone(),
                 Held {
                     epoch: rollup.dictionary,
                     names: Vec::new(),
                     last_used: now,
+                    over: false,
                 },
             );
         }
@@ -596,7 +611,7 @@ impl Dictionaries {
 
     /// Takes the rollup's definitions of valid names within the limits;
     /// whether every one was taken (if not, the agent is told to name its
-    /// accounts, and its dictionary here is dropped).
+    /// accounts, and its dictionary here is emptied and marked `over`).
     fn define(&mut self, key: &(String, u64), rollup: &Rollup) -> bool {
         let max_ids = self.limits.max_ids;
         let room = self.limits.max_total.saturating_sub(self.total);
@@ -627,22 +642,33 @@ impl Dictionaries {
         }
         self.total += added;
         if !within {
-            self.drop_held(key);
+            let names = std::mem::take(&mut held.names);
+            held.over = true;
+            self.release(&names);
         }
         within
     }
 
     /// Whether a dictionary for `key` is held or could be made.
     fn has_room(&self, key: &(String, u64)) -> bool {
-        self.held.contains_key(key) || self.total < self.limits.max_total
+        match self.held.get(key) {
+            Some(held) => !held.over,
+            None => self.total + DICTIONARY_ROOM <= self.limits.max_total,
+        }
     }
 
     fn drop_held(&mut self, key: &(String, u64)) {
         if let Some(held) = self.held.remove(key) {
-            self.total -= held.names.len();
-            for &at in held.names.iter().filter(|&&at| at != 0) {
-                self.names.release(at - 1);
-            }
+            self.total -= DICTIONARY_ROOM;
+            self.release(&held.names);
+        }
+    }
+
+    /// Gives back the room of a dictionary's `names` and their references.
+    fn release(&mut self, names: &[u32]) {
+        self.total -= names.len();
+        for &at in names.iter().filter(|&&at| at != 0) {
+            self.names.release(at - 1);
         }
     }
 

@@ -224,7 +224,7 @@ fn a_rollup_whose_answer_was_lost_names_its_new_accounts_again() {
     assert_eq!(send(&mut agent, &mut master, at(2_300), &named), Ok(1));
     assert_eq!(send(&mut agent, &mut master, at(4_100), &named), Ok(2));
     assert_eq!(master.len(), 1);
-    assert_eq!(master.total(), 3, "numbers 0 to 2");
+    assert_eq!(master.total(), DICTIONARY_ROOM + 3, "numbers 0 to 2");
 }
 
 #[test]
@@ -309,7 +309,9 @@ fn an_agent_past_its_budget_is_told_to_name_its_accounts() {
     );
     assert!(agent.enabled());
     // A third account passes `max_ids`: counted (it is named) but no
-    // dictionary is kept, and the agent names everything from then on.
+    // number is kept, and the agent names everything from then on: the
+    // master keeps saying so until the agent's dictionary, empty, is
+    // dropped idle.
     assert_eq!(
         send(
             &mut agent,
@@ -320,14 +322,25 @@ fn an_agent_past_its_budget_is_told_to_name_its_accounts() {
         Ok(2)
     );
     assert!(!agent.enabled());
+    assert_eq!(master.total(), DICTIONARY_ROOM);
+    assert_eq!(master.names(), 0);
+    for round in 3..6 {
+        let named = rollup(round, &["a", "b", "c"], &[]);
+        assert_eq!(
+            send(&mut agent, &mut master, at(round * 2_000), &named),
+            Ok(0)
+        );
+        assert!(!agent.enabled(), "round {round}");
+    }
+    assert_eq!(master.evict_idle(at(400_000)), 1);
     assert_eq!(master.total(), 0);
-    assert!(master.is_empty());
 }
 
 #[test]
 fn the_masters_total_is_bounded_over_every_agent() {
+    // Room for one dictionary of three accounts (numbers 0 to 3), not two.
     let limits = DictionaryLimits {
-        max_total: 5,
+        max_total: 2 * DICTIONARY_ROOM + 3,
         ..DictionaryLimits::default()
     };
     let mut master = Dictionaries::new(limits);
@@ -340,7 +353,7 @@ fn the_masters_total_is_bounded_over_every_agent() {
         &rollup(1, &["a", "b", "c"], &[]),
     )
     .unwrap();
-    assert_eq!(master.total(), 4);
+    assert_eq!(master.total(), DICTIONARY_ROOM + 4);
     // Another agent run: no room for its numbers.
     let mut other = rollup(1, &["x", "y"], &[]);
     other.incarnation = 8;
@@ -348,7 +361,7 @@ fn the_masters_total_is_bounded_over_every_agent() {
     agent.confirm(&reply(true), &Defined::default());
     assert_eq!(send(&mut agent, &mut master, at(200), &other), Ok(0));
     assert!(!agent.enabled());
-    assert_eq!(master.total(), 4);
+    assert_eq!(master.total(), DICTIONARY_ROOM + 4);
     assert!(one.enabled());
 }
 
@@ -403,7 +416,7 @@ fn accounts_gone_quiet_are_pruned_in_a_new_epoch() {
     }
     assert_eq!(agent.len(), 2, "the quiet accounts were forgotten");
     assert!(
-        master.total() <= 3,
+        master.total() <= DICTIONARY_ROOM + 3,
         "the master's copy followed: {}",
         master.total()
     );

@@ -117,6 +117,13 @@ pub struct MasterOptions {
     /// all of `max_pairs`. A node's first round names every account it
     /// serves, so this must be above that. Default 250 000.
     pub max_new_pairs_per_agent: usize,
+    /// The most room the agents' dictionaries of account numbers may take
+    /// (4 bytes a number, and 16 numbers' worth for each agent run, see
+    /// `damper_core::wire::dictionary`): past it, agents are told to name
+    /// their accounts in every rollup, as before numbers. 0 turns numbers
+    /// off: every reply tells agents to name their accounts. Default
+    /// 8 000 000 (32 MB, and each distinct name once).
+    pub max_account_numbers: usize,
 }
 
 impl Default for MasterOptions {
@@ -130,6 +137,7 @@ impl Default for MasterOptions {
             max_pairs: 8_000_000,
             max_claimed_rate: 10_000_000,
             max_new_pairs_per_agent: 250_000,
+            max_account_numbers: 8_000_000,
         }
     }
 }
@@ -229,7 +237,11 @@ impl Master {
                 events: events::Events::default(),
                 pushes: push::Pushes::default(),
                 peers: ring_accounts::Peers::default(),
-                dictionaries: Mutex::default(),
+                dictionaries: Mutex::new(damper_core::wire::dictionary::Dictionaries::new({
+                    let mut limits = damper_core::wire::dictionary::DictionaryLimits::default();
+                    limits.max_total = options.max_account_numbers;
+                    limits
+                })),
                 new_pairs: Mutex::new(damper_core::master::NewPairBudget::new(
                     options.max_new_pairs_per_agent,
                     w.rollup_interval,

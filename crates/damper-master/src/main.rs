@@ -99,6 +99,15 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     max_new_pairs_per_agent: u64,
 
+    /// The most account numbers the master holds for agents (4 bytes each,
+    /// each distinct name once): agents name each account once and give
+    /// its number after, so rollups take about 4 bytes an entry rather
+    /// than 17-25. Past it, agents name their accounts in every rollup.
+    /// 0 turns numbers off.
+    #[arg(long, value_name = "N", default_value_t = 8_000_000,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    max_account_numbers: u64,
+
     /// Snapshot file for the demand windows: written on SIGTERM or SIGINT,
     /// loaded at start if recent, so a restart keeps enforcing. A corrupt,
     /// old or mismatched snapshot is ignored with a warning.
@@ -344,6 +353,7 @@ fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
     options.max_pairs = args.max_pairs as usize;
     options.max_claimed_rate = args.max_claimed_rate;
     options.max_new_pairs_per_agent = args.max_new_pairs_per_agent as usize;
+    options.max_account_numbers = args.max_account_numbers as usize;
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }

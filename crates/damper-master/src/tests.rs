@@ -567,3 +567,48 @@ fn a_resent_rollup_is_counted_once() {
     m.rollup(&old).unwrap();
     assert_eq!(m.ingested().attempted, 24_200);
 }
+
+/// Account numbers at the master: a reply says it takes them; a rollup
+/// naming an account with its number, then giving it by number alone, is
+/// counted as the named one; an unknown number is FAILED_PRECONDITION and
+/// counts nothing; `max_account_numbers = 0` turns numbers off.
+#[test]
+fn accounts_by_number_are_counted_as_named_and_unknown_numbers_are_refused() {
+    let m = master(clock());
+    let mut naming = request(vec![("messages", vec![counts("acme", 5_000, 5_000)])]);
+    naming.dictionary = 1;
+    naming.ops[0].accounts[0].id = 1;
+    assert!(m.rollup(&naming).unwrap().takes_ids);
+    let by_number = |dictionary: u32, id: u32| {
+        let mut r = request(vec![("messages", Vec::new())]);
+        r.dictionary = dictionary;
+        r.ops[0].ids = vec![id];
+        r.ops[0].attempted = vec![3_000];
+        r.ops[0].rejected = vec![1_000];
+        r
+    };
+    let before = m.ingested();
+    let reply = m.rollup(&by_number(1, 1)).unwrap();
+    assert!(reply.takes_ids);
+    let after = m.ingested();
+    assert_eq!(after.attempted - before.attempted, 3_000);
+    assert_eq!(after.admitted - before.admitted, 2_000);
+    // A number never given, or another epoch: refused whole.
+    for (dictionary, id) in [(1, 2), (2, 1)] {
+        let refused = m.rollup(&by_number(dictionary, id)).unwrap_err();
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    }
+    assert_eq!(m.ingested(), after);
+
+    let options = MasterOptions {
+        max_account_numbers: 0,
+        ..MasterOptions::default()
+    };
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let off = Master::with_clock(config, options, clock());
+    assert!(!off.rollup(&naming).unwrap().takes_ids);
+    assert_eq!(
+        off.rollup(&by_number(1, 1)).unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+}

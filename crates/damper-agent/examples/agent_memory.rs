@@ -4,7 +4,8 @@
 //! measures the process's resident memory before and after. Then lets them
 //! go idle, times `forget_idle` removing them all, and makes as many new
 //! accounts active: resident memory follows the pairs in use, not every
-//! pair ever seen.
+//! pair ever seen. Last, the memory one master's dictionary of account
+//! numbers takes for as many accounts (from its table's capacity).
 //!
 //! Run: `cargo run --release -p damper-agent --example agent_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
@@ -101,6 +102,37 @@ fn main() {
         newcomers.len(),
         agent.len(),
         resident_bytes() as f64 / (1 << 20) as f64,
+    );
+    // What the round keeps beside the pairs for one master that takes
+    // account numbers: each reported account's name and number.
+    let mut dictionary = damper_core::wire::dictionary::AgentDictionary::default();
+    let takes = damper_core::wire::Reply {
+        takes_ids: true,
+        ..Default::default()
+    };
+    dictionary.confirm(&takes, &Default::default());
+    let accounts_counted = newcomers
+        .iter()
+        .map(|name| damper_core::wire::AccountCounts {
+            account: name.clone(),
+            attempted: 1,
+            admitted: 1,
+            ..Default::default()
+        })
+        .collect();
+    let rollup = damper_core::wire::Rollup {
+        ops: vec![damper_core::wire::OpCounts {
+            op: "messages".into(),
+            accounts: accounts_counted,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    drop(dictionary.compact(&rollup));
+    eprintln!(
+        "account numbers for one master: {} accounts, {} bytes each (the table's capacity: names of up to 24 bytes inline)",
+        dictionary.len(),
+        dictionary.heap_bytes() / dictionary.len().max(1)
     );
     println!(
         "bytes_per_entry={}",

@@ -190,6 +190,20 @@ impl AgentDictionary {
         self.slots.is_empty()
     }
 
+    /// The heap this dictionary holds, in bytes, as its table's capacity
+    /// says: a slot and a control byte for each place, and the names too
+    /// long to be kept inline (over 24 bytes).
+    pub fn heap_bytes(&self) -> usize {
+        let place = std::mem::size_of::<(CompactString, Slot)>() + 1;
+        let spilled: usize = self
+            .slots
+            .keys()
+            .filter(|name| name.is_heap_allocated())
+            .map(|name| name.capacity())
+            .sum();
+        self.slots.capacity() * place + spilled
+    }
+
     /// `rollup` (named) as it goes to this master: with numbers when the
     /// master takes them, each confirmed account by number alone and every
     /// other one named with its number; as it is otherwise. An entry with

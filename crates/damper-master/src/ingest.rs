@@ -74,6 +74,16 @@ fn truncated(agent: &str) -> String {
     agent.chars().take(64).collect()
 }
 
+/// INVALID_ARGUMENT naming the field when a rollup's entries by account
+/// number do not line up ([`damper_proto::convert::id_lists_error`]): the
+/// conversion alone would cut them to the shortest list.
+pub(crate) fn check_id_lists(request: &RollupRequest) -> Result<(), Status> {
+    match damper_proto::convert::id_lists_error(request) {
+        Some(error) => Err(Status::invalid_argument(error)),
+        None => Ok(()),
+    }
+}
+
 impl Master {
     /// Ingests one rollup and answers it. The whole rollup is validated
     /// first: a bad one is refused, naming the field, and nothing of it is
@@ -195,9 +205,7 @@ impl Master {
     /// [`answer`](Self::answer) on the protobuf request, as the service
     /// receives it; errors as the service sends them. Copies the request.
     pub fn rollup(&self, request: &RollupRequest) -> Result<RollupReply, Status> {
-        if let Some(error) = damper_proto::convert::id_lists_error(request) {
-            return Err(Status::invalid_argument(error));
-        }
+        check_id_lists(request)?;
         let mut rollup = Rollup::from(request.clone());
         self.answer(&mut rollup)
             .map(RollupReply::from)
@@ -210,9 +218,7 @@ impl Master {
     pub fn rollup_bytes(&self, bytes: &[u8]) -> Result<RollupReply, Status> {
         let request = <RollupRequest as prost::Message>::decode(bytes)
             .map_err(|e| Status::invalid_argument(format!("not a RollupRequest: {e}")))?;
-        if let Some(error) = damper_proto::convert::id_lists_error(&request) {
-            return Err(Status::invalid_argument(error));
-        }
+        check_id_lists(&request)?;
         let mut rollup = Rollup::from(request);
         self.answer(&mut rollup)
             .map(RollupReply::from)

@@ -24,7 +24,7 @@ use crate::{Master, ServerTls};
 pub fn status(error: RollupError) -> Status {
     if error.is_too_big() {
         Status::resource_exhausted(error.to_string())
-    } else if matches!(&error, RollupError::Dictionary(e) if e.is_unknown()) {
+    } else if error.is_unknown_numbers() {
         Status::failed_precondition(error.to_string())
     } else {
         Status::invalid_argument(error.to_string())
@@ -87,8 +87,8 @@ impl damper_proto::v1::master_server::Master for MasterService {
         self.admit(&request)?;
         let began = tokio::time::Instant::now();
         let request = request.into_inner();
-        if let Some(error) = damper_proto::convert::id_lists_error(&request) {
-            let status = Status::invalid_argument(error);
+        if let Err(status) = crate::ingest::check_id_lists(&request) {
+            metrics::counter!("damper_master_rollups_rejected_total").increment(1);
             self.master
                 .log_refused("rollup", &request.agent_id, &status);
             return Err(status);

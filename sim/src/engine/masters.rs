@@ -48,9 +48,10 @@ pub enum Refusal {
 
 impl From<&RollupError> for Refusal {
     fn from(error: &RollupError) -> Refusal {
-        match error {
-            RollupError::Dictionary(e) if e.is_unknown() => Refusal::UnknownNumbers,
-            _ => Refusal::Other,
+        if error.is_unknown_numbers() {
+            Refusal::UnknownNumbers
+        } else {
+            Refusal::Other
         }
     }
 }

@@ -433,34 +433,16 @@ impl<M: Masters> Sim<M> {
         if !self.masters.is_up(m) {
             // A killed process on a host still up: the connection is
             // refused, and the agent hears so one delay later.
-            let at = self.now + self.delay();
-            let refused = Event::Answer {
-                agent: a,
-                id: transmit.id,
-                rollup,
-                outcome: Outcome::Refused,
-            };
-            self.schedule(at.min(deadline), refused);
-            return;
+            return self.status_back(a, transmit.id, rollup, deadline, Outcome::Refused);
         }
         let answered = self.masters.answer(m, self.now, &transmit.message);
         self.push_from(m, a);
         match answered {
             // Refused: the status comes back like a reply would.
             Err(Refusal::UnknownNumbers) => {
-                let at = self.now + self.delay();
-                let event = Event::Answer {
-                    agent: a,
-                    id: transmit.id,
-                    rollup,
-                    outcome: Outcome::UnknownNumbers,
-                };
-                self.schedule(at.min(deadline), event);
+                self.status_back(a, transmit.id, rollup, deadline, Outcome::UnknownNumbers);
             }
-            Err(_) => {
-                let at = self.now + self.delay();
-                self.fail_at(at.min(deadline), a, transmit.id, rollup);
-            }
+            Err(_) => self.status_back(a, transmit.id, rollup, deadline, Outcome::Failed),
             // The master counted it, but the agent may never hear back: it
             // times out, and carries the counts over as the real agent would.
             Ok(_) if self.lost() => self.fail_at(deadline, a, transmit.id, rollup),
@@ -512,6 +494,26 @@ impl<M: Masters> Sim<M> {
             .round
             .on_push(self.now, &self.names[m], reply, &agent.state);
         self.sync(a);
+    }
+
+    /// An error status for agent `a`'s request `id`, back one delay from
+    /// now (or at its `deadline`, when the agent has given up by then).
+    fn status_back(
+        &mut self,
+        a: usize,
+        id: RequestId,
+        rollup: bool,
+        deadline: Nanos,
+        outcome: Outcome,
+    ) {
+        let at = self.now + self.delay();
+        let event = Event::Answer {
+            agent: a,
+            id,
+            rollup,
+            outcome,
+        };
+        self.schedule(at.min(deadline), event);
     }
 
     fn fail_at(&mut self, at: Nanos, a: usize, id: RequestId, rollup: bool) {

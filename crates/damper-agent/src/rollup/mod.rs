@@ -289,7 +289,7 @@ fn answered(shared: &Shared, round: &mut AgentRound, answer: Answer, undelivered
             metrics::counter!("damper_agent_rollups_total", "result" => "error").increment(1);
             shared.stats.rollups_failed.fetch_add(1, Relaxed);
             *undelivered += bytes;
-            if status.code() == tonic::Code::FailedPrecondition {
+            if unknown_numbers {
                 // A master that restarted, or dropped this agent's account
                 // numbers: the round resends the rollup naming every account.
                 tracing::info!(%master, message = status.message(), "master lacks this agent's account numbers; resending with names");

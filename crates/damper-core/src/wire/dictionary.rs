@@ -289,8 +289,7 @@ impl AgentDictionary {
             return;
         }
         self.pruned = self.now;
-        let cutoff = self.now.since(Nanos::ZERO).saturating_sub(PRUNE_AFTER);
-        let cutoff = Nanos::ZERO + cutoff;
+        let cutoff = self.now - PRUNE_AFTER;
         let live = self.slots.values().filter(|s| s.used >= cutoff).count();
         if live * 2 >= (self.next_id - 1) as usize && self.next_id < u32::MAX / 2 {
             return;

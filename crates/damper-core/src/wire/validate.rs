@@ -256,6 +256,13 @@ impl RollupError {
             RollupError::TooManyEntries { .. } | RollupError::SurgeBudget(_)
         )
     }
+
+    /// Whether the request gave accounts by numbers this master does not
+    /// hold (FAILED_PRECONDITION on the wire): the agent resends it naming
+    /// them, rather than fixing anything.
+    pub fn is_unknown_numbers(&self) -> bool {
+        matches!(self, RollupError::Dictionary(e) if e.is_unknown())
+    }
 }
 
 impl Rollup {

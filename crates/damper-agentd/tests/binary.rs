@@ -18,8 +18,12 @@ fn agentd(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn bad_flags_and_config_are_refused_naming_the_field() {
-    let dir = std::env::temp_dir().join(format!("damper-agentd-binary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-agentd-binary-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let typo = dir.join("typo.toml");
     std::fs::write(&typo, "[masters]\naddresses = [\"m:7070\"]\n[resp]\nlisten = \"127.0.0.1:0\"\n[limits]\nmax_conections = 5\n").unwrap();
     let zero = dir.join("zero.toml");

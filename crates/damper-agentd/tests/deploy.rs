@@ -27,8 +27,12 @@ fn sidecar_config() -> String {
 /// Runs `damper-agentd args --check-config` with `--config` pointing at
 /// `config` written to a file.
 fn accepts(args: &[String], config: &str) {
-    let dir = std::env::temp_dir().join(format!("damper-agentd-deploy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-agentd-deploy-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let file = dir.join("agentd.toml");
     std::fs::write(&file, config).unwrap();
     let args: Vec<String> = args

@@ -225,14 +225,12 @@ mod tests {
         }
     }
 
-    fn dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "damper-snapshot-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A scratch directory, removed with what the test wrote when dropped.
+    fn dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("damper-snapshot-")
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
@@ -242,7 +240,8 @@ mod tests {
         flood(&before, &clock);
         let factor = before.factor("flood", "messages").unwrap();
         assert!((factor - 0.75).abs() < 1e-9, "{factor}");
-        let path = dir().join("a.json");
+        let dir = dir();
+        let path = dir.path().join("a.json");
         assert_eq!(before.write_snapshot(&path).unwrap(), 1);
 
         // Three seconds of restart later.
@@ -263,7 +262,8 @@ mod tests {
         let clock = Arc::new(ManualClock::new(Nanos::from_millis(T0_MS)));
         let m = master(&clock, "");
         flood(&m, &clock);
-        let dir = dir();
+        let scratch = dir();
+        let dir = scratch.path();
         let good = dir.join("good.json");
         m.write_snapshot(&good).unwrap();
         let max = Duration::from_secs(60);

@@ -25,8 +25,12 @@ fn the_accounts_page_shows_the_suppressed_account() {
         "the browser test needs Chromium and playwright-core: run tests/browser/setup.sh (.ci/run does)"
     );
 
-    let dir = std::env::temp_dir().join(format!("damper-browser-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-browser-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let config = dir.join("master.toml");
     std::fs::write(
         &config,
@@ -80,7 +84,6 @@ fn the_accounts_page_shows_the_suppressed_account() {
     traffic.stop();
     drop(agent);
     assert!(master.terminate());
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(output.status.success(), "the page test failed: {stderr}");
     assert!(stdout.contains("flood-co | messages"), "{stdout}");
 }

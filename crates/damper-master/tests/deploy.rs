@@ -17,8 +17,12 @@ fn deploy(file: &str) -> String {
 /// Runs the binary with `args` plus `--check-config config`: clap refuses an
 /// unknown flag or a bad value before the config is even read.
 fn accepts(args: &[String], config: &str) {
-    let dir = std::env::temp_dir().join(format!("damper-deploy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-deploy-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let file = dir.join("master.toml");
     std::fs::write(&file, config).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_damper-master"))

@@ -55,8 +55,12 @@ async fn curl_follows_an_account_near_its_limit_suppressed_and_released_in_order
         curl_available(),
         "curl is needed (Debian's curl package): it is the SSE client here"
     );
-    let dir = std::env::temp_dir().join(format!("damper-events-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-events-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let config = dir.join("master.toml");
     std::fs::write(&config, format!("[limits]\nmessages = {LIMIT}\n")).unwrap();
     let master = MasterProcess::start("127.0.0.1:0", &["--config".as_ref(), config.as_os_str()]);
@@ -148,5 +152,4 @@ async fn curl_follows_an_account_near_its_limit_suppressed_and_released_in_order
     // early reports' estimate may be partial).
     assert!(started["factor"].as_f64().unwrap() > 0.0, "{started}");
     assert!(started["demand"].as_f64().unwrap() > LIMIT, "{started}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -29,8 +29,12 @@ fn six_second_rates(seconds: &[Vec<Tally>], item: usize) -> Vec<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_s_accounts_are_held_again_within_seconds_and_move_back_within_seconds_without_a_burst()
  {
-    let dir = std::env::temp_dir().join(format!("damper-failover-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-failover-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let config = dir.join("master.toml");
     std::fs::write(&config, format!("[limits]\nmessages = {LIMIT}\n")).unwrap();
 
@@ -156,5 +160,4 @@ async fn a_killed_master_s_accounts_are_held_again_within_seconds_and_move_back_
         agent.shutdown().await;
     }
     drop(masters);
-    let _ = std::fs::remove_dir_all(&dir);
 }

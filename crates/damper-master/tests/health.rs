@@ -63,8 +63,12 @@ async fn the_master_answers_grpc_health_checks() {
 
 #[test]
 fn check_config_validates_a_file_and_names_the_bad_field() {
-    let dir = std::env::temp_dir().join(format!("damper-check-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-check-config-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let good = dir.join("good.toml");
     std::fs::write(
         &good,
@@ -90,7 +94,6 @@ fn check_config_validates_a_file_and_names_the_bad_field() {
     let missing = run(&dir.join("none.toml"));
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--check-config"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -38,8 +38,12 @@ fn value(text: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
-    let dir = std::env::temp_dir().join(format!("damper-operate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-operate-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let path = dir.join("master.toml");
     let write =
         |limits: &str| std::fs::write(&path, format!("{WINDOW}[limits]\n{limits}")).unwrap();
@@ -169,7 +173,6 @@ fn reloads_reach_agents_bad_ones_change_nothing_and_it_all_shows() {
     flood.stop();
     drop(agent);
     assert!(master.terminate());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The HTTP endpoint beyond loopback needs a bearer token: without one the
@@ -189,8 +192,12 @@ fn the_http_endpoint_beyond_loopback_requires_a_bearer_token() {
         "{stderr}"
     );
 
-    let dir = std::env::temp_dir().join(format!("damper-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-token-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let empty = dir.join("empty");
     std::fs::write(&empty, "\n").unwrap();
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_damper-master"))

@@ -56,8 +56,12 @@ async fn factor(address: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_restarted_with_its_snapshot_holds_the_flood_at_once() {
-    let dir = std::env::temp_dir().join(format!("damper-snapshot-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-snapshot-e2e-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let config = dir.join("master.toml");
     std::fs::write(
         &config,
@@ -125,5 +129,4 @@ async fn a_master_restarted_with_its_snapshot_holds_the_flood_at_once() {
     let logged = fresh.logged().join("\n");
     assert!(logged.contains("ignoring the snapshot"), "{logged}");
     assert!(fresh.terminate());
-    let _ = std::fs::remove_dir_all(&dir);
 }

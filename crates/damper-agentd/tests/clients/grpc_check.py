@@ -2,7 +2,9 @@
 grpcio-tools generates here from proto/damper/v1/check.proto (not this
 project's Rust code). Usage: grpc_check.py HOST:PORT PROTO_ROOT
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -11,6 +13,7 @@ from grpc_tools import protoc
 
 address, proto_root = sys.argv[1], sys.argv[2]
 out = tempfile.mkdtemp(prefix="damper-check-stubs-")
+atexit.register(shutil.rmtree, out, ignore_errors=True)
 assert protoc.main(["protoc", f"-I{proto_root}", f"--python_out={out}", f"--grpc_python_out={out}",
                     os.path.join(proto_root, "damper/v1/check.proto")]) == 0
 sys.path.insert(0, out)

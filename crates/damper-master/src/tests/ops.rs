@@ -99,8 +99,12 @@ fn a_reload_that_cuts_windows_differently_is_refused_and_changes_nothing() {
 
 #[test]
 fn the_watcher_reloads_changed_files_refuses_bad_ones_and_reports_each_once() {
-    let dir = std::env::temp_dir().join(format!("damper-watch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-watch-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let path = dir.join("master.toml");
     let first = "[limits]\nmessages = 1000\n";
     std::fs::write(&path, first).unwrap();
@@ -159,7 +163,6 @@ fn the_watcher_reloads_changed_files_refuses_bad_ones_and_reports_each_once() {
     std::fs::write(&path, "[limits]\nmessages = 4000\n").unwrap();
     watcher.check(Cause::Changed).unwrap().unwrap();
     assert_eq!(m.factor("flood", "messages"), Some(0.0));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn names(views: &[KeyView]) -> Vec<String> {
@@ -332,8 +335,12 @@ async fn the_http_endpoint_shows_one_account_the_page_and_health() {
 
 #[tokio::test(start_paused = true)]
 async fn the_watcher_task_polls_answers_signals_and_stops_on_shutdown() {
-    let dir = std::env::temp_dir().join(format!("damper-watch-task-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed, with what the test wrote, when dropped.
+    let scratch = tempfile::Builder::new()
+        .prefix("damper-watch-task-")
+        .tempdir()
+        .unwrap();
+    let dir = scratch.path();
     let (polled, signalled) = (dir.join("polled.toml"), dir.join("signalled.toml"));
     let first = "[limits]\nmessages = 1000\n";
     let granted = "[limits]\nmessages = 1000\n\"messages/flood\" = 2000\n";
@@ -376,7 +383,6 @@ async fn the_watcher_task_polls_answers_signals_and_stops_on_shutdown() {
     for task in tasks {
         task.await.unwrap();
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// With a token, every route but `/healthz` needs `Authorization: Bearer

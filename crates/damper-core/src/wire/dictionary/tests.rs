@@ -84,6 +84,17 @@ fn send(
     }
 }
 
+/// Both sides of a dictionary in use: an agent told that its master takes
+/// numbers, and that master, which took its first rollup naming
+/// `accounts`.
+fn named_once(accounts: &[&str]) -> (AgentDictionary, Dictionaries) {
+    let mut agent = AgentDictionary::default();
+    let mut master = Dictionaries::default();
+    agent.confirm(&reply(true), &Defined::default());
+    send(&mut agent, &mut master, at(100), &rollup(1, accounts, &[])).unwrap();
+    (agent, master)
+}
+
 #[test]
 fn accounts_go_by_number_once_their_names_were_answered() {
     let mut agent = AgentDictionary::default();
@@ -137,12 +148,9 @@ fn accounts_go_by_number_once_their_names_were_answered() {
 #[test]
 fn numbers_take_a_fraction_of_the_names_bytes() {
     // The wire's packing is damper-proto's; here, what goes by number.
-    let mut agent = AgentDictionary::default();
-    let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
     let names: Vec<String> = (0..100).map(|i| format!("account-{i:04}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    send(&mut agent, &mut master, at(100), &rollup(1, &names, &[])).unwrap();
+    let (mut agent, _) = named_once(&names);
     let (wire, _) = agent.compact(&rollup(2, &names, &[]));
     assert_eq!(numbered(&wire), 100);
     assert!(wire.ops[0].accounts.is_empty());
@@ -152,16 +160,7 @@ fn numbers_take_a_fraction_of_the_names_bytes() {
 
 #[test]
 fn a_carried_entry_keeps_its_name_and_start() {
-    let mut agent = AgentDictionary::default();
-    let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
-    send(
-        &mut agent,
-        &mut master,
-        at(100),
-        &rollup(1, &["acme", "globex"], &[]),
-    )
-    .unwrap();
+    let (mut agent, mut master) = named_once(&["acme", "globex"]);
     let named = rollup(2, &["acme", "globex"], &["globex"]);
     let (wire, _) = agent.compact(&named);
     assert_eq!(wire.ops[0].by_id.len(), 1);
@@ -172,16 +171,7 @@ fn a_carried_entry_keeps_its_name_and_start() {
 
 #[test]
 fn a_master_that_restarted_refuses_numbers_and_the_resend_names_everything() {
-    let mut agent = AgentDictionary::default();
-    let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
-    send(
-        &mut agent,
-        &mut master,
-        at(100),
-        &rollup(1, &["acme", "globex"], &[]),
-    )
-    .unwrap();
+    let (mut agent, _) = named_once(&["acme", "globex"]);
     // The master restarts: it holds nothing.
     let mut master = Dictionaries::default();
     let named = rollup(2, &["acme", "globex"], &[]);
@@ -206,10 +196,7 @@ fn a_master_that_restarted_refuses_numbers_and_the_resend_names_everything() {
 
 #[test]
 fn a_rollup_whose_answer_was_lost_names_its_new_accounts_again() {
-    let mut agent = AgentDictionary::default();
-    let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
-    send(&mut agent, &mut master, at(100), &rollup(1, &["acme"], &[])).unwrap();
+    let (mut agent, mut master) = named_once(&["acme"]);
     // Sent with a new account; the master took it but the reply was lost.
     let named = rollup(2, &["acme", "globex"], &[]);
     let (mut wire, _) = agent.compact(&named);

@@ -63,6 +63,9 @@ struct Overrides {
     /// Overrides the scenario's `cluster.low_noise`: true or false.
     #[arg(long, value_name = "BOOL")]
     low_noise: Option<bool>,
+    /// Overrides the scenario's `cluster.pace`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    pace: Option<bool>,
     /// Overrides the scenario's `policy.confidence_sigmas` (0 to 20; 0:
     /// suppress on any excess).
     #[arg(long, value_name = "SIGMAS")]
@@ -91,6 +94,9 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     }
     if let Some(on) = overrides.low_noise {
         scenario = scenario.with_low_noise(on);
+    }
+    if let Some(on) = overrides.pace {
+        scenario = scenario.with_pace(on);
     }
     if let Some(sigmas) = overrides.confidence_sigmas {
         scenario = scenario

@@ -106,6 +106,12 @@ pub struct ClusterSection {
     /// `1 − factor` of the attempted. `false` decides each operation by an
     /// independent draw, as before it existed.
     pub low_noise: bool,
+    /// Pacing on the agents (default true; only with low-noise admission
+    /// and fast onset): a pair suppressed by half or more admits
+    /// `1 − factor` of the rate its agent told the master rather than of
+    /// what it attempts now. `false` keeps the share of what is attempted,
+    /// as before pacing existed.
+    pub pace: bool,
     /// Whether agents give accounts by number to masters that hold their
     /// dictionaries (default true), so each name goes to a master once.
     /// `false` names every account in every rollup, as before numbers
@@ -133,6 +139,7 @@ impl Default for ClusterSection {
             fast_onset: true,
             push: true,
             low_noise: true,
+            pace: true,
             account_numbers: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
@@ -407,6 +414,13 @@ impl Scenario {
     pub fn with_low_noise(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.low_noise = on;
+        s
+    }
+
+    /// The scenario with pacing on or off on every agent.
+    pub fn with_pace(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.pace = on;
         s
     }
 

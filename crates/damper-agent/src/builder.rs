@@ -71,6 +71,7 @@ pub struct AgentBuilder {
     fast_onset: bool,
     account_numbers: bool,
     low_noise: bool,
+    pace: bool,
     local_window: Duration,
     forget_after: Duration,
     request_timeout: Option<Duration>,
@@ -133,6 +134,7 @@ impl Default for AgentBuilder {
             fast_onset: true,
             account_numbers: true,
             low_noise: true,
+            pace: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
@@ -217,6 +219,17 @@ impl AgentBuilder {
         self
     }
 
+    /// Pacing (default on): a pair its master suppresses by half or more
+    /// admits `1 − factor` of the rate this agent last told the master,
+    /// not of what it attempts now, so the agents together admit the limit
+    /// rather than the limit times the round-to-round swing of the
+    /// account's demand (`docs/design.md`). Needs low-noise admission and
+    /// fast onset. Off only to compare.
+    pub fn pace(mut self, on: bool) -> Self {
+        self.pace = on;
+        self
+    }
+
     /// The local guard's measurement window (default 250 ms).
     pub fn local_window(mut self, window: Duration) -> Self {
         self.local_window = window;
@@ -286,6 +299,7 @@ impl AgentBuilder {
         config.forget_after = self.forget_after;
         config.fast_onset = self.fast_onset;
         config.low_noise = self.low_noise;
+        config.pace = self.pace;
         let state = self
             .fail_static
             .iter()

@@ -201,6 +201,7 @@ impl<M: Masters> Sim<M> {
                 agent_config.rollup_interval = interval;
                 agent_config.fast_onset = scenario.cluster.fast_onset;
                 agent_config.low_noise = scenario.cluster.low_noise;
+                agent_config.pace = scenario.cluster.pace;
                 Agent {
                     state: AgentState::new(agent_config),
                     round: AgentRound::new(config, &names, EPOCH),

@@ -104,6 +104,38 @@ pub(super) fn decide(credit: &AtomicI64, keep: f64, cost: u64, draw: u32) -> boo
     admit
 }
 
+/// Moves a credit that followed `keep·attempted` over some span to follow
+/// `target` instead (what the pair should have admitted in it), then keeps
+/// it within the band where decisions still depend on it, for operations
+/// of cost `one`, widened by `slack` either way:
+/// `[−keep·B·one − one − slack, (1 − keep)·B·one + slack]`. Past either
+/// end every decision is certain, and more would only make it so for
+/// longer. One load and one `fetch_add`, so concurrent checks' updates
+/// are kept.
+pub(super) fn retarget(
+    credit: &AtomicI64,
+    keep: f64,
+    target: f64,
+    attempted: f64,
+    one: f64,
+    slack: f64,
+) {
+    let old = credit.load(Relaxed) as f64 * (1.0 / SCALE);
+    let low = -keep * ADMISSION_BAND * one - one - slack;
+    let high = (1.0 - keep) * ADMISSION_BAND * one + slack;
+    let new = (old + target - keep * attempted).clamp(low, high);
+    credit.fetch_add(((new - old) * SCALE) as i64, Relaxed);
+}
+
+/// Sets a credit back to zero, keeping any update a concurrent check
+/// makes meanwhile.
+pub(super) fn clear(credit: &AtomicI64) {
+    let left = credit.load(Relaxed);
+    if left != 0 {
+        credit.fetch_sub(left, Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64,
+    AtomicBool, AtomicI64, AtomicU8, AtomicU16, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed},
 };
 
@@ -256,11 +256,18 @@ pub(super) struct Entry {
     /// Whether the last drain took anything: the next one reports a zero
     /// once, so the master knows this agent went quiet.
     pub(super) active_last_drain: AtomicBool,
-    /// Whether a scan already asked the master for this pair's verdict
-    /// because the local guard refused under the op's default limit before
-    /// any master answered ([`Entry::guarded_unconfirmed`]) (scanner only).
-    pub(super) confirm_asked: AtomicBool,
+    /// What the scans remember between passes ([`CONFIRM_ASKED`],
+    /// [`PACED`]), one byte (scanner only).
+    pub(super) scan_flags: AtomicU8,
 }
+
+/// Whether a scan already asked the master for this pair's verdict
+/// because the local guard refused under the op's default limit before
+/// any master answered ([`Entry::guarded_unconfirmed`]).
+pub(super) const CONFIRM_ASKED: u8 = 1;
+/// Whether the last scan paced the pair (see `pace`): the first sub-window
+/// under a factor is not, as the factor held for only part of it.
+pub(super) const PACED: u8 = 2;
 
 impl Entry {
     /// A new entry at `now`; `limit` is the op's default limit when known
@@ -274,7 +281,7 @@ impl Entry {
             drained_rejected: AtomicU64::new(0),
             carried_since: AtomicU64::new(0),
             active_last_drain: AtomicBool::new(false),
-            confirm_asked: AtomicBool::new(false),
+            scan_flags: AtomicU8::new(0),
             master_factor: AtomicU32::new(0),
             local_factor: AtomicU32::new(0),
             credit: AtomicI64::new(0),
@@ -528,6 +535,21 @@ impl Entry {
             self.master_factor.load(Relaxed)
         } else {
             0
+        }
+    }
+
+    /// Whether the scans' flag `flag` is set.
+    pub(super) fn scanned(&self, flag: u8) -> bool {
+        self.scan_flags.load(Relaxed) & flag != 0
+    }
+
+    /// Sets or clears the scans' flag `flag` (scanner only: a load and a
+    /// store).
+    pub(super) fn set_scanned(&self, flag: u8, on: bool) {
+        let flags = self.scan_flags.load(Relaxed);
+        let new = if on { flags | flag } else { flags & !flag };
+        if new != flags {
+            self.scan_flags.store(new, Relaxed);
         }
     }
 

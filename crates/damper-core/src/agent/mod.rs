@@ -50,6 +50,8 @@
 //! - `forget`: forgetting idle pairs.
 //! - `join`: telling a pair's new master, when the ring moved it between
 //!   rollups, what its previous master had ([`AgentState::offer_joins`]).
+//! - `pace`: the credit of a deeply suppressed pair following the share
+//!   of the rate its agent told the master, at each sub-window's end.
 //! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
 //! - `surge`: finding the pairs whose demand jumped or fell since they
 //!   were last reported ([`AgentState::scan_surges`] at each sub-window's
@@ -61,6 +63,7 @@ mod drain;
 mod entry;
 mod forget;
 mod join;
+mod pace;
 mod peek;
 mod surge;
 
@@ -80,6 +83,7 @@ use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
+pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
 pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
 
@@ -116,6 +120,14 @@ pub struct AgentConfig {
     /// square root of the count. Off only to measure the difference.
     /// Default on.
     pub low_noise: bool,
+    /// Whether a pair its master suppresses by half or more is paced: it
+    /// admits `1 − factor` of the rate this agent told the master rather
+    /// than of what it attempts now, so that the agents together admit the
+    /// limit itself rather than the limit times the chance swing of the
+    /// account's demand from one round to the next (see `docs/design.md`).
+    /// Needs `low_noise`, and fast onset's scans, which do it. Off only to
+    /// measure the difference. Default on.
+    pub pace: bool,
 }
 
 impl Default for AgentConfig {
@@ -126,6 +138,7 @@ impl Default for AgentConfig {
             forget_after: Duration::from_secs(60),
             fast_onset: true,
             low_noise: true,
+            pace: true,
         }
     }
 }

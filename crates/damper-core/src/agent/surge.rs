@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::AgentState;
-use super::entry::Entry;
+use super::entry::{CONFIRM_ASKED, Entry};
 use crate::Pair;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -346,6 +346,10 @@ impl AgentState {
             };
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
+            if pass == Pass::Close && self.config.low_noise && self.config.pace {
+                let (told, surged) = entry.told_rate(round);
+                entry.pace(now, (!surged).then_some(told), secs, cost);
+            }
             // Nothing in this sub-window nor the last two, and no noise left
             // to decay: nothing can change, and nothing can surge (a fall
             // needs a rate before it). Most pairs of a busy node, most of
@@ -353,11 +357,8 @@ impl AgentState {
             if cost == 0 && (pass == Pass::Peek || entry.is_quiet()) {
                 continue;
             }
-            if pass == Pass::Close
-                && entry.guarded_unconfirmed()
-                && !entry.confirm_asked.load(Relaxed)
-            {
-                entry.confirm_asked.store(true, Relaxed);
+            if pass == Pass::Close && entry.guarded_unconfirmed() && !entry.scanned(CONFIRM_ASKED) {
+                entry.set_scanned(CONFIRM_ASKED, true);
                 confirm(Pair::new(key.account.as_str(), &key.op));
             }
             let Some(limit) = entry.scan_limit(&key.op, &op_limits) else {

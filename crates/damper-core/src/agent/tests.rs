@@ -5,7 +5,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::sync::Arc;
 
-fn t(ms: u64) -> Nanos {
+/// `ms` milliseconds into a test's virtual time.
+pub(super) fn t(ms: u64) -> Nanos {
     Nanos::from_millis(1_700_000_000_000 + ms)
 }
 

@@ -1,0 +1,208 @@
+//! Pacing: what a deeply suppressed pair admits follows the share of the
+//! rate its agent told the master, not the share of what comes.
+//!
+//! Under a factor `f` the credit (see `admission`) keeps a pair's admitted
+//! cost at `(1 − f)` of its attempted cost, within a few operations. That
+//! passes the attempted cost's own noise on to the admitted: the master
+//! computed `f = 1 − L / D` from the rates the agents reported for one
+//! round, `D = Σ dᵢ`, and in the next round the agents admit
+//! `(1 − f)·Σ Aᵢ = L·A / D`, where `A` is that round's attempted cost, a
+//! Poisson count as noisy as `D` was. For an account of costly operations
+//! spread over many agents (a few hundred operations a round) that is
+//! 5–7% a round, whatever the admission rule.
+//!
+//! Each agent knows its own `dᵢ`: the rate it told the master, which the
+//! factor answers. Paced, agent `i` admits at the rate `(1 − f)·dᵢ`, and
+//! the agents together at `(1 − f)·D = L`: the limit exactly, with none of
+//! the round-to-round noise. At each sub-window's end the scan moves the
+//! pair's credit from following `(1 − f)` of what was attempted in it to
+//! following `(1 − f)·dᵢ` of its length; the checks still decide by the
+//! credit, so within the sub-window nothing on the hot path changes.
+//!
+//! Only by a rate a whole round measured: while the master holds an early
+//! report's rate for this agent (a sub-window's, which traffic that comes
+//! in lumps reads at up to twice its rate), the pair keeps the share of
+//! what comes. Nor in the sub-window in which the factor arrived, under
+//! it for part of its length only. And only where that is safe: under a
+//! master's factor of [`PACE_FROM`] or more, an agent attempts far more than it may admit (twice as much at
+//! 0.5), so a round in which its own traffic came in low still reaches its
+//! paced rate. Under a mild factor the pace would cap each agent at a
+//! little under its last round, and an agent whose traffic rose by chance
+//! would be refused what the rest did not use. The credit is kept within
+//! the band where decisions depend on it, widened by [`PACE_SLACK`]
+//! sub-windows of the pace: a lull does not bank admissions for a burst
+//! later, nor does a burst owe refusals for long. Out of suppression the
+//! credit is cleared, so nothing carries into the next flood.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::admission;
+use super::entry::{Entry, PACED, factor_of};
+use super::surge::Quantum;
+use crate::time::Nanos;
+
+/// The least master's factor under which a pair is paced, from the
+/// second sub-window under it.
+pub const PACE_FROM: f64 = 0.5;
+
+/// How many sub-windows of the pace the credit may run ahead or behind
+/// beyond the admission band: traffic that comes in lumps (a batch every
+/// 250 ms seen through 200-ms sub-windows) moves it by about one either
+/// way, and clipping lumps unevenly would bias what is admitted.
+pub const PACE_SLACK: f64 = 2.0;
+
+impl Entry {
+    /// At the end of a sub-window `secs` long in which `cost` was
+    /// attempted: paces the pair if its master suppresses it by
+    /// [`PACE_FROM`] or more (and the local guard no more), at the share
+    /// it may keep of `told`, the rate (cost per second) this agent's last
+    /// rollup told the master (`None` while the master holds an early
+    /// report's instead); clears its credit if no factor is in force.
+    /// Scanner only.
+    pub(super) fn pace(&self, now: Nanos, told: Option<f32>, secs: f64, cost: u32) {
+        let master = self.master_factor_at(now);
+        let local = self.local_factor.load(Relaxed);
+        if master == 0 && local == 0 {
+            admission::clear(&self.credit);
+        }
+        let factor = factor_of(master);
+        let paced = (PACE_FROM..1.0).contains(&factor) && local <= master && told.is_some();
+        let was_paced = self.scanned(PACED);
+        self.set_scanned(PACED, paced);
+        // The sub-window in which the factor arrived was under it for
+        // part of its length only: pacing it whole would admit up to a
+        // sub-window's pace more, on every agent at once.
+        if !(paced && was_paced) {
+            return;
+        }
+        let keep = 1.0 - factor;
+        let paced = keep * f64::from(told.unwrap_or(0.0)) * secs;
+        let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
+        admission::retarget(
+            &self.credit,
+            keep,
+            paced,
+            f64::from(cost),
+            one,
+            PACE_SLACK * paced,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    use super::*;
+    use crate::agent::tests::t as at;
+    use crate::agent::{AgentConfig, AgentState, SurgeRule};
+
+    /// An agent (pacing `pace`) that told its master 1 000/s for the
+    /// round to 2 s and was then suppressed by `factor` under `limit`,
+    /// with the random source it used.
+    fn told_then_suppressed(
+        pace: bool,
+        factor: f64,
+        limit: f64,
+        seed: u64,
+    ) -> (AgentState, SmallRng) {
+        let state = AgentState::new(AgentConfig {
+            pace,
+            ..AgentConfig::default()
+        });
+        let mut rng = SmallRng::seed_from_u64(seed);
+        assert_eq!(round(&state, 0, 2_000, &mut rng), 2_000);
+        state.drain(at(2_000), |_, _, _| {});
+        let valid = Duration::from_secs(10);
+        state.apply(at(2_000), "acme", "messages", factor, limit, valid);
+        (state, rng)
+    }
+
+    /// Runs `ops` operations of cost 1, evenly, from `from` ms for 2 s,
+    /// scanning every 200 ms as the round does; returns the cost admitted.
+    fn round(state: &AgentState, from: u64, ops: u64, rng: &mut SmallRng) -> u64 {
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut admitted = 0;
+        let mut next_scan = from + 200;
+        for i in 0..ops {
+            let ms = from + i * 2_000 / ops;
+            while ms >= next_scan {
+                state.scan_surges(at(next_scan - 200), at(next_scan), &rule, |_, _| false);
+                next_scan += 200;
+            }
+            if state.check(at(ms), "acme", "messages", 1, rng).is_admit() {
+                admitted += 1;
+            }
+        }
+        while next_scan <= from + 2_000 {
+            state.scan_surges(at(next_scan - 200), at(next_scan), &rule, |_, _| false);
+            next_scan += 200;
+        }
+        admitted
+    }
+
+    /// Told 1 000/s and suppressed by 0.8: whether 4 000 or 1 000
+    /// operations come in the next round, a paced pair admits about
+    /// 0.2 × 1 000/s × 1.8 s = 360 from its second sub-window on (and in
+    /// the first, under the factor for part of it only, the share of what
+    /// came: 80 or 20), where the share of what comes is 800 or 200.
+    #[test]
+    fn a_paced_pair_admits_its_share_of_what_it_told_not_of_what_comes() {
+        for (ops, paced, unpaced) in [(4_000, 420..540, 790..811), (1_000, 350..400, 190..211)] {
+            for (pace, expected) in [(true, paced), (false, unpaced)] {
+                let (state, mut rng) = told_then_suppressed(pace, 0.8, 1_000.0, ops);
+                let admitted = round(&state, 2_000, ops, &mut rng);
+                assert!(
+                    expected.contains(&admitted),
+                    "{ops} ops, pace {pace}: admitted {admitted}"
+                );
+            }
+        }
+    }
+
+    /// Under a mild factor the pair keeps the share of what comes: an agent
+    /// whose traffic rose by chance is not held to its last round.
+    #[test]
+    fn a_mildly_suppressed_pair_is_not_paced() {
+        // A limit this agent alone is far from, so the local guard stays out.
+        let (state, mut rng) = told_then_suppressed(true, 0.2, 100_000.0, 1);
+        let admitted = round(&state, 2_000, 3_000, &mut rng);
+        assert!((2_390..2_411).contains(&admitted), "{admitted}");
+    }
+
+    /// What a suppression owed is cleared once it ends: the next one
+    /// starts from nothing rather than refusing the debt of the last.
+    #[test]
+    fn a_suppression_leaves_no_debt_to_the_next() {
+        let (state, mut rng) = told_then_suppressed(true, 0.8, 1_000.0, 2);
+        // Twice what was told, in lumps: the credit ends deep in debt.
+        round(&state, 2_000, 4_000, &mut rng);
+        let guard = state.entries.guard();
+        let key = super::super::entry::KeyRef {
+            op: "messages",
+            account: "acme",
+        };
+        let credit = |state: &AgentState| {
+            state
+                .entries
+                .get(&key, &guard)
+                .unwrap()
+                .credit
+                .load(Relaxed)
+        };
+        assert!(credit(&state) < 0);
+        state.apply(
+            at(4_000),
+            "acme",
+            "messages",
+            0.0,
+            1_000.0,
+            Duration::from_secs(10),
+        );
+        round(&state, 4_000, 200, &mut rng);
+        assert_eq!(credit(&state), 0);
+    }
+}

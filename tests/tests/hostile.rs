@@ -50,6 +50,12 @@ fn counts(account: String, attempted: u64) -> AccountCounts {
     }
 }
 
+/// That `status` is a refusal with `code` whose message names `names`.
+fn assert_refused(status: &tonic::Status, code: tonic::Code, names: &str) {
+    assert_eq!(status.code(), code, "{}", status.message());
+    assert!(status.message().contains(names), "{}", status.message());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_anyone() {
     let config = quick_config("[limits]\nmessages = 1000\n");
@@ -133,29 +139,23 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
         unknown.ops[0].ids = vec![7];
         unknown.ops[0].attempted = vec![1_000_000];
         unknown.ops[0].rejected = vec![0];
-        let refused = hostile.rollup(unknown.clone()).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
-        assert!(
-            refused.message().contains("ops[0].ids"),
-            "{}",
-            refused.message()
+        assert_refused(
+            &hostile.rollup(unknown.clone()).await.unwrap_err(),
+            tonic::Code::FailedPrecondition,
+            "ops[0].ids",
         );
         // Lists that do not line up, and a rejected cost above the attempted.
         unknown.ops[0].rejected = vec![];
-        let refused = hostile.rollup(unknown.clone()).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-        assert!(
-            refused.message().contains("rejected (0)"),
-            "{}",
-            refused.message()
+        assert_refused(
+            &hostile.rollup(unknown.clone()).await.unwrap_err(),
+            tonic::Code::InvalidArgument,
+            "rejected (0)",
         );
         unknown.ops[0].rejected = vec![2_000_000];
-        let refused = hostile.rollup(unknown).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-        assert!(
-            refused.message().contains("ops[0].rejected[0]"),
-            "{}",
-            refused.message()
+        assert_refused(
+            &hostile.rollup(unknown).await.unwrap_err(),
+            tonic::Code::InvalidArgument,
+            "ops[0].rejected[0]",
         );
         lies_refused += 3;
     }

@@ -24,9 +24,9 @@
 //! in lumps reads at up to twice its rate), the pair keeps the share of
 //! what comes. Nor in the sub-window in which the factor arrived, under
 //! it for part of its length only. And only where that is safe: under a
-//! master's factor of [`PACE_FROM`] or more, an agent attempts far more than it may admit (twice as much at
-//! 0.5), so a round in which its own traffic came in low still reaches its
-//! paced rate. Under a mild factor the pace would cap each agent at a
+//! master's factor of [`PACE_FROM`] or more, an agent attempts far more
+//! than it may admit (twice as much at 0.5), so a round in which its own
+//! traffic came in low still reaches its paced rate. Under a mild factor the pace would cap each agent at a
 //! little under its last round, and an agent whose traffic rose by chance
 //! would be refused what the rest did not use. The credit is kept within
 //! the band where decisions depend on it, widened by [`PACE_SLACK`]
@@ -66,25 +66,25 @@ impl Entry {
             admission::clear(&self.credit);
         }
         let factor = factor_of(master);
-        let paced = (PACE_FROM..1.0).contains(&factor) && local <= master && told.is_some();
+        let told = told.filter(|_| (PACE_FROM..1.0).contains(&factor) && local <= master);
         let was_paced = self.scanned(PACED);
-        self.set_scanned(PACED, paced);
+        self.set_scanned(PACED, told.is_some());
         // The sub-window in which the factor arrived was under it for
         // part of its length only: pacing it whole would admit up to a
         // sub-window's pace more, on every agent at once.
-        if !(paced && was_paced) {
+        let Some(told) = told.filter(|_| was_paced) else {
             return;
-        }
+        };
         let keep = 1.0 - factor;
-        let paced = keep * f64::from(told.unwrap_or(0.0)) * secs;
+        let target = keep * f64::from(told) * secs;
         let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
         admission::retarget(
             &self.credit,
             keep,
-            paced,
+            target,
             f64::from(cost),
             one,
-            PACE_SLACK * paced,
+            PACE_SLACK * target,
         );
     }
 }

@@ -84,13 +84,19 @@ fn send(
     }
 }
 
+/// An agent's dictionary, told that its master takes numbers.
+fn numbering() -> AgentDictionary {
+    let mut agent = AgentDictionary::default();
+    agent.confirm(&reply(true), &Defined::default());
+    agent
+}
+
 /// Both sides of a dictionary in use: an agent told that its master takes
 /// numbers, and that master, which took its first rollup naming
 /// `accounts`.
 fn named_once(accounts: &[&str]) -> (AgentDictionary, Dictionaries) {
-    let mut agent = AgentDictionary::default();
+    let mut agent = numbering();
     let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
     send(&mut agent, &mut master, at(100), &rollup(1, accounts, &[])).unwrap();
     (agent, master)
 }
@@ -216,8 +222,7 @@ fn a_rollup_whose_answer_was_lost_names_its_new_accounts_again() {
 
 #[test]
 fn a_master_that_predates_numbers_gets_names() {
-    let mut agent = AgentDictionary::default();
-    agent.confirm(&reply(true), &Defined::default());
+    let mut agent = numbering();
     let (_, defined) = agent.compact(&rollup(1, &["acme"], &[]));
     // Its reply has no `takes_ids`: names from now on.
     agent.confirm(&reply(false), &defined);
@@ -283,8 +288,7 @@ fn an_agent_past_its_budget_is_told_to_name_its_accounts() {
         ..DictionaryLimits::default()
     };
     let mut master = Dictionaries::new(limits);
-    let mut agent = AgentDictionary::default();
-    agent.confirm(&reply(true), &Defined::default());
+    let mut agent = numbering();
     assert_eq!(
         send(
             &mut agent,
@@ -331,8 +335,7 @@ fn the_masters_total_is_bounded_over_every_agent() {
         ..DictionaryLimits::default()
     };
     let mut master = Dictionaries::new(limits);
-    let mut one = AgentDictionary::default();
-    one.confirm(&reply(true), &Defined::default());
+    let mut one = numbering();
     send(
         &mut one,
         &mut master,
@@ -344,8 +347,7 @@ fn the_masters_total_is_bounded_over_every_agent() {
     // Another agent run: no room for its numbers.
     let mut other = rollup(1, &["x", "y"], &[]);
     other.incarnation = 8;
-    let mut agent = AgentDictionary::default();
-    agent.confirm(&reply(true), &Defined::default());
+    let mut agent = numbering();
     assert_eq!(send(&mut agent, &mut master, at(200), &other), Ok(0));
     assert!(!agent.enabled());
     assert_eq!(master.total(), DICTIONARY_ROOM + 4);
@@ -358,8 +360,7 @@ fn idle_dictionaries_are_dropped() {
         idle_for: Duration::from_secs(60),
         ..DictionaryLimits::default()
     });
-    let mut agent = AgentDictionary::default();
-    agent.confirm(&reply(true), &Defined::default());
+    let mut agent = numbering();
     send(&mut agent, &mut master, at(100), &rollup(1, &["acme"], &[])).unwrap();
     assert_eq!(master.evict_idle(at(30_000)), 0);
     assert_eq!(master.evict_idle(at(60_100)), 1);
@@ -387,9 +388,8 @@ fn idle_dictionaries_are_dropped() {
 
 #[test]
 fn accounts_gone_quiet_are_pruned_in_a_new_epoch() {
-    let mut agent = AgentDictionary::default();
+    let mut agent = numbering();
     let mut master = Dictionaries::default();
-    agent.confirm(&reply(true), &Defined::default());
     let many: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
     send(&mut agent, &mut master, at(0), &rollup(1, &many, &[])).unwrap();
@@ -420,8 +420,7 @@ proptest! {
             (proptest::collection::btree_set(0u8..24, 0..12), 0u8..10),
             1..40),
     ) {
-        let mut agent = AgentDictionary::default();
-        agent.confirm(&reply(true), &Defined::default());
+        let mut agent = numbering();
         let mut master = Dictionaries::default();
         let mut by_number = 0;
         for (i, (accounts, fate)) in rounds.iter().enumerate() {
@@ -464,9 +463,8 @@ fn a_name_numbered_by_many_agents_is_held_once() {
         idle_for: Duration::from_secs(60),
         ..DictionaryLimits::default()
     });
-    let mut agents: Vec<AgentDictionary> = (0..3).map(|_| AgentDictionary::default()).collect();
+    let mut agents: Vec<AgentDictionary> = (0..3).map(|_| numbering()).collect();
     for (i, agent) in agents.iter_mut().enumerate() {
-        agent.confirm(&reply(true), &Defined::default());
         let mut named = rollup(1, &["acme", "globex"], &[]);
         named.incarnation = i as u64;
         send(agent, &mut master, at(i as u64 * 1_000), &named).unwrap();
@@ -489,8 +487,7 @@ fn a_name_numbered_by_many_agents_is_held_once() {
     assert_eq!(master.evict_idle(at(122_700)), 1);
     assert_eq!((master.names(), master.total()), (0, 0));
     // A name freed and numbered again reuses its place.
-    let mut again = AgentDictionary::default();
-    again.confirm(&reply(true), &Defined::default());
+    let mut again = numbering();
     send(
         &mut again,
         &mut master,

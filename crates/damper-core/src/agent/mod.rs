@@ -577,6 +577,7 @@ impl AgentState {
         entry
             .master_factor
             .store(factor_bits(verdict.factor), Relaxed);
+        entry.unpace(verdict.factor);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)
         entry

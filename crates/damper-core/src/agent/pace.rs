@@ -69,15 +69,20 @@ impl Entry {
         let told = told.filter(|_| (PACE_FROM..1.0).contains(&factor) && local <= master);
         let was_paced = self.scanned(PACED);
         self.set_scanned(PACED, told.is_some());
+        let keep = 1.0 - factor;
+        let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
+        if was_paced && told.is_none() && factor > 0.0 {
+            // No longer paced: an early report's rate (a milder factor
+            // was seen to when it came, `unpace`).
+            admission::retarget(&self.credit, keep, 0.0, 0.0, one, 0.0);
+        }
         // The sub-window in which the factor arrived was under it for
         // part of its length only: pacing it whole would admit up to a
         // sub-window's pace more, on every agent at once.
         let Some(told) = told.filter(|_| was_paced) else {
             return;
         };
-        let keep = 1.0 - factor;
         let target = keep * f64::from(told) * secs;
-        let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
         admission::retarget(
             &self.credit,
             keep,
@@ -86,6 +91,22 @@ impl Entry {
             one,
             PACE_SLACK * target,
         );
+    }
+}
+
+impl Entry {
+    /// A master's new `factor` has come: if it is too mild to pace by,
+    /// the credit goes back within the admission band at once, without
+    /// the pace's slack. A flood that stops leaves its last sub-windows
+    /// short of the pace, and what they banked (up to [`PACE_SLACK`]
+    /// sub-windows of it) would otherwise admit everything under the new
+    /// factor until it ran out, and then refuse again: an account seen
+    /// released that is not. Any thread: the credit moves by `fetch_add`.
+    pub(super) fn unpace(&self, factor: f64) {
+        if factor > 0.0 && factor < PACE_FROM && self.scanned(PACED) {
+            let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
+            admission::retarget(&self.credit, 1.0 - factor, 0.0, 0.0, one, 0.0);
+        }
     }
 }
 
@@ -171,6 +192,23 @@ mod tests {
         let (state, mut rng) = told_then_suppressed(true, 0.2, 100_000.0, 1);
         let admitted = round(&state, 2_000, 3_000, &mut rng);
         assert!((2_390..2_411).contains(&admitted), "{admitted}");
+    }
+
+    /// A lull under the pace banks admissions up to the slack; a milder
+    /// factor after it (the flood stopped: the master's estimate fell
+    /// but not yet under the limit) keeps its share of what comes from
+    /// its first sub-window, rather than admitting everything until the
+    /// banked slack runs out and then refusing again.
+    #[test]
+    fn leaving_the_pace_leaves_its_slack_behind() {
+        let (state, mut rng) = told_then_suppressed(true, 0.9, 1_000.0, 3);
+        round(&state, 2_000, 2_000, &mut rng);
+        // Almost nothing comes: each sub-window is short of the pace.
+        round(&state, 4_000, 40, &mut rng);
+        let valid = Duration::from_secs(10);
+        state.apply(at(6_000), "acme", "messages", 0.4, 1_000.0, valid);
+        let admitted = round(&state, 6_000, 1_000, &mut rng);
+        assert!((585..625).contains(&admitted), "{admitted}");
     }
 
     /// What a suppression owed is cleared once it ends: the next one

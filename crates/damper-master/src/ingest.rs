@@ -111,6 +111,8 @@ impl Master {
         // Before the names move into the reply.
         let foreign = self.foreign_entries(rollup);
         let mut reply: Option<ReplyBuilder> = None;
+        // Releases this rollup brought, for every agent.
+        let mut pushes = Vec::new();
         for (shard, entries) in by_shard.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let mut state = self.lock(shard);
             // From the first shard's config: during a reload shards may
@@ -146,14 +148,17 @@ impl Master {
             allowance = left;
             // Logged once the shard is free for other rollups.
             let transitions = state.take_transitions();
+            pushes.extend(state.take_pushes());
             drop(state);
             self.shared.events.publish(now, transitions);
             if let Some(error) = failed {
                 self.new_pairs_added(&rollup.agent_id, now, &refused);
+                self.publish_pushes(pushes);
                 return Err(error);
             }
         }
         self.new_pairs_added(&rollup.agent_id, now, &refused);
+        self.publish_pushes(pushes);
         let reply = match reply {
             Some(reply) => reply,
             None => ReplyBuilder::new(
@@ -167,6 +172,22 @@ impl Master {
             ..self.header(foreign.unwrap_or(0))
         };
         Ok(reply.finish(now, header))
+    }
+
+    /// Sends `pushes` (verdicts a report flipped) to every agent watching
+    /// this master, as one reply; nothing when there are none.
+    fn publish_pushes(&self, pushes: Vec<damper_core::master::Push>) {
+        if pushes.is_empty() {
+            return;
+        }
+        let config = self.lock(0).config().clone();
+        let push = push_reply(
+            &config,
+            pushes,
+            self.shared.rollup_interval,
+            self.shared.started,
+        );
+        self.shared.pushes.publish(push);
     }
 
     /// Turns the rollup's account numbers back into names (see
@@ -274,15 +295,7 @@ impl Master {
                         }
                     }
                 }
-                if !pushes.is_empty() {
-                    let push = push_reply(
-                        &config,
-                        pushes,
-                        self.shared.rollup_interval,
-                        self.shared.started,
-                    );
-                    self.shared.pushes.publish(push);
-                }
+                self.publish_pushes(pushes);
             }
             None => {
                 for (i, op) in query.ops.iter().enumerate() {

@@ -612,3 +612,47 @@ fn accounts_by_number_are_counted_as_named_and_unknown_numbers_are_refused() {
         Code::FailedPrecondition
     );
 }
+
+/// The round that shows a flood has ended, well under its limit, releases
+/// it on every agent: the service pushes the verdict, as it does an early
+/// report's. The rounds that held it pushed nothing.
+#[test]
+fn a_rollup_that_releases_a_flood_is_pushed_to_every_agent() {
+    let clock = clock();
+    let m = master(clock.clone());
+    let mut pushed = m.watch();
+    let round = |end_ms: u64, attempted: u64| {
+        clock.set(Nanos::from_millis(end_ms + 5));
+        let rollup = RollupRequest {
+            interval_start_unix_ms: end_ms - 2_000,
+            interval_end_unix_ms: end_ms,
+            ..request(vec![(
+                "messages",
+                vec![counts("flood", attempted, attempted)],
+            )])
+        };
+        m.rollup(&rollup).unwrap().ops[0]
+            .accounts
+            .iter()
+            .find(|a| a.account == "flood")
+            .map_or(0.0, |a| a.factor)
+    };
+    for i in 0..5 {
+        assert!(round(T0_MS + i * 2_000, 5_000) > 0.5);
+    }
+    assert!(pushed.try_recv().is_err(), "holding pushes nothing");
+    // Down to 0.3 of the limit.
+    assert_eq!(round(T0_MS + 10_000, 600), 0.0);
+    let push = pushed.try_recv().expect("the release is pushed");
+    let listed = &push.ops[0].listed;
+    assert_eq!(
+        (
+            push.ops[0].op.as_str(),
+            listed.len(),
+            listed[0].account.as_str()
+        ),
+        ("messages", 1, "flood")
+    );
+    assert_eq!(listed[0].factor.factor, 0.0);
+    assert!(pushed.try_recv().is_err());
+}

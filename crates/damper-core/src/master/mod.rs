@@ -57,7 +57,7 @@ pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 pub use new_pairs::NewPairBudget;
-pub use push::{PUSH_MAX_PAIRS, Push, push_reply};
+pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
 pub use seen::RollupLog;
 use table::{Entries, Op};
 
@@ -371,7 +371,10 @@ impl MasterState {
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
         key.last_report = key.last_report.max(now);
-        Ok(self.conclude(i, report.account, report.op, now))
+        let was_suppressed = key.is(table::SUPPRESSED);
+        let verdict = self.conclude(i, report.account, report.op, now);
+        self.queue_release_push(report.account, report.op, was_suppressed, verdict.as_ref());
+        Ok(verdict)
     }
 
     /// Takes one early report received at `now`: an agent's rate for an

@@ -24,6 +24,12 @@ use crate::config::MasterConfig;
 use crate::time::Nanos;
 use crate::wire::{Listed, OpVerdicts, Reply, Unlisted};
 
+/// How far under its limit a rollup must bring a suppressed account's
+/// demand for its release to be pushed: well under, so an account that
+/// hovers at its limit, whose rounds flip it on and off by chance, pushes
+/// nothing (and is not let go on every agent by a round that read low).
+pub const RELEASE_PUSH_SHARE: f64 = 0.75;
+
 /// Most pairs one push carries: the rest wait for their rounds, as before
 /// pushes existed. Bounds what one agent's early report can make a master
 /// send to every agent.
@@ -78,6 +84,33 @@ impl MasterState {
                     ..*verdict
                 },
             });
+        }
+    }
+}
+
+impl MasterState {
+    /// Queues `verdict` if pushes are tracked and a rollup released the
+    /// pair (`was_suppressed` before it) with its demand at most
+    /// [`RELEASE_PUSH_SHARE`] of the limit. A flood too sparse on each
+    /// agent for any of them to report its end early is released by the
+    /// round that shows it; without a push, the agents that reported that
+    /// round before it was whole would hear only at their recheck, and
+    /// the rest at their next round. Only releases: a rollup that turns
+    /// suppression on is not pushed (the agents that report next hear it),
+    /// since a round read high by chance would hold the account on every
+    /// agent.
+    pub(super) fn queue_release_push(
+        &mut self,
+        account: &str,
+        op: &str,
+        was_suppressed: bool,
+        verdict: Option<&Verdict>,
+    ) {
+        let released = verdict.is_some_and(|v| {
+            v.factor == 0.0 && v.rates.demand <= RELEASE_PUSH_SHARE * v.limit.get()
+        });
+        if was_suppressed && released {
+            self.queue_push(account, op, was_suppressed, verdict);
         }
     }
 }
@@ -198,6 +231,53 @@ mod tests {
         assert_eq!(reply.ops[0].listed.len(), 1);
         assert_eq!(reply.ops[0].listed[0].factor.factor, 0.0);
         assert!(reply.ops[0].unlisted.is_some() && reply.recheck_after.is_none());
+    }
+
+    /// The factor of `m`'s verdict for the account now.
+    fn factor(m: &MasterState, ms: u64) -> f64 {
+        m.verdict(at(ms), "acme", "messages").unwrap().factor
+    }
+
+    #[test]
+    fn a_round_that_releases_well_under_the_limit_is_pushed() {
+        let mut m = master(true);
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        // A flood, held by its rounds: turning suppression on by a round
+        // pushes nothing (the agents that report next hear it).
+        for end in (22_000..=30_000).step_by(2_000) {
+            round(&mut m, end, 2_500.0);
+        }
+        assert!(factor(&m, 30_010) > 0.5);
+        assert!(m.take_pushes().is_empty());
+        // It falls to 0.6 of the limit: the round that shows it, once
+        // whole, releases the account on every agent.
+        round(&mut m, 32_000, 300.0);
+        assert_eq!(factor(&m, 32_010), 0.0);
+        let pushes = m.take_pushes();
+        assert_eq!(pushes.len(), 1);
+        assert_eq!(pushes[0].verdict.factor, 0.0);
+        assert!(pushes[0].verdict.recheck_at.is_none());
+        assert!(m.take_pushes().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_round_that_releases_near_the_limit_is_not_pushed() {
+        let mut m = master(true);
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        for end in (22_000..=30_000).step_by(2_000) {
+            round(&mut m, end, 2_500.0);
+        }
+        assert!(factor(&m, 30_010) > 0.5);
+        // Back to 0.9 of the limit: released, but an account that hovers
+        // there flips by chance, so its agents hear at their rounds.
+        round(&mut m, 32_000, 450.0);
+        assert_eq!(factor(&m, 32_010), 0.0);
+        assert!(m.take_pushes().is_empty());
+        const { assert!(RELEASE_PUSH_SHARE < 0.9) };
     }
 
     #[test]

@@ -271,6 +271,26 @@ impl Traffic {
             .last()
             .map_or(0.0, |p| p.rate)
     }
+
+    /// Mean operations per second over `[from, to)`: the rate at `from`
+    /// when the profile does not change inside it, else each piece
+    /// weighted by its length. A second in which a flood starts or stops
+    /// holds part of it.
+    pub fn mean_rate(&self, from: f64, to: f64) -> f64 {
+        let inside = self.profile.iter().filter(|p| p.at_s > from && p.at_s < to);
+        let mut at = from;
+        let mut rate = self.rate_at(from);
+        let mut sum = 0.0;
+        let mut changed = false;
+        for p in inside {
+            sum += rate * (p.at_s - at);
+            (at, rate, changed) = (p.at_s, p.rate, true);
+        }
+        if !changed || to <= from {
+            return self.rate_at(from);
+        }
+        (sum + rate * (to - at)) / (to - from)
+    }
 }
 
 /// What happens at an event.
@@ -650,6 +670,8 @@ mod tests {
         assert_eq!(s.traffic[0].arrivals, Arrivals::Poisson);
         assert_eq!(s.traffic[0].rate_at(4.9), 10.0);
         assert_eq!(s.traffic[0].rate_at(5.0), 500.0);
+        assert_eq!(s.traffic[0].mean_rate(5.0, 6.0), 500.0);
+        assert_eq!(s.traffic[0].mean_rate(4.5, 5.5), 255.0);
         assert_eq!(s.step, Duration::from_millis(100));
     }
 

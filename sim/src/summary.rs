@@ -145,7 +145,8 @@ fn merge(account: &str, op: &str, items: &[&Series]) -> PairSeries {
         for (t, s) in item.seconds.iter().enumerate() {
             seconds[t].0 += s.attempted;
             seconds[t].1 += s.admitted;
-            demand[t] += item.traffic.rate_at(t as f64) * item.traffic.cost as f64;
+            let rate = item.traffic.mean_rate(t as f64, (t + 1) as f64);
+            demand[t] += rate * item.traffic.cost as f64;
         }
     }
     PairSeries {

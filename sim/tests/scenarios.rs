@@ -252,3 +252,18 @@ fn paced_agents_hold_a_costly_flood_more_steadily() {
     assert!((0.98..=1.02).contains(&steady), "{steady}");
     assert!(paced.over_admitted <= unpaced.over_admitted);
 }
+
+/// Floods that start and stop inside sub-windows (`mid-stop`): each stop
+/// is released within a second, as those on the grid are, and only the
+/// seconds a flood stops in see the quiet traffic refused (while the
+/// release travels: about 300 a stop).
+#[test]
+fn a_flood_that_stops_inside_a_sub_window_is_released_within_a_second() {
+    let (_, s) = simulate(scenario("mid-stop"));
+    let acme = account(&s, "acme");
+    let release = acme.release_s.unwrap();
+    assert!(release <= 1.0, "{release}");
+    assert!(acme.false_rejections <= 2_000, "{}", acme.false_rejections);
+    let steady = acme.steady_admitted_ratio.unwrap();
+    assert!((0.98..=1.02).contains(&steady), "{steady}");
+}

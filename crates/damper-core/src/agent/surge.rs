@@ -24,6 +24,11 @@ pub const NOISE_SIGMAS: f64 = 4.0;
 /// said to be reported again (see [`SurgeRule::is_surge`]).
 pub const FOLLOW_UP_JUMP: f64 = 1.5;
 
+/// The most noise a further fall of a pair reported early this round is
+/// judged by, as a share of what was reported (see
+/// `Entry::noise_after_report`).
+const REPORTED_NOISE_SHARE: f64 = 0.25;
+
 /// The weight of each sub-window in the moving mean of the noise.
 const NOISE_WEIGHT: f64 = 0.1;
 
@@ -374,6 +379,11 @@ impl AgentState {
             // report, of a pair its master suppresses.
             let suppressed = entry.master_factor.load(Relaxed) > 0;
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
+            let noise = if follow_up && surged && rate < f64::from(baseline) {
+                entry.noise_after_report(noise, f64::from(baseline), secs)
+            } else {
+                noise
+            };
             let rate = if rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
                 rate
             } else if pass == Pass::Close
@@ -478,6 +488,19 @@ impl Entry {
         let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
         let quantum = Quantum(self.quantum.load(Relaxed)).cost();
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
+    }
+
+    /// The noise a further fall is judged by, after an early report of
+    /// `baseline` this round: the measured noise holds the step the
+    /// reported change made (a flood of 5 000/s that stopped early in a
+    /// sub-window is reported at 875/s, one step of 4 000), and it would
+    /// take seconds to decay, while the rest of the fall (875 to the
+    /// 125/s left) waited for the round. So no more than a quarter of
+    /// what was reported, and never under the noise of counting.
+    fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64) -> f64 {
+        let quantum = Quantum(self.quantum.load(Relaxed)).cost();
+        let floor = counting_noise(quantum, baseline, secs);
+        noise.min((REPORTED_NOISE_SHARE * baseline).max(floor))
     }
 
     /// Closes a sub-window of `cost` (`rate` per second over `secs`):
@@ -618,6 +641,35 @@ mod tests {
         assert_eq!(*end, 10_200);
         assert_eq!(rates.rate, 0.0);
         assert!((1_990.0..2_030.0).contains(&rates.baseline), "{rates:?}");
+    }
+
+    /// A suppressed flood that stops 40 ms into a sub-window leaves it a
+    /// fifth of the flood: the fall is reported in two steps (a fall holds
+    /// for two sub-windows, so the first at 4 400 ms reads the part), the
+    /// rest of it one sub-window later, not at the round (the step the
+    /// first report made is not the pair's noise at its new level).
+    #[test]
+    fn a_fall_reported_in_part_is_followed_up_within_the_round() {
+        let state = AgentState::new(AgentConfig::default());
+        let flood = |ms: u64| if ms.is_multiple_of(20) { 100 } else { 0 };
+        scan(&state, 0, 2_000, flood);
+        state.drain(Nanos::ZERO, |_, _, _| {});
+        let valid = Duration::from_secs(10);
+        state.apply(at(2_000), "acme", "messages", 0.9, 500.0, valid);
+        assert_eq!(scan(&state, 2_000, 4_000, flood), vec![]);
+        // Stops at 4 040 ms; 100/s goes on.
+        let stopped = |ms: u64| match ms {
+            ..4_040 => flood(ms),
+            _ => u64::from(ms.is_multiple_of(100)),
+        };
+        let taken = scan(&state, 4_000, 6_000, stopped);
+        let ends: Vec<u64> = taken.iter().map(|(end, _)| *end).collect();
+        assert_eq!(ends, [4_400, 4_600], "{taken:?}");
+        // A fifth of the flood and the rest, then what is left.
+        let (first, second) = (taken[0].1, taken[1].1);
+        assert!((1_000.0..1_100.0).contains(&first.rate), "{first:?}");
+        assert_eq!(second.baseline, first.rate);
+        assert!(second.rate <= 20.0, "{second:?}");
     }
 
     /// Sparse operations of cost 51 (under one per sub-window) jump from

@@ -253,14 +253,16 @@ fn paced_agents_hold_a_costly_flood_more_steadily() {
     assert!(paced.over_admitted <= unpaced.over_admitted);
 }
 
-/// Floods that start and stop inside sub-windows (`mid-stop`): each stop
-/// is released within a second, as those on the grid are, and only the
-/// seconds a flood stops in see the quiet traffic refused (while the
-/// release travels: about 300 a stop).
+/// Floods that start and stop inside sub-windows (`mid-stop`): each is
+/// held from the second after its onset and released within a second of
+/// its stop, as those on the grid are, and only the seconds a flood stops
+/// in see the quiet traffic refused (while the release travels: about 300
+/// a stop).
 #[test]
-fn a_flood_that_stops_inside_a_sub_window_is_released_within_a_second() {
+fn a_flood_that_starts_and_stops_inside_a_sub_window_is_held_and_released_within_a_second() {
     let (_, s) = simulate(scenario("mid-stop"));
     let acme = account(&s, "acme");
+    assert_eq!(acme.reaction_s, Some(1.0));
     let release = acme.release_s.unwrap();
     assert!(release <= 1.0, "{release}");
     assert!(acme.false_rejections <= 2_000, "{}", acme.false_rejections);

@@ -85,7 +85,9 @@ pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
-pub use surge::{FOLLOW_UP_JUMP, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise};
+pub use surge::{
+    FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
+};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,14 +20,25 @@ use crate::wire::SurgeRates;
 /// jump several-fold by chance; a deluge stands far out.
 pub const NOISE_SIGMAS: f64 = 4.0;
 
-/// How far a rate must rise above what this agent's last early report
-/// said to be reported again (see [`SurgeRule::is_surge`]).
+/// How far a suppressed pair's rate must rise above what this agent's
+/// last early report said to be reported again (see
+/// [`SurgeRule::is_surge`]): a deluge that begins a quarter of the way
+/// into a sub-window fills three quarters of it, and is reported at that
+/// first; its full size is 1.33× that.
+pub const FOLLOW_UP_RISE: f64 = 1.2;
+
+/// How far a suppressed pair's rate must fall below what this agent last
+/// told its master to be reported (see [`SurgeRule::is_surge`]).
 pub const FOLLOW_UP_JUMP: f64 = 1.5;
 
 /// The most noise a further fall of a pair reported early this round is
 /// judged by, as a share of what was reported (see
 /// `Entry::noise_after_report`).
 const REPORTED_NOISE_SHARE: f64 = 0.25;
+
+/// The same for a further rise, which must stand [`NOISE_SIGMAS`] of it
+/// above what was reported: 4 × 0.05, so a rise of a fifth shows.
+const RISE_NOISE_SHARE: f64 = 0.05;
 
 /// The weight of each sub-window in the moving mean of the noise.
 const NOISE_WEIGHT: f64 = 0.1;
@@ -138,7 +149,9 @@ impl SurgeRule {
     ///
     /// A `follow_up` rise (from what this agent's last early report said,
     /// of a pair its master now suppresses) needs only a
-    /// [`FOLLOW_UP_JUMP`]: the sub-window that saw a deluge begin often
+    /// [`FOLLOW_UP_RISE`] (and the caller judges it by the noise at the
+    /// reported level, not by the step the report made): the sub-window
+    /// that saw a deluge begin often
     /// held only its start, and the master should hear its full size
     /// before the round. Only for suppressed pairs: an account under its
     /// limit, reported at start (every new pair jumps from nothing), would
@@ -161,7 +174,7 @@ impl SurgeRule {
     ) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
-        let jump = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
+        let jump = if follow_up { FOLLOW_UP_RISE } else { self.jump };
         let up = rate > baseline && rate >= jump * baseline && change > NOISE_SIGMAS * noise;
         let fall = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
         let down = rate < baseline && rate * fall <= baseline && change > 2.0 * noise;
@@ -380,7 +393,9 @@ impl AgentState {
             let suppressed = entry.master_factor.load(Relaxed) > 0;
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
             let noise = if follow_up && surged && rate < f64::from(baseline) {
-                entry.noise_after_report(noise, f64::from(baseline), secs)
+                entry.noise_after_report(noise, f64::from(baseline), secs, REPORTED_NOISE_SHARE)
+            } else if follow_up && surged {
+                entry.noise_after_report(noise, f64::from(baseline), secs, RISE_NOISE_SHARE)
             } else {
                 noise
             };
@@ -497,10 +512,10 @@ impl Entry {
     /// take seconds to decay, while the rest of the fall (875 to the
     /// 125/s left) waited for the round. So no more than a quarter of
     /// what was reported, and never under the noise of counting.
-    fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64) -> f64 {
+    fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64, share: f64) -> f64 {
         let quantum = Quantum(self.quantum.load(Relaxed)).cost();
         let floor = counting_noise(quantum, baseline, secs);
-        noise.min((REPORTED_NOISE_SHARE * baseline).max(floor))
+        noise.min((share * baseline).max(floor))
     }
 
     /// Closes a sub-window of `cost` (`rate` per second over `secs`):
@@ -670,6 +685,32 @@ mod tests {
         assert!((1_000.0..1_100.0).contains(&first.rate), "{first:?}");
         assert_eq!(second.baseline, first.rate);
         assert!(second.rate <= 20.0, "{second:?}");
+    }
+
+    /// A deluge that starts 50 ms into a sub-window fills three quarters
+    /// of it: reported at that, and once suppressed, at its full size from
+    /// the next sub-window (a rise of 1.32×, under the step the first
+    /// report made in the pair's noise), not only at the round.
+    #[test]
+    fn a_rise_reported_in_part_is_followed_up_to_its_full_size() {
+        let state = AgentState::new(AgentConfig::default());
+        let calm = |ms: u64| u64::from(ms.is_multiple_of(100));
+        scan(&state, 0, 4_000, calm);
+        state.drain(Nanos::ZERO, |_, _, _| {});
+        let flood = |ms: u64| if ms >= 4_050 { 50 } else { calm(ms) };
+        let first = scan(&state, 4_000, 4_200, flood);
+        let [(4_200, first)] = first[..] else {
+            panic!("{first:?}")
+        };
+        assert!((3_700.0..3_800.0).contains(&first.rate), "{first:?}");
+        let valid = Duration::from_secs(10);
+        state.apply(at(4_200), "acme", "messages", 0.8, 1_000.0, valid);
+        let taken = scan(&state, 4_200, 6_000, flood);
+        let [(4_400, full)] = taken[..] else {
+            panic!("{taken:?}")
+        };
+        assert_eq!(full.baseline, first.rate);
+        assert_eq!(full.rate, 5_000.0);
     }
 
     /// Sparse operations of cost 51 (under one per sub-window) jump from

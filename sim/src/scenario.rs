@@ -96,9 +96,9 @@ pub struct ClusterSection {
     /// guard's op defaults (default true). `false` runs rollups alone, as
     /// before it existed.
     pub fast_onset: bool,
-    /// Whether masters push a verdict an early report flipped to every
-    /// agent (default true; only with fast onset, which makes early
-    /// reports). `false` leaves the other agents to their rounds and
+    /// Whether masters push a verdict an early report flipped, or a
+    /// rollup released, to every agent (default true; only with fast
+    /// onset, whose agents watch their masters for pushes). `false` leaves the other agents to their rounds and
     /// rechecks, as before pushes existed.
     pub push: bool,
     /// Low-noise admission on the agents (default true): a per-pair

@@ -465,11 +465,15 @@ impl<M: Masters> Sim<M> {
     }
 
     /// Sends what master `m` pushes after answering agent `from` to every
-    /// other agent not cut off, each over its own delay and loss.
+    /// other agent not cut off, each over its own delay and loss. Agents
+    /// watch for pushes only with fast onset on, as the library's do.
     fn push_from(&mut self, m: usize, from: usize) {
         let Some(reply) = self.masters.take_push(m) else {
             return;
         };
+        if !self.scenario.cluster.fast_onset {
+            return;
+        }
         let bytes = Control::push_size(&reply);
         let reply = std::sync::Arc::new(reply);
         for a in 0..self.agents.len() {

@@ -238,18 +238,25 @@ mod tests {
         m.verdict(at(ms), "acme", "messages").unwrap().factor
     }
 
-    #[test]
-    fn a_round_that_releases_well_under_the_limit_is_pushed() {
+    /// A master (pushing) that held a flood of 5× the limit by its rounds
+    /// to 30 s, after ten rounds under it.
+    fn held_by_rounds() -> MasterState {
         let mut m = master(true);
         for end in (2_000..=20_000).step_by(2_000) {
             round(&mut m, end, 400.0);
         }
-        // A flood, held by its rounds: turning suppression on by a round
-        // pushes nothing (the agents that report next hear it).
         for end in (22_000..=30_000).step_by(2_000) {
             round(&mut m, end, 2_500.0);
         }
         assert!(factor(&m, 30_010) > 0.5);
+        m
+    }
+
+    #[test]
+    fn a_round_that_releases_well_under_the_limit_is_pushed() {
+        // Turning suppression on by a round pushes nothing (the agents
+        // that report next hear it).
+        let mut m = held_by_rounds();
         assert!(m.take_pushes().is_empty());
         // It falls to 0.6 of the limit: the round that shows it, once
         // whole, releases the account on every agent.
@@ -264,14 +271,8 @@ mod tests {
 
     #[test]
     fn a_round_that_releases_near_the_limit_is_not_pushed() {
-        let mut m = master(true);
-        for end in (2_000..=20_000).step_by(2_000) {
-            round(&mut m, end, 400.0);
-        }
-        for end in (22_000..=30_000).step_by(2_000) {
-            round(&mut m, end, 2_500.0);
-        }
-        assert!(factor(&m, 30_010) > 0.5);
+        let mut m = held_by_rounds();
+        m.take_pushes();
         // Back to 0.9 of the limit: released, but an account that hovers
         // there flips by chance, so its agents hear at their rounds.
         round(&mut m, 32_000, 450.0);

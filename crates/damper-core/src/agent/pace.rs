@@ -72,8 +72,9 @@ impl Entry {
         let keep = 1.0 - factor;
         let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
         if was_paced && told.is_none() && factor > 0.0 {
-            // No longer paced: an early report's rate (a milder factor
-            // was seen to when it came, `unpace`).
+            // No longer paced because the master holds an early report's
+            // rate: back within the band (a milder factor was dealt with
+            // when it came, by `unpace`).
             admission::retarget(&self.credit, keep, 0.0, 0.0, one, 0.0);
         }
         // The sub-window in which the factor arrived was under it for

@@ -505,13 +505,15 @@ impl Entry {
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
 
-    /// The noise a further fall is judged by, after an early report of
+    /// The noise a further change is judged by, after an early report of
     /// `baseline` this round: the measured noise holds the step the
     /// reported change made (a flood of 5 000/s that stopped early in a
     /// sub-window is reported at 875/s, one step of 4 000), and it would
-    /// take seconds to decay, while the rest of the fall (875 to the
-    /// 125/s left) waited for the round. So no more than a quarter of
-    /// what was reported, and never under the noise of counting.
+    /// take seconds to decay, while the rest of the change (875 to the
+    /// 125/s left) waited for the round. So no more than `share` of what
+    /// was reported ([`REPORTED_NOISE_SHARE`] for a fall,
+    /// [`RISE_NOISE_SHARE`] for a rise), and never under the noise of
+    /// counting.
     fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64, share: f64) -> f64 {
         let quantum = Quantum(self.quantum.load(Relaxed)).cost();
         let floor = counting_noise(quantum, baseline, secs);

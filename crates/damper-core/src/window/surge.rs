@@ -59,13 +59,7 @@ impl Surge {
     /// bring the estimate down (not a base taken before this master had
     /// heard of the account, say).
     fn demand(&self, rounds: f64) -> f64 {
-        let (base, delta, up, joined) = (
-            f64::from(self.base),
-            f64::from(self.delta),
-            f64::from(self.up),
-            f64::from(self.joined),
-        );
-        let own = (base + delta).min(base.max(up)) + joined;
+        let (base, own) = (f64::from(self.base), self.own());
         let demand = if own >= base {
             // A jump: it counts until the rounds show more.
             own.max(rounds)
@@ -73,9 +67,28 @@ impl Surge {
             // A fall: the rounds moved down by it, or the rounds alone once
             // they show less (the agents that have not reported their drop
             // yet will by then have sent a round that says it).
-            own.min(rounds).max(rounds + delta)
+            own.min(rounds).max(rounds + f64::from(self.delta))
         };
         demand.max(0.0)
+    }
+}
+
+impl Surge {
+    /// What the reports alone say: the base moved by every change, a jump
+    /// only as far as its reporters prove it, joins in full.
+    fn own(&self) -> f64 {
+        let (base, delta, up, joined) = (
+            f64::from(self.base),
+            f64::from(self.delta),
+            f64::from(self.up),
+            f64::from(self.joined),
+        );
+        (base + delta).min(base.max(up)) + joined
+    }
+
+    /// Whether it reports a fall: less than when it began.
+    fn is_fall(&self) -> bool {
+        self.own() < f64::from(self.base)
     }
 }
 
@@ -95,10 +108,14 @@ impl DemandWindow {
         // deluge reported in the next round would lapse with it, when the
         // round before the deluge is whole. One that says more stands (its
         // round, once whole, shows the jump), and a new one starts from the
-        // rounds, so chance spikes never pile up from round to round.
+        // rounds, so chance spikes never pile up from round to round. A
+        // reported fall stands too: the round that holds a flood's end
+        // reads high once whole, and a new estimate started from it would
+        // suppress the account again at the flood's level until the next
+        // round is whole.
         let fresh = match self.surge_at(cfg, now) {
             None => true,
-            Some(s) => s.round < round && s.demand(rounds) <= rounds,
+            Some(s) => s.round < round && !s.is_fall() && s.demand(rounds) <= rounds,
         };
         if fresh {
             let base = rounds as f32;
@@ -271,6 +288,26 @@ mod tests {
         let e = w.estimate(&c, ms(4_400));
         assert!(!e.surge);
         assert_eq!(e.rates.demand, 500.0);
+    }
+
+    /// A flood every agent reported the end of is released; the round
+    /// that holds its end reads high once whole. An early report of the
+    /// next round (one agent's small rise) before that round is whole
+    /// must not start afresh from that round, re-suppressing the account
+    /// at the flood's level: the reported drop stands until the rounds
+    /// show it.
+    #[test]
+    fn a_reported_drop_stands_when_the_next_round_reports_early() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 500);
+        drops(&mut w, 20);
+        assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 500.0);
+        // The round to 4 000 held the flood until 2 600.
+        round(&mut w, 4_000, 300);
+        assert_eq!(w.estimate(&c, ms(4_300)).rates.demand, 500.0);
+        assert!(w.surge(&c, ms(4_300), ms(4_200), rates(40.0, 25.0, true)));
+        let demand = w.estimate(&c, ms(4_310)).rates.demand;
+        assert!(demand <= 600.0, "{demand}");
     }
 
     #[test]

@@ -263,12 +263,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reported_drops_release_within_the_round() {
+    /// A window whose 20 agents at 500/s each all reported, at 2 600 ms,
+    /// their drop to 25/s: released within the round.
+    fn released_by_drops() -> (WindowConfig, DemandWindow) {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 500);
         drops(&mut w, 20);
         assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 500.0);
+        (c, w)
+    }
+
+    #[test]
+    fn reported_drops_release_within_the_round() {
+        let (c, mut w) = released_by_drops();
         // A late early report, for a round already reported, is refused.
         round(&mut w, 4_000, 25);
         assert!(!w.surge(&c, ms(4_100), ms(1_900), rates(9.0, 1.0, false)));
@@ -298,10 +305,7 @@ mod tests {
     /// show it.
     #[test]
     fn a_reported_drop_stands_when_the_next_round_reports_early() {
-        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
-        round(&mut w, 2_000, 500);
-        drops(&mut w, 20);
-        assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 500.0);
+        let (c, mut w) = released_by_drops();
         // The round to 4 000 held the flood until 2 600.
         round(&mut w, 4_000, 300);
         assert_eq!(w.estimate(&c, ms(4_300)).rates.demand, 500.0);

@@ -70,12 +70,11 @@ impl Entry {
         let was_paced = self.scanned(PACED);
         self.set_scanned(PACED, told.is_some());
         let keep = 1.0 - factor;
-        let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
         if was_paced && told.is_none() && factor > 0.0 {
             // No longer paced because the master holds an early report's
-            // rate: back within the band (a milder factor was dealt with
-            // when it came, by `unpace`).
-            admission::retarget(&self.credit, keep, 0.0, 0.0, one, 0.0);
+            // rate (a milder factor was dealt with when it came, by
+            // `unpace`).
+            self.back_in_band(keep);
         }
         // The sub-window in which the factor arrived was under it for
         // part of its length only: pacing it whole would admit up to a
@@ -89,13 +88,11 @@ impl Entry {
             keep,
             target,
             f64::from(cost),
-            one,
+            self.one(),
             PACE_SLACK * target,
         );
     }
-}
 
-impl Entry {
     /// A master's new `factor` has come: if it is too mild to pace by,
     /// the credit goes back within the admission band at once, without
     /// the pace's slack. A flood that stops leaves its last sub-windows
@@ -105,9 +102,20 @@ impl Entry {
     /// released that is not. Any thread: the credit moves by `fetch_add`.
     pub(super) fn unpace(&self, factor: f64) {
         if factor > 0.0 && factor < PACE_FROM && self.scanned(PACED) {
-            let one = f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1));
-            admission::retarget(&self.credit, 1.0 - factor, 0.0, 0.0, one, 0.0);
+            self.back_in_band(1.0 - factor);
         }
+    }
+
+    /// Puts the credit back within the admission band for keeping `keep`,
+    /// without the pace's slack.
+    fn back_in_band(&self, keep: f64) {
+        admission::retarget(&self.credit, keep, 0.0, 0.0, self.one(), 0.0);
+    }
+
+    /// The cost of one operation, as the scans learnt it (1 until they
+    /// have).
+    fn one(&self) -> f64 {
+        f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1))
     }
 }
 
@@ -138,9 +146,14 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(seed);
         assert_eq!(round(&state, 0, 2_000, &mut rng), 2_000);
         state.drain(at(2_000), |_, _, _| {});
-        let valid = Duration::from_secs(10);
-        state.apply(at(2_000), "acme", "messages", factor, limit, valid);
+        suppress(&state, 2_000, factor, limit);
         (state, rng)
+    }
+
+    /// The master's verdict at `ms`: `factor` under `limit`, for 10 s.
+    fn suppress(state: &AgentState, ms: u64, factor: f64, limit: f64) {
+        let valid = Duration::from_secs(10);
+        state.apply(at(ms), "acme", "messages", factor, limit, valid);
     }
 
     /// Runs `ops` operations of cost 1, evenly, from `from` ms for 2 s,
@@ -206,8 +219,7 @@ mod tests {
         round(&state, 2_000, 2_000, &mut rng);
         // Almost nothing comes: each sub-window is short of the pace.
         round(&state, 4_000, 40, &mut rng);
-        let valid = Duration::from_secs(10);
-        state.apply(at(6_000), "acme", "messages", 0.4, 1_000.0, valid);
+        suppress(&state, 6_000, 0.4, 1_000.0);
         let admitted = round(&state, 6_000, 1_000, &mut rng);
         assert!((585..625).contains(&admitted), "{admitted}");
     }
@@ -233,14 +245,7 @@ mod tests {
                 .load(Relaxed)
         };
         assert!(credit(&state) < 0);
-        state.apply(
-            at(4_000),
-            "acme",
-            "messages",
-            0.0,
-            1_000.0,
-            Duration::from_secs(10),
-        );
+        suppress(&state, 4_000, 0.0, 1_000.0);
         round(&state, 4_000, 200, &mut rng);
         assert_eq!(credit(&state), 0);
     }

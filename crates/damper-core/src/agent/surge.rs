@@ -364,9 +364,9 @@ impl AgentState {
             };
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
+            let (baseline, surged) = entry.told_rate(round);
             if pass == Pass::Close && self.config.low_noise && self.config.pace {
-                let (told, surged) = entry.told_rate(round);
-                entry.pace(now, (!surged).then_some(told), secs, cost);
+                entry.pace(now, (!surged).then_some(baseline), secs, cost);
             }
             // Nothing in this sub-window nor the last two, and no noise left
             // to decay: nothing can change, and nothing can surge (a fall
@@ -382,7 +382,6 @@ impl AgentState {
             let Some(limit) = entry.scan_limit(&key.op, &op_limits) else {
                 continue;
             };
-            let (baseline, surged) = entry.told_rate(round);
             let (rate, noise) = match pass {
                 Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
                 Pass::Peek if rate <= f64::from(baseline) => continue,
@@ -392,10 +391,13 @@ impl AgentState {
             // report, of a pair its master suppresses.
             let suppressed = entry.master_factor.load(Relaxed) > 0;
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
-            let noise = if follow_up && surged && rate < f64::from(baseline) {
-                entry.noise_after_report(noise, f64::from(baseline), secs, REPORTED_NOISE_SHARE)
-            } else if follow_up && surged {
-                entry.noise_after_report(noise, f64::from(baseline), secs, RISE_NOISE_SHARE)
+            let noise = if follow_up && surged {
+                let share = if rate < f64::from(baseline) {
+                    REPORTED_NOISE_SHARE
+                } else {
+                    RISE_NOISE_SHARE
+                };
+                entry.noise_after_report(noise, f64::from(baseline), secs, share)
             } else {
                 noise
             };

@@ -175,14 +175,15 @@ impl Master {
     }
 
     /// Sends `pushes` (verdicts a report flipped) to every agent watching
-    /// this master, as one reply; nothing when there are none.
+    /// this master, as one reply; nothing when there are none. The reply
+    /// is built under the first shard's lock, from its config, which it
+    /// reads without a copy (no other lock is held by the callers).
     fn publish_pushes(&self, pushes: Vec<damper_core::master::Push>) {
         if pushes.is_empty() {
             return;
         }
-        let config = self.lock(0).config().clone();
         let push = push_reply(
-            &config,
+            self.lock(0).config(),
             pushes,
             self.shared.rollup_interval,
             self.shared.started,

@@ -86,9 +86,7 @@ impl MasterState {
             });
         }
     }
-}
 
-impl MasterState {
     /// Queues `verdict` if pushes are tracked and a rollup released the
     /// pair (`was_suppressed` before it) with its demand at most
     /// [`RELEASE_PUSH_SHARE`] of the limit. A flood too sparse on each

@@ -278,16 +278,14 @@ impl Traffic {
     /// holds part of it.
     pub fn mean_rate(&self, from: f64, to: f64) -> f64 {
         let inside = self.profile.iter().filter(|p| p.at_s > from && p.at_s < to);
-        let mut at = from;
-        let mut rate = self.rate_at(from);
-        let mut sum = 0.0;
-        let mut changed = false;
+        let (mut at, mut rate, mut sum) = (from, self.rate_at(from), 0.0);
         for p in inside {
             sum += rate * (p.at_s - at);
-            (at, rate, changed) = (p.at_s, p.rate, true);
+            (at, rate) = (p.at_s, p.rate);
         }
-        if !changed || to <= from {
-            return self.rate_at(from);
+        if at == from {
+            // No change inside (nor any span): the rate at `from`, exactly.
+            return rate;
         }
         (sum + rate * (to - at)) / (to - from)
     }

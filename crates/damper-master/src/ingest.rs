@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
 use damper_core::master::{MasterState, SurgeTaken, push_reply};
+use damper_core::wire::dictionary::Pairs;
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -92,7 +93,8 @@ impl Master {
     /// copied.
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
-        let takes_ids = self.expand(now, rollup)?;
+        let mut pairs = self.expand(now, rollup)?;
+        let takes_ids = pairs.takes_ids;
         rollup.validate(now, self.shared.options.max_entries)?;
         rollup
             .check_rates(self.shared.options.max_claimed_rate)
@@ -121,14 +123,16 @@ impl Master {
             let reply = reply.get_or_insert_with(|| {
                 ReplyBuilder::new(state.config(), rollup.ops.iter().map(|o| o.op.as_str()))
             });
-            state.warm(
-                entries.iter().map(|&(i, j)| {
-                    Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op)
-                }),
-            );
+            state.warm_near(entries.iter().map(|&(i, j)| {
+                let pair = Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op);
+                (pair, pairs.hint(i, j))
+            }));
             let (failed, left) = refused.within(&mut state, allowance, |state| {
                 for &(i, j) in entries {
-                    match state.ingest(now, &rollup.report(i, j)) {
+                    let mut at = pairs.hint(i, j);
+                    let ingested = state.ingest_at(now, &rollup.report(i, j), &mut at);
+                    pairs.found(i, j, at);
+                    match ingested {
                         Ok(Some(v)) => {
                             let names = &mut rollup.ops[i].accounts[j].account;
                             reply.add(i, || std::mem::take(names), &v);
@@ -156,6 +160,10 @@ impl Master {
                 self.publish_pushes(pushes);
                 return Err(error);
             }
+        }
+        if pairs.moved() {
+            // Where the pairs given by number are, for the next round.
+            self.dictionaries().learn(&pairs);
         }
         self.new_pairs_added(&rollup.agent_id, now, &refused);
         self.publish_pushes(pushes);
@@ -193,19 +201,20 @@ impl Master {
 
     /// Turns the rollup's account numbers back into names (see
     /// [`damper_core::wire::dictionary`]); whether this master holds the
-    /// sender's dictionary. The entries by number are counted on the way
+    /// sender's dictionary, and where the pairs given by number were last
+    /// found ([`Pairs`]). The entries by number are counted on the way
     /// (`damper_master_rollup_entries_by_id_total`).
     fn expand(
         &self,
         now: damper_core::time::Nanos,
         rollup: &mut Rollup,
-    ) -> Result<bool, RollupError> {
+    ) -> Result<Pairs, RollupError> {
         let by_id: usize = rollup.ops.iter().map(|o| o.by_id.len()).sum();
         if rollup.entries() > self.shared.options.max_entries {
             // Refused by the validation that follows, before any work.
-            return Ok(false);
+            return Ok(Pairs::default());
         }
-        let expanded = self.dictionaries().expand(now, rollup);
+        let expanded = self.dictionaries().expand_found(now, rollup);
         match &expanded {
             Ok(_) => {
                 metrics::counter!("damper_master_rollup_entries_by_id_total")

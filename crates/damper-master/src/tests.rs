@@ -656,3 +656,82 @@ fn a_rollup_that_releases_a_flood_is_pushed_to_every_agent() {
     assert_eq!(listed[0].factor.factor, 0.0);
     assert!(pushed.try_recv().is_err());
 }
+
+/// Accounts given by number go straight to their pairs where the master
+/// last found them; once forgetting has moved the pairs, a number whose
+/// old place now holds another account is counted on its own pair, never
+/// on the one that moved in.
+#[test]
+fn numbered_accounts_are_counted_on_their_own_pairs_after_others_move() {
+    let clock = clock();
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let options = MasterOptions {
+        shards: 1,
+        ..MasterOptions::default()
+    };
+    let m = Master::with_clock(config, options, clock.clone());
+    let at = |end_ms: u64, ops: Vec<OpCounts>| {
+        clock.set(Nanos::from_millis(end_ms + 5));
+        RollupRequest {
+            dictionary: 1,
+            interval_start_unix_ms: end_ms - 2_000,
+            interval_end_unix_ms: end_ms,
+            ops,
+            ..request(Vec::new())
+        }
+    };
+    let named = |accounts: &[(&str, u32)]| OpCounts {
+        op: "messages".into(),
+        accounts: accounts
+            .iter()
+            .map(|&(name, id)| AccountCounts {
+                id,
+                ..counts(name, 20, 20)
+            })
+            .collect(),
+        ..OpCounts::default()
+    };
+    let by_number = |entries: &[(u32, u64)]| OpCounts {
+        op: "messages".into(),
+        // Packed: each number as the step from the one before.
+        ids: entries
+            .iter()
+            .scan(0, |before, &(id, _)| {
+                Some(id - std::mem::replace(before, id))
+            })
+            .collect(),
+        attempted: entries.iter().map(|&(_, cost)| cost).collect(),
+        rejected: vec![0; entries.len()],
+        ..OpCounts::default()
+    };
+    let accounts: Vec<String> = (0..10).map(|i| format!("acct-{i}")).collect();
+    let numbered: Vec<(&str, u32)> = (0..10)
+        .map(|i| (accounts[i].as_str(), i as u32 + 1))
+        .collect();
+    m.rollup(&at(T0_MS, vec![named(&numbered)])).unwrap();
+    let all: Vec<(u32, u64)> = (1..=10).map(|id| (id, 20)).collect();
+    m.rollup(&at(T0_MS + 2_000, vec![by_number(&all)])).unwrap();
+    // A minute on, all but acct-0 report, and a new account comes last.
+    let rollup = at(
+        T0_MS + 62_000,
+        vec![by_number(&all[1..]), named(&[("late", 11)])],
+    );
+    m.rollup(&rollup).unwrap();
+    clock.advance(Duration::from_secs(40));
+    assert_eq!(
+        m.evict_idle(),
+        1,
+        "acct-0 forgotten; late moves into its place"
+    );
+    // acct-0 floods, by the number whose place late holds now.
+    let flood = at(T0_MS + 104_000, vec![by_number(&[(1, 200_000), (11, 20)])]);
+    m.rollup(&flood).unwrap();
+    assert!(m.factor("acct-0", "messages").unwrap() > 0.9);
+    assert_eq!(m.factor("late", "messages"), Some(0.0));
+    assert_eq!(m.len(), 11);
+    // And again, now from where acct-0 was found.
+    let flood = at(T0_MS + 106_000, vec![by_number(&[(1, 200_000), (11, 20)])]);
+    m.rollup(&flood).unwrap();
+    assert_eq!(m.factor("late", "messages"), Some(0.0));
+    assert_eq!(m.len(), 11);
+}

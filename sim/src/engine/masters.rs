@@ -9,7 +9,7 @@ use damper_core::config::MasterConfig;
 use damper_core::master::{MasterState, RollupLog, SurgeBudget, push_reply};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
-use damper_core::wire::dictionary::Dictionaries;
+use damper_core::wire::dictionary::{Dictionaries, Pairs};
 use damper_core::wire::{Reply, ReplyHeader, Rollup, RollupError};
 
 /// The masters of a simulation. Network delay, loss and partitions are the
@@ -123,11 +123,21 @@ impl Masters for SimMasters {
         let state = self.masters[m].as_mut().expect("answered only when up");
         let answered = match message {
             Message::Rollup(rollup) => expand(&mut self.dictionaries[m], now, rollup)
-                .and_then(|(rollup, takes_ids)| {
-                    header.takes_ids = takes_ids;
-                    state
-                        .answer_rollup_once(now, &rollup, &mut self.logs[m], MAX_ENTRIES, header)
-                        .map(|answer| (answer, rollup))
+                .and_then(|(rollup, mut pairs)| {
+                    header.takes_ids = pairs.takes_ids;
+                    let log = &mut self.logs[m];
+                    let answer = state.answer_rollup_once_near(
+                        now,
+                        &rollup,
+                        &mut pairs,
+                        log,
+                        MAX_ENTRIES,
+                        header,
+                    );
+                    if pairs.moved() {
+                        self.dictionaries[m].learn(&pairs);
+                    }
+                    answer.map(|answer| (answer, rollup))
                 })
                 .map(|((reply, repeat), rollup)| {
                     if repeat {
@@ -177,20 +187,21 @@ impl Masters for SimMasters {
 }
 
 /// `rollup` with its account numbers turned back into names, as the
-/// service does first, and whether the master takes numbers from its
-/// sender. A rollup that names every account is not copied.
+/// service does first, with whether the master takes numbers from its
+/// sender and where their pairs were last found. A rollup that names every
+/// account is not copied.
 fn expand<'r>(
     dictionaries: &mut Dictionaries,
     now: Nanos,
     rollup: &'r Rollup,
-) -> Result<(std::borrow::Cow<'r, Rollup>, bool), RollupError> {
+) -> Result<(std::borrow::Cow<'r, Rollup>, Pairs), RollupError> {
     if rollup.dictionary == 0 {
-        let takes_ids = dictionaries.named(rollup)?;
-        return Ok((std::borrow::Cow::Borrowed(rollup), takes_ids));
+        let pairs = Pairs::named(dictionaries.named(rollup)?);
+        return Ok((std::borrow::Cow::Borrowed(rollup), pairs));
     }
     let mut named = rollup.clone();
-    let takes_ids = dictionaries.expand(now, &mut named)?;
-    Ok((std::borrow::Cow::Owned(named), takes_ids))
+    let pairs = dictionaries.expand_found(now, &mut named)?;
+    Ok((std::borrow::Cow::Owned(named), pairs))
 }
 
 /// A master as the service runs it: queueing pushes when it pushes.

@@ -349,6 +349,23 @@ impl MasterState {
         now: Nanos,
         report: &Report<'_>,
     ) -> Result<Option<Verdict>, ReportError> {
+        self.ingest_at(now, report, &mut 0)
+    }
+
+    /// [`ingest`](Self::ingest), told where the pair was last found: `at`
+    /// is its position plus one (0: not known), as a master's dictionary
+    /// remembers it for an account given by number
+    /// ([`Pairs`](crate::wire::dictionary::Pairs)). A hint that holds the
+    /// pair saves the index lookup; any other is checked and ignored. On
+    /// return, `at` is where the pair is, to remember; left as it was when
+    /// the hint holds the account on another op (the account's other pairs
+    /// keep their hint), or when the pair is not tracked.
+    pub fn ingest_at(
+        &mut self,
+        now: Nanos,
+        report: &Report<'_>,
+        at: &mut u32,
+    ) -> Result<Option<Verdict>, ReportError> {
         report.validate(now)?;
         let (mut start, mut end) = (report.start, report.end);
         if end > now {
@@ -360,7 +377,7 @@ impl MasterState {
         // Past `max_pairs`, a new pair is not tracked: it fails open, as
         // under a lost master, and every pair already tracked (every flood
         // being held among them) keeps its state.
-        let Some(i) = self.find_or_insert(op, report.account, now) else {
+        let Some(i) = self.find_or_insert_near(op, report.account, now, at) else {
             return Ok(None);
         };
         let window_config = &self.config.window;

@@ -927,3 +927,67 @@ fn a_limit_in_shadow_gives_the_same_factor_marked_and_its_own_events() {
         [TransitionKind::ShadowStopped, TransitionKind::Started]
     );
 }
+
+/// A hint of where a pair lives (a dictionary's, for an account given by
+/// number) is used only when it holds that very pair: a stale one, after
+/// forgetting moved the pairs, or one that holds the account's other op,
+/// never counts a report against the wrong pair.
+#[test]
+fn a_hint_counts_only_the_pair_it_holds() {
+    let mut m = master("latest-round");
+    let report = |account, op, cost| Report {
+        account,
+        op,
+        start: at(0),
+        end: at(2_000),
+        attempted: cost,
+        admitted: cost,
+    };
+    let demand = |m: &MasterState, account: &str, op: &str| {
+        let e = m.entries.get(m.find(op, account).expect("tracked"));
+        e.window.estimate(&m.config.window, at(2_010)).rates.demand
+    };
+    // Unknown: found by the index, and where it is told back.
+    let mut at_b = 0;
+    m.ingest_at(at(2_005), &report("b", "messages", 10), &mut at_b)
+        .unwrap();
+    assert_eq!(at_b, m.find("messages", "b").unwrap() + 1);
+    for account in ["c", "d"] {
+        m.ingest(at(2_005), &report(account, "messages", 10))
+            .unwrap();
+    }
+    // Right: used, and left as it is.
+    let mut hint = at_b;
+    m.ingest_at(at(2_006), &report("b", "messages", 20), &mut hint)
+        .unwrap();
+    assert_eq!((hint, demand(&m, "b", "messages")), (at_b, 15.0));
+    // The account's other op: counted on its own pair, and the hint (the
+    // messages pair's) kept.
+    let mut hint = at_b;
+    m.ingest_at(at(2_006), &report("b", "presence", 40), &mut hint)
+        .unwrap();
+    assert_eq!(hint, at_b);
+    assert_eq!(
+        (demand(&m, "b", "presence"), demand(&m, "b", "messages")),
+        (20.0, 15.0)
+    );
+    // Stale: b is forgotten and another pair takes its place.
+    m.entries.get_mut(at_b - 1).last_report = at(0);
+    let b_presence = m.find("presence", "b").unwrap();
+    m.entries.get_mut(b_presence).last_report = at(0);
+    assert_eq!(m.evict_idle(at(2_007), Duration::from_millis(2_006)), 2);
+    assert_eq!(m.entries.get(at_b - 1).account, "d", "moved into b's place");
+    let mut hint = at_b;
+    m.ingest_at(at(2_008), &report("b", "messages", 60), &mut hint)
+        .unwrap();
+    let b = m.find("messages", "b").unwrap();
+    assert_eq!(hint, b + 1, "told where b is now");
+    assert_eq!(demand(&m, "b", "messages"), 30.0, "b afresh");
+    assert_eq!(demand(&m, "d", "messages"), 5.0, "d untouched");
+    // Past the end of the table: ignored.
+    let mut hint = 1_000;
+    m.ingest_at(at(2_009), &report("c", "messages", 10), &mut hint)
+        .unwrap();
+    assert_eq!(hint, m.find("messages", "c").unwrap() + 1);
+    assert_eq!(demand(&m, "c", "messages"), 10.0);
+}

@@ -8,6 +8,7 @@ use crate::config::MasterConfig;
 use crate::master::{MasterState, SurgeBudget, SurgeTaken};
 use crate::time::Nanos;
 
+use super::dictionary::Pairs;
 use super::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
 
 impl MasterState {
@@ -21,12 +22,32 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
+        self.answer_rollup_near(now, rollup, &mut Pairs::default(), max_entries, header)
+    }
+
+    /// [`answer_rollup`](Self::answer_rollup) of a rollup whose numbers
+    /// a dictionary turned into names, with where their pairs were last
+    /// found (`pairs`, [`Dictionaries::expand_found`]); notes there where
+    /// they are now, for [`Dictionaries::learn`].
+    ///
+    /// [`Dictionaries::expand_found`]: super::dictionary::Dictionaries::expand_found
+    /// [`Dictionaries::learn`]: super::dictionary::Dictionaries::learn
+    pub fn answer_rollup_near(
+        &mut self,
+        now: Nanos,
+        rollup: &Rollup,
+        pairs: &mut Pairs,
+        max_entries: usize,
+        header: ReplyHeader,
+    ) -> Result<Reply, RollupError> {
         rollup.validate(now, max_entries)?;
         let mut reply = ReplyBuilder::new(self.config(), rollup.ops.iter().map(|o| o.op.as_str()));
         for (op, account, report) in rollup.reports() {
+            let mut at = pairs.hint(op, account);
             let verdict = self
-                .ingest(now, &report)
+                .ingest_at(now, &report, &mut at)
                 .map_err(|error| RollupError::Entry { op, account, error })?;
+            pairs.found(op, account, at);
             if let Some(v) = verdict {
                 reply.add(op, || report.account.to_owned(), &v);
             }
@@ -46,12 +67,28 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<(Reply, bool), RollupError> {
+        let mut pairs = Pairs::default();
+        self.answer_rollup_once_near(now, rollup, &mut pairs, log, max_entries, header)
+    }
+
+    /// [`answer_rollup_once`](Self::answer_rollup_once) with where the
+    /// pairs were last found, as [`answer_rollup_near`](Self::answer_rollup_near).
+    pub fn answer_rollup_once_near(
+        &mut self,
+        now: Nanos,
+        rollup: &Rollup,
+        pairs: &mut Pairs,
+        log: &mut crate::master::RollupLog,
+        max_entries: usize,
+        header: ReplyHeader,
+    ) -> Result<(Reply, bool), RollupError> {
         rollup.validate(now, max_entries)?;
         if !log.first_time(now, &rollup.agent_id, rollup.incarnation, rollup.sequence) {
             let reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
             return Ok((reply, true));
         }
-        Ok((self.answer_rollup(now, rollup, max_entries, header)?, false))
+        let reply = self.answer_rollup_near(now, rollup, pairs, max_entries, header)?;
+        Ok((reply, false))
     }
 
     /// The verdicts in force at `now` for the pairs `query` names, counting

@@ -406,13 +406,25 @@ const DICTIONARY_ROOM: usize = 16;
 /// agents number it, with how many numbers refer to it.
 #[derive(Debug, Default)]
 struct Names {
-    /// Name and references; a free place has none.
-    names: Vec<(CompactString, u32)>,
+    /// By place; a free place has no references.
+    names: Vec<Name>,
     /// Places of the names, by hash of the name.
     index: hashbrown::HashTable<u32>,
     hasher: RandomState,
     /// Places freed, to reuse.
     free: Vec<u32>,
+}
+
+/// One account name a master's dictionaries hold.
+#[derive(Debug, Default)]
+struct Name {
+    name: CompactString,
+    /// Numbers that refer to it, over every dictionary.
+    refs: u32,
+    /// Where the master last found a pair of this account ([`Pairs`]):
+    /// shared by every agent that numbers the account, and read in the
+    /// same cache line as the name.
+    at: u32,
 }
 
 impl Names {
@@ -422,12 +434,16 @@ impl Names {
         let names = &self.names;
         if let Some(&at) = self
             .index
-            .find(hash, |&at| names[at as usize].0.as_str() == name)
+            .find(hash, |&at| names[at as usize].name.as_str() == name)
         {
-            self.names[at as usize].1 += 1;
+            self.names[at as usize].refs += 1;
             return at;
         }
-        let entry = (CompactString::from(name), 1);
+        let entry = Name {
+            name: CompactString::from(name),
+            refs: 1,
+            at: 0,
+        };
         let at = match self.free.pop() {
             Some(at) => {
                 self.names[at as usize] = entry;
@@ -440,7 +456,7 @@ impl Names {
         };
         let (names, hasher) = (&self.names, &self.hasher);
         self.index.insert_unique(hash, at, |&at| {
-            hasher.hash_one(names[at as usize].0.as_str())
+            hasher.hash_one(names[at as usize].name.as_str())
         });
         at
     }
@@ -448,11 +464,11 @@ impl Names {
     /// Drops a reference to the name at `at`; the last one frees it.
     fn release(&mut self, at: u32) {
         let entry = &mut self.names[at as usize];
-        entry.1 -= 1;
-        if entry.1 > 0 {
+        entry.refs -= 1;
+        if entry.refs > 0 {
             return;
         }
-        let name = std::mem::take(&mut entry.0);
+        let name = std::mem::take(&mut entry.name);
         let hash = self.hasher.hash_one(name.as_str());
         if let Ok(found) = self.index.find_entry(hash, |&i| i == at) {
             found.remove();
@@ -460,13 +476,73 @@ impl Names {
         self.free.push(at);
     }
 
-    fn get(&self, at: u32) -> &str {
-        self.names[at as usize].0.as_str()
+    fn get(&self, at: u32) -> &Name {
+        &self.names[at as usize]
     }
 
     /// Distinct names held.
     fn len(&self) -> usize {
         self.names.len() - self.free.len()
+    }
+}
+
+/// Where a master last found the pairs of the accounts a rollup gave by
+/// number ([`Dictionaries::expand_found`]), so that ingest can go straight
+/// to each pair's entry rather than through its index; and, once ingested,
+/// where they are now ([`Dictionaries::learn`]). A hint is the pair's
+/// position in its shard plus one, 0 for none; every one is checked
+/// against the entry it points to before use, so a stale hint (the pair
+/// moved, or was forgotten) costs a lookup and nothing else.
+#[derive(Debug, Default)]
+pub struct Pairs {
+    /// Whether this master holds the sender's dictionary (the reply's
+    /// `takes_ids`).
+    pub takes_ids: bool,
+    /// Per op: the first entry of `accounts` that was given by number, and
+    /// for each such entry its name's place and hint.
+    ops: Vec<(usize, Vec<(u32, u32)>)>,
+    /// Names whose pairs ingest found elsewhere than their hint said, and
+    /// where: for [`Dictionaries::learn`].
+    moved: Vec<(u32, u32)>,
+}
+
+impl Pairs {
+    /// For a rollup that names every account: no hints.
+    pub fn named(takes_ids: bool) -> Pairs {
+        Pairs {
+            takes_ids,
+            ..Pairs::default()
+        }
+    }
+
+    /// The hint for entry `j` of op `i`: 0 for an entry that came named.
+    pub fn hint(&self, i: usize, j: usize) -> u32 {
+        self.ops
+            .get(i)
+            .and_then(|(first, hints)| hints.get(j.checked_sub(*first)?))
+            .map_or(0, |&(_, at)| at)
+    }
+
+    /// Whether ingest found any pair away from its hint: only then is
+    /// there something to [`learn`](Dictionaries::learn).
+    pub fn moved(&self) -> bool {
+        !self.moved.is_empty()
+    }
+
+    /// Notes where ingest found or put the pair of entry `j` of op `i`
+    /// (its position plus one, as [`MasterState::ingest_at`] leaves it),
+    /// to be remembered if it is not where the hint said.
+    ///
+    /// [`MasterState::ingest_at`]: crate::master::MasterState::ingest_at
+    pub fn found(&mut self, i: usize, j: usize, at: u32) {
+        let Some((first, hints)) = self.ops.get(i) else {
+            return;
+        };
+        if let Some(&(place, hint)) = j.checked_sub(*first).and_then(|k| hints.get(k))
+            && hint != at
+        {
+            self.moved.push((place, at));
+        }
     }
 }
 
@@ -518,8 +594,18 @@ impl Dictionaries {
     /// reply's `takes_ids`). A rollup that uses a number not held is
     /// refused whole, and changed in nothing that is counted.
     pub fn expand(&mut self, now: Nanos, rollup: &mut Rollup) -> Result<bool, DictionaryError> {
+        self.expand_found(now, rollup).map(|pairs| pairs.takes_ids)
+    }
+
+    /// [`expand`](Self::expand), and where the master last found the pair
+    /// of each entry that came by number ([`Pairs`]).
+    pub fn expand_found(
+        &mut self,
+        now: Nanos,
+        rollup: &mut Rollup,
+    ) -> Result<Pairs, DictionaryError> {
         if rollup.dictionary == 0 {
-            return self.named(rollup);
+            return self.named(rollup).map(Pairs::named);
         }
         let key = (rollup.agent_id.clone(), rollup.incarnation);
         let fresh = self
@@ -538,7 +624,7 @@ impl Dictionaries {
             }
             self.drop_held(&key);
             if !self.has_room(&key) {
-                return Ok(false);
+                return Ok(Pairs::default());
             }
             self.total += DICTIONARY_ROOM;
             self.held.insert(
@@ -554,19 +640,45 @@ impl Dictionaries {
         self.check_numbers(&key, rollup)?;
         let held = self.held.get_mut(&key).expect("made above");
         held.last_used = now;
+        let mut ops = Vec::with_capacity(rollup.ops.len());
         for op in &mut rollup.ops {
+            let mut hints = Vec::with_capacity(op.by_id.len());
+            ops.push((op.accounts.len(), Vec::new()));
+            op.accounts.reserve(op.by_id.len());
             for c in std::mem::take(&mut op.by_id) {
-                let at = held.names[c.id as usize] - 1;
+                let place = held.names[c.id as usize] - 1;
+                let name = self.names.get(place);
+                hints.push((place, name.at));
                 op.accounts.push(AccountCounts {
-                    account: self.names.get(at).to_owned(),
+                    account: name.name.to_string(),
                     attempted: c.attempted,
                     admitted: c.admitted,
                     since: None,
                     id: 0,
                 });
             }
+            ops.last_mut().expect("pushed").1 = hints;
         }
-        Ok(self.define(&key, rollup))
+        let takes_ids = self.define(&key, rollup);
+        Ok(Pairs {
+            takes_ids,
+            ops,
+            moved: Vec::new(),
+        })
+    }
+
+    /// Remembers where the pairs of an expanded rollup are now, as
+    /// ingest noted them ([`Pairs::found`]). Names freed since are
+    /// skipped; one given to another account since only gets a hint that
+    /// fails its check.
+    pub fn learn(&mut self, pairs: &Pairs) {
+        for &(place, at) in &pairs.moved {
+            if let Some(name) = self.names.names.get_mut(place as usize)
+                && name.refs > 0
+            {
+                name.at = at;
+            }
+        }
     }
 
     /// [`expand`](Self::expand) for a rollup that names every account
@@ -594,7 +706,7 @@ impl Dictionaries {
                 }
                 if let Some(&at) = held.names.get(c.id as usize)
                     && at != 0
-                    && self.names.get(at - 1) != c.account
+                    && self.names.get(at - 1).name != c.account
                 {
                     return Err(DictionaryError::Conflict {
                         op: i,

@@ -506,3 +506,74 @@ fn a_name_numbered_by_many_agents_is_held_once() {
     );
     assert_eq!(master.names(), 1);
 }
+
+/// Where the master found each account's pair is remembered once per
+/// name (every agent that numbers the account shares it), handed back
+/// with the entries given by number, and forgotten with the name.
+#[test]
+fn hints_of_where_pairs_are_follow_the_names() {
+    let (mut agent, mut master) = named_once(&["acme", "globex"]);
+    // Another agent, numbering globex too.
+    let of = |agent_id: &str, sequence, accounts: &[&str]| Rollup {
+        agent_id: agent_id.into(),
+        ..rollup(sequence, accounts, &[])
+    };
+    let mut other = numbering();
+    send(
+        &mut other,
+        &mut master,
+        at(100),
+        &of("agent-2", 1, &["globex"]),
+    )
+    .unwrap();
+    let by_number =
+        |agent: &mut AgentDictionary, master: &mut Dictionaries, id, accounts: &[&str]| {
+            let (mut wire, _) = agent.compact(&of(id, 2, accounts));
+            assert_eq!(numbered(&wire), accounts.len());
+            let pairs = master.expand_found(at(2_100), &mut wire).unwrap();
+            (wire, pairs)
+        };
+    let (wire, mut pairs) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
+    assert!(pairs.takes_ids);
+    // Entries come in number order: acme (1), then globex (2).
+    let names: Vec<&str> = wire.ops[0]
+        .accounts
+        .iter()
+        .map(|c| c.account.as_str())
+        .collect();
+    assert_eq!(names, ["acme", "globex"]);
+    assert_eq!(
+        (pairs.hint(0, 0), pairs.hint(0, 1)),
+        (0, 0),
+        "none known yet"
+    );
+    pairs.found(0, 0, 7);
+    pairs.found(0, 1, 9);
+    assert!(pairs.moved());
+    master.learn(&pairs);
+    let (_, mut pairs) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
+    assert_eq!((pairs.hint(0, 0), pairs.hint(0, 1)), (7, 9));
+    pairs.found(0, 0, 7);
+    assert!(
+        !pairs.moved(),
+        "found where the hint said: nothing to learn"
+    );
+    // The other agent numbers globex too, and is told the same.
+    let (_, pairs) = by_number(&mut other, &mut master, "agent-2", &["globex"]);
+    assert_eq!(pairs.hint(0, 0), 9);
+    // Entries that came named have no hint.
+    assert_eq!(Pairs::named(true).hint(0, 0), 0);
+    // Once no dictionary holds a name, its hint goes with it: a name
+    // interned again in that place starts with none.
+    assert_eq!(master.evict_idle(at(2_100) + Duration::from_secs(600)), 2);
+    let (mut agent, mut master) = (numbering(), master);
+    send(
+        &mut agent,
+        &mut master,
+        at(700_000),
+        &rollup(1, &["initech"], &[]),
+    )
+    .unwrap();
+    let (_, pairs) = by_number(&mut agent, &mut master, "agent-1", &["initech"]);
+    assert_eq!(pairs.hint(0, 0), 0);
+}

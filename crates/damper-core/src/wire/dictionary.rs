@@ -650,7 +650,7 @@ impl Dictionaries {
                 let name = self.names.get(place);
                 hints.push((place, name.at));
                 op.accounts.push(AccountCounts {
-                    account: name.name.to_string(),
+                    account: String::from(name.name.as_str()),
                     attempted: c.attempted,
                     admitted: c.admitted,
                     since: None,

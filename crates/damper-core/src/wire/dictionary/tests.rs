@@ -577,3 +577,65 @@ fn hints_of_where_pairs_are_follow_the_names() {
     let (_, pairs) = by_number(&mut agent, &mut master, "agent-1", &["initech"]);
     assert_eq!(pairs.hint(0, 0), 0);
 }
+
+proptest! {
+    /// Hints change how a master finds a pair, never what it counts:
+    /// rollups from three agents, given by number to one master (hints
+    /// used and learned) and named to another, over two ops, with pairs
+    /// forgotten between rounds (so others move into their places), leave
+    /// both with the same pairs and the same verdict for every one.
+    #[test]
+    fn hints_never_change_what_a_master_counts(
+        rounds in proptest::collection::vec(
+            (0usize..3,
+             proptest::collection::btree_map((0u8..12, 0u8..2), 1u64..4_000, 1..10),
+             0u64..4),
+            1..50),
+    ) {
+        use crate::config::MasterConfig;
+        use crate::master::MasterState;
+        use crate::wire::ReplyHeader;
+        let config = MasterConfig::from_toml("[limits]\nmessages = 1000\npresence = 300").unwrap();
+        let (mut hinted, mut plain) = (MasterState::new(config.clone()), MasterState::new(config));
+        let mut dictionaries = Dictionaries::default();
+        let mut agents: Vec<AgentDictionary> = (0..3).map(|_| numbering()).collect();
+        let ops = ["messages", "presence"];
+        let mut round = 1u64;
+        for (agent, entries, skipped) in &rounds {
+            round += 1 + skipped;
+            let end = at(round * 2_000);
+            let now = end + Duration::from_millis(5);
+            let pending = entries
+                .iter()
+                .map(|(&(account, op), &cost)| Pending {
+                    account: format!("acct-{account}"),
+                    op: ops[op as usize].into(),
+                    delta: Delta { attempted: cost, admitted: cost, since: None },
+                })
+                .collect();
+            let mut named = Rollup::from_drain(&format!("agent-{agent}"), end - Duration::from_secs(2), end, 0, pending);
+            named.incarnation = 1;
+            let (mut wire, defined) = agents[*agent].compact(&named);
+            let mut pairs = dictionaries.expand_found(now, &mut wire).unwrap();
+            hinted
+                .answer_rollup_near(now, &wire, &mut pairs, 100, ReplyHeader::default())
+                .unwrap();
+            dictionaries.learn(&pairs);
+            agents[*agent].confirm(&reply(pairs.takes_ids), &defined);
+            plain.answer_rollup(now, &named, 100, ReplyHeader::default()).unwrap();
+            // Pairs quiet for 5 s are forgotten: others move into their places.
+            let idle = Duration::from_secs(5);
+            prop_assert_eq!(hinted.evict_idle(now, idle), plain.evict_idle(now, idle));
+            prop_assert_eq!(hinted.len(), plain.len());
+            for account in (0..12).map(|a| format!("acct-{a}")) {
+                for op in ops {
+                    prop_assert_eq!(
+                        hinted.verdict(now, &account, op),
+                        plain.verdict(now, &account, op),
+                        "{}/{}", account, op
+                    );
+                }
+            }
+        }
+    }
+}

@@ -284,7 +284,8 @@ impl MasterState {
                 let e = self.entries.get(i);
                 touched = touched
                     .wrapping_add(e.account.len() as u64)
-                    .wrapping_add(e.last_report.as_nanos());
+                    .wrapping_add(e.last_report.as_nanos())
+                    .wrapping_add(e.window.touch());
                 continue;
             }
             let op = match last {

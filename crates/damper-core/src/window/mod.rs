@@ -468,6 +468,12 @@ impl DemandWindow {
         }
     }
 
+    /// Reads fields at both ends of the window, changing nothing: lets a
+    /// batch's cache misses on its windows overlap (`MasterState::warm_near`).
+    pub(crate) fn touch(&self) -> u64 {
+        self.round ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
+    }
+
     /// Total attempted and admitted cost held in the sub-intervals (zero
     /// when the window keeps none).
     pub fn total(&self) -> (u64, u64) {

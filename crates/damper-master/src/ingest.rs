@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
 use damper_core::master::{MasterState, SurgeTaken, push_reply};
-use damper_core::wire::dictionary::Pairs;
+use damper_core::wire::dictionary::Expansion;
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
 };
@@ -93,8 +93,8 @@ impl Master {
     /// copied.
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
-        let mut pairs = self.expand(now, rollup)?;
-        let takes_ids = pairs.takes_ids;
+        let mut expanded = self.expand(now, rollup)?;
+        let takes_ids = expanded.takes_ids;
         rollup.validate(now, self.shared.options.max_entries)?;
         rollup
             .check_rates(self.shared.options.max_claimed_rate)
@@ -125,13 +125,13 @@ impl Master {
             });
             state.warm_near(entries.iter().map(|&(i, j)| {
                 let pair = Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op);
-                (pair, pairs.hint(i, j))
+                (pair, expanded.hint(i, j))
             }));
             let (failed, left) = refused.within(&mut state, allowance, |state| {
                 for &(i, j) in entries {
-                    let mut at = pairs.hint(i, j);
+                    let mut at = expanded.hint(i, j);
                     let ingested = state.ingest_at(now, &rollup.report(i, j), &mut at);
-                    pairs.found(i, j, at);
+                    expanded.found(i, j, at);
                     match ingested {
                         Ok(Some(v)) => {
                             let names = &mut rollup.ops[i].accounts[j].account;
@@ -161,9 +161,9 @@ impl Master {
                 return Err(error);
             }
         }
-        if pairs.moved() {
+        if expanded.moved() {
             // Where the pairs given by number are, for the next round.
-            self.dictionaries().learn(&pairs);
+            self.dictionaries().learn(&expanded);
         }
         self.new_pairs_added(&rollup.agent_id, now, &refused);
         self.publish_pushes(pushes);
@@ -202,17 +202,17 @@ impl Master {
     /// Turns the rollup's account numbers back into names (see
     /// [`damper_core::wire::dictionary`]); whether this master holds the
     /// sender's dictionary, and where the pairs given by number were last
-    /// found ([`Pairs`]). The entries by number are counted on the way
+    /// found ([`Expansion`]). The entries by number are counted on the way
     /// (`damper_master_rollup_entries_by_id_total`).
     fn expand(
         &self,
         now: damper_core::time::Nanos,
         rollup: &mut Rollup,
-    ) -> Result<Pairs, RollupError> {
+    ) -> Result<Expansion, RollupError> {
         let by_id: usize = rollup.ops.iter().map(|o| o.by_id.len()).sum();
         if rollup.entries() > self.shared.options.max_entries {
             // Refused by the validation that follows, before any work.
-            return Ok(Pairs::default());
+            return Ok(Expansion::default());
         }
         let expanded = self.dictionaries().expand_found(now, rollup);
         match &expanded {

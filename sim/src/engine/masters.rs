@@ -9,7 +9,7 @@ use damper_core::config::MasterConfig;
 use damper_core::master::{MasterState, RollupLog, SurgeBudget, push_reply};
 use damper_core::round::Message;
 use damper_core::time::Nanos;
-use damper_core::wire::dictionary::{Dictionaries, Pairs};
+use damper_core::wire::dictionary::{Dictionaries, Expansion};
 use damper_core::wire::{Reply, ReplyHeader, Rollup, RollupError};
 
 /// The masters of a simulation. Network delay, loss and partitions are the
@@ -123,19 +123,19 @@ impl Masters for SimMasters {
         let state = self.masters[m].as_mut().expect("answered only when up");
         let answered = match message {
             Message::Rollup(rollup) => expand(&mut self.dictionaries[m], now, rollup)
-                .and_then(|(rollup, mut pairs)| {
-                    header.takes_ids = pairs.takes_ids;
+                .and_then(|(rollup, mut expanded)| {
+                    header.takes_ids = expanded.takes_ids;
                     let log = &mut self.logs[m];
                     let answer = state.answer_rollup_once_near(
                         now,
                         &rollup,
-                        &mut pairs,
+                        &mut expanded,
                         log,
                         MAX_ENTRIES,
                         header,
                     );
-                    if pairs.moved() {
-                        self.dictionaries[m].learn(&pairs);
+                    if expanded.moved() {
+                        self.dictionaries[m].learn(&expanded);
                     }
                     answer.map(|answer| (answer, rollup))
                 })
@@ -194,14 +194,14 @@ fn expand<'r>(
     dictionaries: &mut Dictionaries,
     now: Nanos,
     rollup: &'r Rollup,
-) -> Result<(std::borrow::Cow<'r, Rollup>, Pairs), RollupError> {
+) -> Result<(std::borrow::Cow<'r, Rollup>, Expansion), RollupError> {
     if rollup.dictionary == 0 {
-        let pairs = Pairs::named(dictionaries.named(rollup)?);
-        return Ok((std::borrow::Cow::Borrowed(rollup), pairs));
+        let expanded = Expansion::named(dictionaries.named(rollup)?);
+        return Ok((std::borrow::Cow::Borrowed(rollup), expanded));
     }
     let mut named = rollup.clone();
-    let pairs = dictionaries.expand_found(now, &mut named)?;
-    Ok((std::borrow::Cow::Owned(named), pairs))
+    let expanded = dictionaries.expand_found(now, &mut named)?;
+    Ok((std::borrow::Cow::Owned(named), expanded))
 }
 
 /// A master as the service runs it: queueing pushes when it pushes.

@@ -355,7 +355,7 @@ impl MasterState {
     /// [`ingest`](Self::ingest), told where the pair was last found: `at`
     /// is its position plus one (0: not known), as a master's dictionary
     /// remembers it for an account given by number
-    /// ([`Pairs`](crate::wire::dictionary::Pairs)). A hint that holds the
+    /// ([`Expansion`](crate::wire::dictionary::Expansion)). A hint that holds the
     /// pair saves the index lookup; any other is checked and ignored. On
     /// return, `at` is where the pair is, to remember; left as it was when
     /// the hint holds the account on another op (the account's other pairs

@@ -8,7 +8,7 @@ use crate::config::MasterConfig;
 use crate::master::{MasterState, SurgeBudget, SurgeTaken};
 use crate::time::Nanos;
 
-use super::dictionary::Pairs;
+use super::dictionary::Expansion;
 use super::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
 
 impl MasterState {
@@ -22,12 +22,12 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
-        self.answer_rollup_near(now, rollup, &mut Pairs::default(), max_entries, header)
+        self.answer_rollup_near(now, rollup, &mut Expansion::default(), max_entries, header)
     }
 
     /// [`answer_rollup`](Self::answer_rollup) of a rollup whose numbers
     /// a dictionary turned into names, with where their pairs were last
-    /// found (`pairs`, [`Dictionaries::expand_found`]); notes there where
+    /// found (`expanded`, [`Dictionaries::expand_found`]); notes there where
     /// they are now, for [`Dictionaries::learn`].
     ///
     /// [`Dictionaries::expand_found`]: super::dictionary::Dictionaries::expand_found
@@ -36,18 +36,18 @@ impl MasterState {
         &mut self,
         now: Nanos,
         rollup: &Rollup,
-        pairs: &mut Pairs,
+        expanded: &mut Expansion,
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
         rollup.validate(now, max_entries)?;
         let mut reply = ReplyBuilder::new(self.config(), rollup.ops.iter().map(|o| o.op.as_str()));
         for (op, account, report) in rollup.reports() {
-            let mut at = pairs.hint(op, account);
+            let mut at = expanded.hint(op, account);
             let verdict = self
                 .ingest_at(now, &report, &mut at)
                 .map_err(|error| RollupError::Entry { op, account, error })?;
-            pairs.found(op, account, at);
+            expanded.found(op, account, at);
             if let Some(v) = verdict {
                 reply.add(op, || report.account.to_owned(), &v);
             }
@@ -67,8 +67,8 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<(Reply, bool), RollupError> {
-        let mut pairs = Pairs::default();
-        self.answer_rollup_once_near(now, rollup, &mut pairs, log, max_entries, header)
+        let mut expanded = Expansion::default();
+        self.answer_rollup_once_near(now, rollup, &mut expanded, log, max_entries, header)
     }
 
     /// [`answer_rollup_once`](Self::answer_rollup_once) with where the
@@ -77,7 +77,7 @@ impl MasterState {
         &mut self,
         now: Nanos,
         rollup: &Rollup,
-        pairs: &mut Pairs,
+        expanded: &mut Expansion,
         log: &mut crate::master::RollupLog,
         max_entries: usize,
         header: ReplyHeader,
@@ -87,7 +87,7 @@ impl MasterState {
             let reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
             return Ok((reply, true));
         }
-        let reply = self.answer_rollup_near(now, rollup, pairs, max_entries, header)?;
+        let reply = self.answer_rollup_near(now, rollup, expanded, max_entries, header)?;
         Ok((reply, false))
     }
 

@@ -421,7 +421,7 @@ struct Name {
     name: CompactString,
     /// Numbers that refer to it, over every dictionary.
     refs: u32,
-    /// Where the master last found a pair of this account ([`Pairs`]):
+    /// Where the master last found a pair of this account ([`Expansion`]):
     /// shared by every agent that numbers the account, and read in the
     /// same cache line as the name.
     at: u32,
@@ -486,15 +486,16 @@ impl Names {
     }
 }
 
-/// Where a master last found the pairs of the accounts a rollup gave by
-/// number ([`Dictionaries::expand_found`]), so that ingest can go straight
+/// What expanding a rollup told ([`Dictionaries::expand_found`]): whether
+/// the master takes numbers from its sender, and where it last found the
+/// pairs of the accounts the rollup gave by number, so that ingest can go straight
 /// to each pair's entry rather than through its index; and, once ingested,
 /// where they are now ([`Dictionaries::learn`]). A hint is the pair's
 /// position in its shard plus one, 0 for none; every one is checked
 /// against the entry it points to before use, so a stale hint (the pair
 /// moved, or was forgotten) costs a lookup and nothing else.
 #[derive(Debug, Default)]
-pub struct Pairs {
+pub struct Expansion {
     /// Whether this master holds the sender's dictionary (the reply's
     /// `takes_ids`).
     pub takes_ids: bool,
@@ -506,12 +507,12 @@ pub struct Pairs {
     moved: Vec<(u32, u32)>,
 }
 
-impl Pairs {
+impl Expansion {
     /// For a rollup that names every account: no hints.
-    pub fn named(takes_ids: bool) -> Pairs {
-        Pairs {
+    pub fn named(takes_ids: bool) -> Expansion {
+        Expansion {
             takes_ids,
-            ..Pairs::default()
+            ..Expansion::default()
         }
     }
 
@@ -594,18 +595,19 @@ impl Dictionaries {
     /// reply's `takes_ids`). A rollup that uses a number not held is
     /// refused whole, and changed in nothing that is counted.
     pub fn expand(&mut self, now: Nanos, rollup: &mut Rollup) -> Result<bool, DictionaryError> {
-        self.expand_found(now, rollup).map(|pairs| pairs.takes_ids)
+        self.expand_found(now, rollup)
+            .map(|expanded| expanded.takes_ids)
     }
 
     /// [`expand`](Self::expand), and where the master last found the pair
-    /// of each entry that came by number ([`Pairs`]).
+    /// of each entry that came by number ([`Expansion`]).
     pub fn expand_found(
         &mut self,
         now: Nanos,
         rollup: &mut Rollup,
-    ) -> Result<Pairs, DictionaryError> {
+    ) -> Result<Expansion, DictionaryError> {
         if rollup.dictionary == 0 {
-            return self.named(rollup).map(Pairs::named);
+            return self.named(rollup).map(Expansion::named);
         }
         let key = (rollup.agent_id.clone(), rollup.incarnation);
         let fresh = self
@@ -624,7 +626,7 @@ impl Dictionaries {
             }
             self.drop_held(&key);
             if !self.has_room(&key) {
-                return Ok(Pairs::default());
+                return Ok(Expansion::default());
             }
             self.total += DICTIONARY_ROOM;
             self.held.insert(
@@ -660,7 +662,7 @@ impl Dictionaries {
             ops.last_mut().expect("pushed").1 = hints;
         }
         let takes_ids = self.define(&key, rollup);
-        Ok(Pairs {
+        Ok(Expansion {
             takes_ids,
             ops,
             moved: Vec::new(),
@@ -668,11 +670,11 @@ impl Dictionaries {
     }
 
     /// Remembers where the pairs of an expanded rollup are now, as
-    /// ingest noted them ([`Pairs::found`]). Names freed since are
+    /// ingest noted them ([`Expansion::found`]). Names freed since are
     /// skipped; one given to another account since only gets a hint that
     /// fails its check.
-    pub fn learn(&mut self, pairs: &Pairs) {
-        for &(place, at) in &pairs.moved {
+    pub fn learn(&mut self, expanded: &Expansion) {
+        for &(place, at) in &expanded.moved {
             if let Some(name) = self.names.names.get_mut(place as usize)
                 && name.refs > 0
             {

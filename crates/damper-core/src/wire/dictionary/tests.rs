@@ -530,11 +530,11 @@ fn hints_of_where_pairs_are_follow_the_names() {
         |agent: &mut AgentDictionary, master: &mut Dictionaries, id, accounts: &[&str]| {
             let (mut wire, _) = agent.compact(&of(id, 2, accounts));
             assert_eq!(numbered(&wire), accounts.len());
-            let pairs = master.expand_found(at(2_100), &mut wire).unwrap();
-            (wire, pairs)
+            let expanded = master.expand_found(at(2_100), &mut wire).unwrap();
+            (wire, expanded)
         };
-    let (wire, mut pairs) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
-    assert!(pairs.takes_ids);
+    let (wire, mut expanded) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
+    assert!(expanded.takes_ids);
     // Entries come in number order: acme (1), then globex (2).
     let names: Vec<&str> = wire.ops[0]
         .accounts
@@ -543,26 +543,26 @@ fn hints_of_where_pairs_are_follow_the_names() {
         .collect();
     assert_eq!(names, ["acme", "globex"]);
     assert_eq!(
-        (pairs.hint(0, 0), pairs.hint(0, 1)),
+        (expanded.hint(0, 0), expanded.hint(0, 1)),
         (0, 0),
         "none known yet"
     );
-    pairs.found(0, 0, 7);
-    pairs.found(0, 1, 9);
-    assert!(pairs.moved());
-    master.learn(&pairs);
-    let (_, mut pairs) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
-    assert_eq!((pairs.hint(0, 0), pairs.hint(0, 1)), (7, 9));
-    pairs.found(0, 0, 7);
+    expanded.found(0, 0, 7);
+    expanded.found(0, 1, 9);
+    assert!(expanded.moved());
+    master.learn(&expanded);
+    let (_, mut expanded) = by_number(&mut agent, &mut master, "agent-1", &["acme", "globex"]);
+    assert_eq!((expanded.hint(0, 0), expanded.hint(0, 1)), (7, 9));
+    expanded.found(0, 0, 7);
     assert!(
-        !pairs.moved(),
+        !expanded.moved(),
         "found where the hint said: nothing to learn"
     );
     // The other agent numbers globex too, and is told the same.
-    let (_, pairs) = by_number(&mut other, &mut master, "agent-2", &["globex"]);
-    assert_eq!(pairs.hint(0, 0), 9);
+    let (_, expanded) = by_number(&mut other, &mut master, "agent-2", &["globex"]);
+    assert_eq!(expanded.hint(0, 0), 9);
     // Entries that came named have no hint.
-    assert_eq!(Pairs::named(true).hint(0, 0), 0);
+    assert_eq!(Expansion::named(true).hint(0, 0), 0);
     // Once no dictionary holds a name, its hint goes with it: a name
     // interned again in that place starts with none.
     assert_eq!(master.evict_idle(at(2_100) + Duration::from_secs(600)), 2);
@@ -574,8 +574,8 @@ fn hints_of_where_pairs_are_follow_the_names() {
         &rollup(1, &["initech"], &[]),
     )
     .unwrap();
-    let (_, pairs) = by_number(&mut agent, &mut master, "agent-1", &["initech"]);
-    assert_eq!(pairs.hint(0, 0), 0);
+    let (_, expanded) = by_number(&mut agent, &mut master, "agent-1", &["initech"]);
+    assert_eq!(expanded.hint(0, 0), 0);
 }
 
 proptest! {
@@ -616,12 +616,12 @@ proptest! {
             let mut named = Rollup::from_drain(&format!("agent-{agent}"), end - Duration::from_secs(2), end, 0, pending);
             named.incarnation = 1;
             let (mut wire, defined) = agents[*agent].compact(&named);
-            let mut pairs = dictionaries.expand_found(now, &mut wire).unwrap();
+            let mut expanded = dictionaries.expand_found(now, &mut wire).unwrap();
             hinted
-                .answer_rollup_near(now, &wire, &mut pairs, 100, ReplyHeader::default())
+                .answer_rollup_near(now, &wire, &mut expanded, 100, ReplyHeader::default())
                 .unwrap();
-            dictionaries.learn(&pairs);
-            agents[*agent].confirm(&reply(pairs.takes_ids), &defined);
+            dictionaries.learn(&expanded);
+            agents[*agent].confirm(&reply(expanded.takes_ids), &defined);
             plain.answer_rollup(now, &named, 100, ReplyHeader::default()).unwrap();
             // Pairs quiet for 5 s are forgotten: others move into their places.
             let idle = Duration::from_secs(5);

@@ -123,7 +123,7 @@ impl Master {
             let reply = reply.get_or_insert_with(|| {
                 ReplyBuilder::new(state.config(), rollup.ops.iter().map(|o| o.op.as_str()))
             });
-            state.warm_near(entries.iter().map(|&(i, j)| {
+            state.warm(entries.iter().map(|&(i, j)| {
                 let pair = Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op);
                 (pair, expanded.hint(i, j))
             }));

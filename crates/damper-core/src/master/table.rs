@@ -220,10 +220,7 @@ impl MasterState {
         now: Nanos,
         at: &mut u32,
     ) -> Option<u32> {
-        if let Some(hint) = at
-            .checked_sub(1)
-            .filter(|&i| (i as usize) < self.entries.len)
-        {
+        if let Some(hint) = self.hinted(*at) {
             let e = self.entries.get(hint);
             if e.account == account {
                 if e.op == op {
@@ -236,6 +233,13 @@ impl MasterState {
         let found = self.find_or_insert(op, account, now)?;
         *at = found + 1;
         Some(found)
+    }
+
+    /// The entry a hint (position plus one; 0 for none) points to, if it
+    /// is in the table: which pair is there is the caller's to check.
+    fn hinted(&self, at: u32) -> Option<u32> {
+        at.checked_sub(1)
+            .filter(|&i| (i as usize) < self.entries.len)
     }
 
     /// Stops tracking entry `i`, moving the last entry into its place.
@@ -265,22 +269,14 @@ impl MasterState {
     /// the cache misses of a whole batch overlap rather than come one after
     /// another in [`ingest`](Self::ingest). Changes nothing; a pure hint
     /// (worth about a third of ingest time with a million pairs, measured
-    /// by the master's `ingest` benchmark).
-    pub fn warm<'a>(&self, pairs: impl Iterator<Item = Pair<'a>>) {
-        self.warm_near(pairs.map(|pair| (pair, 0)));
-    }
-
-    /// [`warm`](Self::warm), where each pair may come with a hint of its
-    /// position ([`ingest_at`](Self::ingest_at)): a hinted entry is read
-    /// directly, without the index.
-    pub fn warm_near<'a>(&self, pairs: impl Iterator<Item = (Pair<'a>, u32)>) {
+    /// by the master's `ingest` benchmark). Each pair comes with the hint
+    /// of its position [`ingest_at`](Self::ingest_at) will be given (0 for
+    /// none): a hinted entry is read directly, without the index.
+    pub fn warm<'a>(&self, pairs: impl Iterator<Item = (Pair<'a>, u32)>) {
         let mut touched = 0u64;
         let mut last: Option<(&str, u32)> = None;
         for (Pair { account, op }, at) in pairs {
-            if let Some(i) = at
-                .checked_sub(1)
-                .filter(|&i| (i as usize) < self.entries.len)
-            {
+            if let Some(i) = self.hinted(at) {
                 let e = self.entries.get(i);
                 touched = touched
                     .wrapping_add(e.account.len() as u64)

@@ -469,7 +469,7 @@ impl DemandWindow {
     }
 
     /// Reads fields at both ends of the window, changing nothing: lets a
-    /// batch's cache misses on its windows overlap (`MasterState::warm_near`).
+    /// batch's cache misses on its windows overlap (`MasterState::warm`).
     pub(crate) fn touch(&self) -> u64 {
         self.round ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
     }

@@ -71,9 +71,7 @@ impl Surge {
         };
         demand.max(0.0)
     }
-}
 
-impl Surge {
     /// What the reports alone say: the base moved by every change, a jump
     /// only as far as its reporters prove it, joins in full.
     fn own(&self) -> f64 {

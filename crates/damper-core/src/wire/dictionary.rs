@@ -518,10 +518,14 @@ impl Expansion {
 
     /// The hint for entry `j` of op `i`: 0 for an entry that came named.
     pub fn hint(&self, i: usize, j: usize) -> u32 {
-        self.ops
-            .get(i)
-            .and_then(|(first, hints)| hints.get(j.checked_sub(*first)?))
-            .map_or(0, |&(_, at)| at)
+        self.by_number(i, j).map_or(0, |&(_, at)| at)
+    }
+
+    /// The name's place and hint of entry `j` of op `i`, if it came by
+    /// number.
+    fn by_number(&self, i: usize, j: usize) -> Option<&(u32, u32)> {
+        let (first, hints) = self.ops.get(i)?;
+        hints.get(j.checked_sub(*first)?)
     }
 
     /// Whether ingest found any pair away from its hint: only then is
@@ -536,10 +540,7 @@ impl Expansion {
     ///
     /// [`MasterState::ingest_at`]: crate::master::MasterState::ingest_at
     pub fn found(&mut self, i: usize, j: usize, at: u32) {
-        let Some((first, hints)) = self.ops.get(i) else {
-            return;
-        };
-        if let Some(&(place, hint)) = j.checked_sub(*first).and_then(|k| hints.get(k))
+        if let Some(&(place, hint)) = self.by_number(i, j)
             && hint != at
         {
             self.moved.push((place, at));
@@ -644,8 +645,8 @@ impl Dictionaries {
         held.last_used = now;
         let mut ops = Vec::with_capacity(rollup.ops.len());
         for op in &mut rollup.ops {
+            let first = op.accounts.len();
             let mut hints = Vec::with_capacity(op.by_id.len());
-            ops.push((op.accounts.len(), Vec::new()));
             op.accounts.reserve(op.by_id.len());
             for c in std::mem::take(&mut op.by_id) {
                 let place = held.names[c.id as usize] - 1;
@@ -659,7 +660,7 @@ impl Dictionaries {
                     id: 0,
                 });
             }
-            ops.last_mut().expect("pushed").1 = hints;
+            ops.push((first, hints));
         }
         let takes_ids = self.define(&key, rollup);
         Ok(Expansion {

@@ -95,10 +95,13 @@ impl Master {
         let now = self.shared.clock.now();
         let mut expanded = self.expand(now, rollup)?;
         let takes_ids = expanded.takes_ids;
-        rollup.validate(now, self.shared.options.max_entries)?;
-        rollup
-            .check_rates(self.shared.options.max_claimed_rate)
-            .map_err(|e| self.implausible(&rollup.agent_id, now, e))?;
+        let options = &self.shared.options;
+        let validated = rollup
+            .validate_within(now, options.max_entries, options.max_claimed_rate)
+            .map_err(|e| match e.is_implausible() {
+                true => self.implausible(&rollup.agent_id, now, e),
+                false => e,
+            })?;
         if !self.first_time(now, rollup) {
             // A resend of a rollup already counted (its reply was lost):
             // the verdicts in force, nothing counted again.
@@ -127,27 +130,16 @@ impl Master {
                 let pair = Pair::new(&rollup.ops[i].accounts[j].account, &rollup.ops[i].op);
                 (pair, expanded.hint(i, j))
             }));
-            let (failed, left) = refused.within(&mut state, allowance, |state| {
+            let ((), left) = refused.within(&mut state, allowance, |state| {
                 for &(i, j) in entries {
                     let mut at = expanded.hint(i, j);
-                    let ingested = state.ingest_at(now, &rollup.report(i, j), &mut at);
+                    let verdict = state.ingest_validated(validated, &rollup.report(i, j), &mut at);
                     expanded.found(i, j, at);
-                    match ingested {
-                        Ok(Some(v)) => {
-                            let names = &mut rollup.ops[i].accounts[j].account;
-                            reply.add(i, || std::mem::take(names), &v);
-                        }
-                        Ok(None) => {}
-                        Err(error) => {
-                            return Some(RollupError::Entry {
-                                op: i,
-                                account: j,
-                                error,
-                            });
-                        }
+                    if let Some(v) = verdict {
+                        let names = &mut rollup.ops[i].accounts[j].account;
+                        reply.add(i, || std::mem::take(names), &v);
                     }
                 }
-                None
             });
             allowance = left;
             // Logged once the shard is free for other rollups.
@@ -155,11 +147,6 @@ impl Master {
             pushes.extend(state.take_pushes());
             drop(state);
             self.shared.events.publish(now, transitions);
-            if let Some(error) = failed {
-                self.new_pairs_added(&rollup.agent_id, now, &refused);
-                self.publish_pushes(pushes);
-                return Err(error);
-            }
         }
         if expanded.moved() {
             // Where the pairs given by number are, for the next round.

@@ -54,7 +54,7 @@ use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
 
 pub use crate::wire::{Report, ReportError};
-use crate::wire::{SurgeRates, validate_name};
+use crate::wire::{SurgeRates, Validated, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 pub use new_pairs::NewPairBudget;
 pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
@@ -366,7 +366,21 @@ impl MasterState {
         report: &Report<'_>,
         at: &mut u32,
     ) -> Result<Option<Verdict>, ReportError> {
-        report.validate(now)?;
+        let validated = Validated::report(report, now)?;
+        Ok(self.ingest_validated(validated, report, at))
+    }
+
+    /// [`ingest_at`](Self::ingest_at) of a report of a rollup that
+    /// [`Rollup::validate`](crate::wire::Rollup::validate) passed: not
+    /// checked again, at the `now` it was checked at.
+    pub fn ingest_validated(
+        &mut self,
+        validated: Validated,
+        report: &Report<'_>,
+        at: &mut u32,
+    ) -> Option<Verdict> {
+        let now = validated.now();
+        debug_assert_eq!(report.validate(now), Ok(()));
         let (mut start, mut end) = (report.start, report.end);
         if end > now {
             let ahead = end.since(now);
@@ -377,9 +391,7 @@ impl MasterState {
         // Past `max_pairs`, a new pair is not tracked: it fails open, as
         // under a lost master, and every pair already tracked (every flood
         // being held among them) keeps its state.
-        let Some(i) = self.find_or_insert_near(op, report.account, now, at) else {
-            return Ok(None);
-        };
+        let i = self.find_or_insert_near(op, report.account, now, at)?;
         let window_config = &self.config.window;
         let key = self.entries.get_mut(i);
         let dropped =
@@ -391,7 +403,7 @@ impl MasterState {
         let was_suppressed = key.is(table::SUPPRESSED);
         let verdict = self.conclude(i, report.account, report.op, now);
         self.queue_release_push(report.account, report.op, was_suppressed, verdict.as_ref());
-        Ok(verdict)
+        verdict
     }
 
     /// Takes one early report received at `now`: an agent's rate for an

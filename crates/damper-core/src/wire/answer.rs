@@ -9,7 +9,7 @@ use crate::master::{MasterState, SurgeBudget, SurgeTaken};
 use crate::time::Nanos;
 
 use super::dictionary::Expansion;
-use super::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError};
+use super::{FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, Validated};
 
 impl MasterState {
     /// Validates `rollup` as received at `now` (at most `max_entries`),
@@ -40,19 +40,29 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
-        rollup.validate(now, max_entries)?;
+        let validated = rollup.validate(now, max_entries)?;
+        Ok(self.answer_validated(validated, rollup, expanded, header))
+    }
+
+    /// [`answer_rollup_near`](Self::answer_rollup_near) of a rollup
+    /// already validated.
+    fn answer_validated(
+        &mut self,
+        validated: Validated,
+        rollup: &Rollup,
+        expanded: &mut Expansion,
+        header: ReplyHeader,
+    ) -> Reply {
         let mut reply = ReplyBuilder::new(self.config(), rollup.ops.iter().map(|o| o.op.as_str()));
         for (op, account, report) in rollup.reports() {
             let mut at = expanded.hint(op, account);
-            let verdict = self
-                .ingest_at(now, &report, &mut at)
-                .map_err(|error| RollupError::Entry { op, account, error })?;
+            let verdict = self.ingest_validated(validated, &report, &mut at);
             expanded.found(op, account, at);
             if let Some(v) = verdict {
                 reply.add(op, || report.account.to_owned(), &v);
             }
         }
-        Ok(reply.finish(now, header))
+        reply.finish(validated.now(), header)
     }
 
     /// [`answer_rollup`](Self::answer_rollup), counting a numbered rollup
@@ -82,12 +92,12 @@ impl MasterState {
         max_entries: usize,
         header: ReplyHeader,
     ) -> Result<(Reply, bool), RollupError> {
-        rollup.validate(now, max_entries)?;
+        let validated = rollup.validate(now, max_entries)?;
         if !log.first_time(now, &rollup.agent_id, rollup.incarnation, rollup.sequence) {
             let reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
             return Ok((reply, true));
         }
-        let reply = self.answer_rollup_near(now, rollup, expanded, max_entries, header)?;
+        let reply = self.answer_validated(validated, rollup, expanded, header);
         Ok((reply, false))
     }
 

@@ -40,7 +40,7 @@ use crate::time::Nanos;
 pub use answer::query_reply;
 pub use compact::{ReplyBuilder, ReplyHeader};
 pub use validate::{
-    MAX_CLOCK_AHEAD, MAX_REPORT_SPAN, Report, ReportError, RollupError, validate_name,
+    MAX_CLOCK_AHEAD, MAX_REPORT_SPAN, Report, ReportError, RollupError, Validated, validate_name,
 };
 
 /// One agent's counts for the accounts one master owns, over an interval

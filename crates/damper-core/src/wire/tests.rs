@@ -165,7 +165,7 @@ fn rollups_group_by_op_and_validate_every_entry() {
     assert_eq!(rollup.ops.len(), 2);
     assert_eq!(rollup.entries(), 3);
     assert_eq!(rollup.start, start, "whole milliseconds, as on the wire");
-    assert_eq!(rollup.validate(NOW, 3), Ok(()));
+    assert_eq!(rollup.validate(NOW, 3).map(|v| v.now()), Ok(NOW));
     assert_eq!(
         rollup.validate(NOW, 2),
         Err(RollupError::TooManyEntries { entries: 3, max: 2 })
@@ -176,6 +176,20 @@ fn rollups_group_by_op_and_validate_every_entry() {
     assert_eq!(
         err.to_string(),
         "ops[1].accounts[0]: `admitted` (2) is more than `attempted` (1)"
+    );
+    assert!(!err.is_implausible());
+    // Rates in the same pass: `messages`/`a` claims 10 over 2 s.
+    let within = |max| rollup.validate_within(NOW, 10, max);
+    assert_eq!(within(5).map(|v| v.now()), Ok(NOW));
+    let lie = within(4).unwrap_err();
+    assert!(lie.is_implausible(), "{lie}");
+    assert!(lie.to_string().starts_with("ops[0].accounts[0]: "), "{lie}");
+    // Each entry is judged in turn, as malformed first: the first
+    // refused says why.
+    assert!(
+        !bad.validate_within(NOW, 10, 5)
+            .unwrap_err()
+            .is_implausible()
     );
     let query = FactorsQuery::new(
         "edge-1",

@@ -263,12 +263,71 @@ impl RollupError {
     pub fn is_unknown_numbers(&self) -> bool {
         matches!(self, RollupError::Dictionary(e) if e.is_unknown())
     }
+
+    /// Whether an entry claims more than the master's `max_claimed_rate`
+    /// ([`Report::check_rate`]): refused like any malformed entry, and
+    /// counted apart, as the sign of a hostile or broken agent.
+    pub fn is_implausible(&self) -> bool {
+        matches!(
+            self,
+            RollupError::Entry {
+                error: ReportError::Implausible { .. },
+                ..
+            }
+        )
+    }
+}
+
+/// What [`Rollup::validate`] hands back once every report of a rollup
+/// passed [`Report::validate`] at `now`: so ingesting them
+/// ([`MasterState::ingest_validated`]) checks none of them a second time,
+/// and uses the same `now`. Made only by validation.
+///
+/// [`MasterState::ingest_validated`]: crate::master::MasterState::ingest_validated
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validated {
+    now: Nanos,
+}
+
+impl Validated {
+    /// `report` validated at `now`.
+    pub(crate) fn report(report: &Report<'_>, now: Nanos) -> Result<Validated, ReportError> {
+        report.validate(now)?;
+        Ok(Validated { now })
+    }
+
+    /// When the reports were validated: the `now` they are ingested at.
+    pub fn now(&self) -> Nanos {
+        self.now
+    }
 }
 
 impl Rollup {
     /// Checks the whole rollup, as received at `now` by the master's clock,
-    /// before any of it is counted.
-    pub fn validate(&self, now: Nanos, max_entries: usize) -> Result<(), RollupError> {
+    /// before any of it is counted; what it returns lets its reports be
+    /// ingested without checking each again.
+    pub fn validate(&self, now: Nanos, max_entries: usize) -> Result<Validated, RollupError> {
+        self.validate_claims(now, max_entries, None)
+    }
+
+    /// [`validate`](Self::validate) and [`check_rates`](Self::check_rates)
+    /// in one pass over the entries: a claim above `max_rate` is refused as
+    /// [`is_implausible`](RollupError::is_implausible).
+    pub fn validate_within(
+        &self,
+        now: Nanos,
+        max_entries: usize,
+        max_rate: u64,
+    ) -> Result<Validated, RollupError> {
+        self.validate_claims(now, max_entries, Some(max_rate))
+    }
+
+    fn validate_claims(
+        &self,
+        now: Nanos,
+        max_entries: usize,
+        max_rate: Option<u64>,
+    ) -> Result<Validated, RollupError> {
         let entries = self.entries();
         if entries > max_entries {
             return Err(RollupError::TooManyEntries {
@@ -295,9 +354,10 @@ impl Rollup {
         for (op, account, report) in self.reports() {
             report
                 .validate(now)
+                .and_then(|()| max_rate.map_or(Ok(()), |max| report.check_rate(max)))
                 .map_err(|error| RollupError::Entry { op, account, error })?;
         }
-        Ok(())
+        Ok(Validated { now })
     }
 }
 

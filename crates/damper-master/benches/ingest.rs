@@ -30,6 +30,10 @@ use damper_master::{Master, MasterOptions};
 use damper_proto::v1::{AccountCounts, OpCounts, RollupRequest};
 use prost::Message;
 
+// The binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: damper_master::Allocator = damper_master::Allocator;
+
 const KEYS: usize = 1_000_000;
 const PER_ROLLUP: usize = 1_000;
 const T0_MS: u64 = 1_800_000_000_000;

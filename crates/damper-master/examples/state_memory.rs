@@ -17,6 +17,10 @@ use damper_core::time::{ManualClock, Nanos};
 use damper_master::{Master, MasterOptions};
 use damper_proto::v1::{AccountCounts, OpCounts, RollupRequest};
 
+// The binary's allocator, so the memory is the binary's.
+#[global_allocator]
+static ALLOCATOR: damper_master::Allocator = damper_master::Allocator;
+
 const PER_ROLLUP: usize = 10_000;
 
 fn resident_bytes() -> u64 {

@@ -13,6 +13,10 @@ use damper_master::{
     DEFAULT_CONFIG, Master, MasterOptions, ServerTls, SnapshotError, run_with_tls,
 };
 
+/// See [`damper_master::Allocator`]: why the master runs on mimalloc.
+#[global_allocator]
+static ALLOCATOR: damper_master::Allocator = damper_master::Allocator;
+
 /// The Damper master: receives agents' rollups of attempted and admitted
 /// cost per (account, op) and answers with the suppression factor that
 /// brings each account's admitted demand to its limit.

@@ -191,6 +191,26 @@ fn rollups_group_by_op_and_validate_every_entry() {
             .unwrap_err()
             .is_implausible()
     );
+    // An entry carrying counts over from earlier rounds is judged on its
+    // own interval: its span, and its rate over it.
+    let mut carried = rollup.clone();
+    carried.ops[1].accounts[0].since = Some(NOW - Duration::from_secs(10));
+    carried.ops[1].accounts[0].attempted = 40;
+    assert!(
+        carried.validate_within(NOW, 10, 5).is_ok(),
+        "4/s over its 10 s"
+    );
+    assert!(
+        carried
+            .validate_within(NOW, 10, 3)
+            .unwrap_err()
+            .is_implausible()
+    );
+    carried.ops[1].accounts[0].since = Some(NOW - MAX_REPORT_SPAN - Duration::from_secs(1));
+    assert_eq!(
+        carried.validate(NOW, 10).unwrap_err().to_string(),
+        "ops[1].accounts[0]: the interval is 3601000 ms long; at most 3600000 ms is accepted"
+    );
     let query = FactorsQuery::new(
         "edge-1",
         [

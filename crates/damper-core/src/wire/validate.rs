@@ -129,28 +129,20 @@ impl Report<'_> {
     /// Checks the report on its own, without the state, as received at
     /// `now` by the master's clock.
     pub fn validate(&self, now: Nanos) -> Result<(), ReportError> {
+        self.validate_counts()?;
+        Interval::judge(self.start, self.end, now)?;
+        Ok(())
+    }
+
+    /// The checks of [`validate`](Self::validate) that are the entry's
+    /// own: its names, and admitted never above attempted.
+    fn validate_counts(&self) -> Result<(), ReportError> {
         validate_name("account", self.account)?;
         validate_name("op", self.op)?;
         if self.admitted > self.attempted {
             return Err(ReportError::AdmittedExceedsAttempted {
                 admitted: self.admitted,
                 attempted: self.attempted,
-            });
-        }
-        if self.end < self.start {
-            return Err(ReportError::EndsBeforeStart {
-                start: self.start,
-                end: self.end,
-            });
-        }
-        if self.end > now && self.end.since(now) > MAX_CLOCK_AHEAD {
-            return Err(ReportError::EndsInFuture {
-                ahead_ms: ms(self.end.since(now)),
-            });
-        }
-        if self.end.since(self.start) > MAX_REPORT_SPAN {
-            return Err(ReportError::SpanTooLong {
-                span_ms: ms(self.end.since(self.start)),
             });
         }
         Ok(())
@@ -160,12 +152,56 @@ impl Report<'_> {
     /// second (over its interval, or over one second if that is shorter,
     /// so a short first interval is not held to a rate it cannot show).
     pub fn check_rate(&self, max_rate: u64) -> Result<(), ReportError> {
-        let span = self.end.since(self.start);
-        let secs = span.as_secs_f64().max(1.0);
-        if self.attempted as f64 > max_rate as f64 * secs {
+        Interval::new(self.start, self.end).check_rate(self.attempted, max_rate)
+    }
+}
+
+/// The interval a report covers, `[start, end)`: what its checks of time
+/// and of rate depend on. Every entry of a rollup without an interval of
+/// its own covers the rollup's, so the rollup's is judged once.
+#[derive(Clone, Copy, Debug)]
+struct Interval {
+    span: Duration,
+    /// Most cost a report over it may claim per unit of `max_rate`: the
+    /// span in seconds, at least one.
+    secs: f64,
+}
+
+impl Interval {
+    fn new(start: Nanos, end: Nanos) -> Interval {
+        let span = end.since(start);
+        Interval {
+            span,
+            secs: span.as_secs_f64().max(1.0),
+        }
+    }
+
+    /// The interval, if it ends after it starts, not far in the future
+    /// of `now` and is not absurdly long.
+    fn judge(start: Nanos, end: Nanos, now: Nanos) -> Result<Interval, ReportError> {
+        if end < start {
+            return Err(ReportError::EndsBeforeStart { start, end });
+        }
+        if end > now && end.since(now) > MAX_CLOCK_AHEAD {
+            return Err(ReportError::EndsInFuture {
+                ahead_ms: ms(end.since(now)),
+            });
+        }
+        let interval = Interval::new(start, end);
+        if interval.span > MAX_REPORT_SPAN {
+            return Err(ReportError::SpanTooLong {
+                span_ms: ms(interval.span),
+            });
+        }
+        Ok(interval)
+    }
+
+    /// [`Report::check_rate`] of `attempted` over this interval.
+    fn check_rate(&self, attempted: u64, max_rate: u64) -> Result<(), ReportError> {
+        if attempted as f64 > max_rate as f64 * self.secs {
             return Err(ReportError::Implausible {
-                attempted: self.attempted,
-                span_ms: ms(span),
+                attempted,
+                span_ms: ms(self.span),
                 max_rate,
             });
         }
@@ -351,10 +387,19 @@ impl Rollup {
             }
             .into());
         }
+        // Judged once for every entry without an interval of its own.
+        let shared = Interval::judge(self.start, self.end, now);
         for (op, account, report) in self.reports() {
             report
-                .validate(now)
-                .and_then(|()| max_rate.map_or(Ok(()), |max| report.check_rate(max)))
+                .validate_counts()
+                .and_then(|()| match self.ops[op].accounts[account].since {
+                    None => shared.clone(),
+                    Some(start) => Interval::judge(start, self.end, now),
+                })
+                .and_then(|interval| match max_rate {
+                    Some(max) => interval.check_rate(report.attempted, max),
+                    None => Ok(()),
+                })
                 .map_err(|error| RollupError::Entry { op, account, error })?;
         }
         Ok(Validated { now })

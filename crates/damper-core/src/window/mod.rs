@@ -108,6 +108,7 @@ pub struct Dropped {
 /// window only fits the [`WindowConfig`] shape it was made for
 /// ([`fits`](Self::fits)).
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(from = "WindowSnapshot", into = "WindowSnapshot")]
 pub struct DemandWindow {
     /// Grid index of the current round: the one whose reports end at
     /// `round × rollup_interval`. The previous round is `round − 1`.
@@ -120,17 +121,65 @@ pub struct DemandWindow {
     /// activity): a round is whole once it has as many as the one before.
     /// Saturating at 65 535 agents, where a round is whole at the cap.
     reports: [u16; 2],
-    /// The sub-interval counts, for the `ably-mma` estimator only.
-    sub_intervals: Option<Box<SubIntervals>>,
-    /// What early reports say, while it stands (`surge`): boxed, as few
-    /// windows surge at once. Not kept across a restart.
-    #[serde(skip)]
-    surge: Option<Box<surge::Surge>>,
+    /// What only some windows hold, in one box (one pointer in every
+    /// window rather than one for each): the `ably-mma` estimator's
+    /// sub-intervals, and the estimate of early reports once a surge came.
+    extras: Option<Box<Extras>>,
     /// The scatter of whole rounds and their slow average, for
-    /// [`confidently_over`](Self::confidently_over). Absent from
-    /// snapshots taken before it existed: learned afresh.
+    /// [`confidently_over`](Self::confidently_over).
+    spread: spread::Spread,
+}
+
+/// What a window holds only some of the time.
+#[derive(Clone, Debug, Default)]
+struct Extras {
+    /// The sub-interval counts, for the `ably-mma` estimator only.
+    sub_intervals: Option<SubIntervals>,
+    /// What early reports say, while it stands (`surge`): few windows
+    /// surge at once. Not kept across a restart.
+    surge: Option<surge::Surge>,
+}
+
+/// A window as snapshots hold it: the layout from before the extras were
+/// boxed together, so snapshots taken by earlier masters still load.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct WindowSnapshot {
+    round: u64,
+    rates: [RoundRates; 2],
+    reports: [u16; 2],
+    sub_intervals: Option<Box<SubIntervals>>,
+    /// Absent from snapshots taken before it existed: learned afresh.
     #[serde(default)]
     spread: spread::Spread,
+}
+
+impl From<WindowSnapshot> for DemandWindow {
+    fn from(s: WindowSnapshot) -> DemandWindow {
+        DemandWindow {
+            round: s.round,
+            rates: s.rates,
+            reports: s.reports,
+            extras: s.sub_intervals.map(|sub| {
+                Box::new(Extras {
+                    sub_intervals: Some(*sub),
+                    surge: None,
+                })
+            }),
+            spread: s.spread,
+        }
+    }
+}
+
+impl From<DemandWindow> for WindowSnapshot {
+    fn from(w: DemandWindow) -> WindowSnapshot {
+        WindowSnapshot {
+            round: w.round,
+            rates: w.rates,
+            reports: w.reports,
+            sub_intervals: w.extras.and_then(|e| e.sub_intervals).map(Box::new),
+            spread: w.spread,
+        }
+    }
 }
 
 /// A round's summed rates as a window stores them.
@@ -172,21 +221,28 @@ impl DemandWindow {
             round: 0,
             rates: [RoundRates::default(); 2],
             reports: [0; 2],
-            surge: None,
             spread: spread::Spread::default(),
-            sub_intervals: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
-                Box::new(SubIntervals {
-                    head: 0,
-                    buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
+            extras: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
+                Box::new(Extras {
+                    sub_intervals: Some(SubIntervals {
+                        head: 0,
+                        buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
+                    }),
+                    surge: None,
                 })
             }),
         }
     }
 
+    /// The sub-interval counts, if this window keeps them.
+    fn sub_intervals(&self) -> Option<&SubIntervals> {
+        self.extras.as_deref()?.sub_intervals.as_ref()
+    }
+
     /// Whether this window was made for a config of `cfg`'s shape and
     /// estimator (a deserialized one may not be).
     pub fn fits(&self, cfg: &WindowConfig) -> bool {
-        match (&self.sub_intervals, cfg.estimator) {
+        match (self.sub_intervals(), cfg.estimator) {
             (Some(s), EstimatorKind::AblyMma) => s.buckets.len() == ring_len(cfg),
             (None, EstimatorKind::LatestRound) => true,
             _ => false,
@@ -208,7 +264,11 @@ impl DemandWindow {
         admitted: u64,
     ) -> Dropped {
         let counted = self.record_round(cfg, start, end, attempted, admitted);
-        match &mut self.sub_intervals {
+        match self
+            .extras
+            .as_deref_mut()
+            .and_then(|e| e.sub_intervals.as_mut())
+        {
             Some(s) => s.record(cfg, start, end, attempted, admitted),
             None if counted => Dropped::default(),
             None => Dropped {
@@ -400,8 +460,7 @@ impl DemandWindow {
                 // A window without sub-intervals does not fit this config
                 // and is never handed one ([`fits`](Self::fits)).
                 rates: self
-                    .sub_intervals
-                    .as_deref()
+                    .sub_intervals()
                     .map_or_else(Rates::default, |s| s.ably_mma(cfg, now)),
                 whole_by: None,
                 first_round: false,
@@ -477,9 +536,7 @@ impl DemandWindow {
     /// Total attempted and admitted cost held in the sub-intervals (zero
     /// when the window keeps none).
     pub fn total(&self) -> (u64, u64) {
-        self.sub_intervals
-            .as_deref()
-            .map_or((0, 0), SubIntervals::total)
+        self.sub_intervals().map_or((0, 0), SubIntervals::total)
     }
 }
 
@@ -561,8 +618,7 @@ impl SubIntervals {
 #[cfg(test)]
 impl DemandWindow {
     fn bucket(&self, index: u64) -> Counts {
-        self.sub_intervals
-            .as_ref()
+        self.sub_intervals()
             .expect("an ably-mma window")
             .bucket(index)
     }
@@ -588,6 +644,52 @@ mod tests {
         Nanos::from_millis(T0 + ms)
     }
 
+    /// A snapshot holds a window in the layout masters have always written
+    /// (the surge estimate left out, the sub-intervals of `ably-mma` kept),
+    /// and a window read back estimates as the rounds did.
+    #[test]
+    fn snapshots_keep_the_windows_layout() {
+        let surge = crate::wire::SurgeRates {
+            rate: 5_000.0,
+            baseline: 100.0,
+            surged: false,
+            joined: false,
+        };
+        for estimator in [EstimatorKind::LatestRound, EstimatorKind::AblyMma] {
+            let c = cfg(estimator);
+            let mut w = DemandWindow::new(&c);
+            for _ in 0..3 {
+                w.record(&c, at(0), at(2_000), 400, 300);
+            }
+            let rounds = w.estimate(&c, at(2_400));
+            assert!(w.surge(&c, at(2_600), at(2_600), surge));
+            let json = serde_json::to_value(&w).unwrap();
+            let keys: Vec<&str> = json
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            assert_eq!(
+                keys,
+                ["rates", "reports", "round", "spread", "sub_intervals"],
+                "{estimator:?}"
+            );
+            assert_eq!(
+                json["sub_intervals"].is_null(),
+                estimator == EstimatorKind::LatestRound
+            );
+            let back: DemandWindow = serde_json::from_value(json.clone()).unwrap();
+            assert!(back.fits(&c));
+            assert_eq!(back.estimate(&c, at(2_400)), rounds, "{estimator:?}");
+            assert_eq!(back.total(), w.total());
+            // Snapshots from before the spread was kept still load.
+            let mut old = json;
+            old.as_object_mut().unwrap().remove("spread");
+            let back: DemandWindow = serde_json::from_value(old).unwrap();
+            assert_eq!(back.estimate(&c, at(2_400)).rates, rounds.rates);
+        }
+    }
     #[test]
     fn epoch_offset_is_aligned_for_readable_tests() {
         assert_eq!(T0 % 6_000, 2_000, "T0 sits 2 s into a sub-interval");

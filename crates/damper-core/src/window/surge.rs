@@ -117,13 +117,17 @@ impl DemandWindow {
         };
         if fresh {
             let base = rounds as f32;
-            self.surge = Some(Box::new(Surge {
+            self.extras.get_or_insert_default().surge = Some(Surge {
                 base,
                 round,
                 ..Surge::default()
-            }));
+            });
         }
-        let surge = self.surge.as_deref_mut().expect("made above");
+        let surge = self
+            .extras
+            .as_deref_mut()
+            .and_then(|e| e.surge.as_mut())
+            .expect("made above");
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
         if rates.joined {
             surge.joined += rate;
@@ -141,7 +145,7 @@ impl DemandWindow {
     }
 
     fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
-        let surge = self.surge.as_deref()?;
+        let surge = self.extras.as_deref()?.surge.as_ref()?;
         let r = duration_nanos(cfg.rollup_interval).max(1);
         let after = surge.round + 1;
         let whole = self.round > after

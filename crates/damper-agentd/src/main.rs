@@ -69,6 +69,11 @@ struct Args {
     log_format: String,
 }
 
+/// mimalloc, as the master: each request over RESP or gRPC allocates and
+/// frees its buffers and names (docs/performance.md, "The sidecar").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     match start() {
         Ok(()) => std::process::ExitCode::SUCCESS,

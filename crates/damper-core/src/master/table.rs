@@ -1,4 +1,4 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 88
+//! Where a master keeps its (account, op) pairs: one entry each, 96
 //! bytes with the account name inline, in chunks that never move, found by
 //! one probe of a hash index; op names interned.
 
@@ -15,7 +15,7 @@ use crate::time::Nanos;
 use crate::window::DemandWindow;
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (88 bytes, the account name inline up to 24 bytes) and in one place:
+/// (96 bytes, the account name inline up to 24 bytes) and in one place:
 /// finding it is one probe of the index and one cache miss here.
 #[derive(Debug)]
 pub(super) struct Entry {

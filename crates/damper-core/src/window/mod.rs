@@ -102,7 +102,7 @@ pub struct Dropped {
 /// Holds the rounds always, and the sub-intervals only when the configured
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
-/// window is 56 bytes with no allocation of its own.
+/// window is 48 bytes with no allocation of its own.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a
 /// window only fits the [`WindowConfig`] shape it was made for

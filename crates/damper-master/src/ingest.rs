@@ -98,9 +98,12 @@ impl Master {
         let options = &self.shared.options;
         let validated = rollup
             .validate_within(now, options.max_entries, options.max_claimed_rate)
-            .map_err(|e| match e.is_implausible() {
-                true => self.implausible(&rollup.agent_id, now, e),
-                false => e,
+            .map_err(|e| {
+                if e.is_implausible() {
+                    self.implausible(&rollup.agent_id, now, e)
+                } else {
+                    e
+                }
             })?;
         if !self.first_time(now, rollup) {
             // A resend of a rollup already counted (its reply was lost):

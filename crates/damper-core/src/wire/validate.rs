@@ -346,9 +346,11 @@ impl Rollup {
         self.validate_claims(now, max_entries, None)
     }
 
-    /// [`validate`](Self::validate) and [`check_rates`](Self::check_rates)
-    /// in one pass over the entries: a claim above `max_rate` is refused as
-    /// [`is_implausible`](RollupError::is_implausible).
+    /// [`validate`](Self::validate), and in the same pass over the entries
+    /// that none claims more than `max_rate` cost per second
+    /// ([`Report::check_rate`]): one agent cannot set any account's factor
+    /// by claiming a deluge no node could attempt. Such a claim is refused
+    /// as [`is_implausible`](RollupError::is_implausible).
     pub fn validate_within(
         &self,
         now: Nanos,
@@ -392,9 +394,12 @@ impl Rollup {
         for (op, account, report) in self.reports() {
             report
                 .validate_counts()
-                .and_then(|()| match self.ops[op].accounts[account].since {
-                    None => shared.clone(),
-                    Some(start) => Interval::judge(start, self.end, now),
+                .and_then(|()| {
+                    if report.start == self.start {
+                        shared.clone()
+                    } else {
+                        Interval::judge(report.start, report.end, now)
+                    }
                 })
                 .and_then(|interval| match max_rate {
                     Some(max) => interval.check_rate(report.attempted, max),
@@ -406,23 +411,9 @@ impl Rollup {
     }
 }
 
-impl Rollup {
-    /// Checks that no entry claims more than `max_rate` cost per second
-    /// ([`Report::check_rate`]): one agent cannot set any account's factor
-    /// by claiming a deluge no node could attempt.
-    pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
-        for (op, account, report) in self.reports() {
-            report
-                .check_rate(max_rate)
-                .map_err(|error| RollupError::Entry { op, account, error })?;
-        }
-        Ok(())
-    }
-}
-
 impl FactorsQuery {
     /// Checks that no early report's rate or baseline is above `max_rate`
-    /// cost per second (see [`Rollup::check_rates`]).
+    /// cost per second (see [`Rollup::validate_within`]).
     pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
         self.surge_rates_within(max_rate as f64)
     }

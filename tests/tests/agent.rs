@@ -130,6 +130,57 @@ async fn a_flood_is_reported_early_and_suppressed_within_the_first_round() {
     served.stop().await;
 }
 
+/// A new account that arrives as a deluge over real gRPC, at the
+/// production time scale, starting just after a peek of the sub-window
+/// grid: each agent's driver, woken by the state's hook at its first
+/// check, peeks at the young pair 20 ms later and reports it, 70 ms before
+/// the grid would. Asserts that young peeks reported it (on at least one
+/// of the four agents: a driver delayed past the grid's peek lets the grid
+/// report it instead), that no early report was refused, and that the
+/// account is suppressed at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_accounts_deluge_is_reported_by_its_young_peek() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let address = served.address.to_string();
+    let agents: Vec<Agent> = (0..4)
+        .map(|i| {
+            Agent::builder()
+                .masters([address.as_str()])
+                .agent_id(format!("edge-young-{i}"))
+                .start()
+                .unwrap()
+        })
+        .collect();
+    // Let the hellos teach the op's limit, then start 5 ms after a peek
+    // of the grid (every 100 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ms = damper_core::time::Clock::now(&damper_core::time::SystemClock).as_nanos() / 1_000_000;
+    tokio::time::sleep(Duration::from_millis(100 - ms % 100 + 5)).await;
+    // 10 000/s in all, 2 500/s per agent, in 10 ms steps, for 300 ms.
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        for agent in &agents {
+            for _ in 0..25 {
+                agent.check("newcomer", "messages", 1);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats: damper_agent::AgentStats = agents.iter().map(Agent::stats).sum();
+    assert!(stats.young_pairs_reported >= 1, "{stats:?}");
+    assert_eq!(stats.early_reports_failed, 0, "{stats:?}");
+    let factors: Vec<f64> = agents
+        .iter()
+        .map(|a| a.factor("newcomer", "messages").unwrap_or(0.0))
+        .collect();
+    assert!(factors.iter().all(|f| *f > 0.7), "{factors:?}");
+    for agent in agents {
+        agent.shutdown().await;
+    }
+    served.stop().await;
+}
+
 /// A push over real gRPC at the production time scale: agent A's early
 /// report of a flood turns the account's suppression on, and the master
 /// pushes the verdict to agent B, which holds the account but saw no

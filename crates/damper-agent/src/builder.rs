@@ -300,12 +300,17 @@ impl AgentBuilder {
         config.fast_onset = self.fast_onset;
         config.low_noise = self.low_noise;
         config.pace = self.pace;
+        // A pair `check` creates is young: the round peeks at it from the
+        // moment the driver, woken here, shows it to the round.
+        let young = Arc::new(tokio::sync::Notify::new());
+        let woken = young.clone();
         let state = self
             .fail_static
             .iter()
             .fold(AgentState::new(config), |state, (op, hold)| {
                 state.with_fail_static(op, *hold)
-            });
+            })
+            .with_young_hook(move || woken.notify_one());
         let shared = Arc::new(Shared {
             state,
             clock,
@@ -329,6 +334,7 @@ impl AgentBuilder {
                 .request_timeout
                 .unwrap_or((self.rollup_interval / 2).min(Duration::from_secs(1))),
             tls: self.tls,
+            young,
         };
         let (stop, stopped) = watch::channel(false);
         let task = runtime.spawn(rollup::run(shared.clone(), settings, stopped));

@@ -16,6 +16,7 @@ pub(crate) struct Stats {
     pub(crate) bytes_received: AtomicU64,
     pub(crate) early_reports: AtomicU64,
     pub(crate) early_reports_failed: AtomicU64,
+    pub(crate) young_pairs_reported: AtomicU64,
     pub(crate) pushes_applied: AtomicU64,
     /// Cost admitted that a limit in shadow would have refused: added by
     /// `check` itself, on the shadow path only.
@@ -38,6 +39,7 @@ impl Default for Stats {
             bytes_received: AtomicU64::new(0),
             early_reports: AtomicU64::new(0),
             early_reports_failed: AtomicU64::new(0),
+            young_pairs_reported: AtomicU64::new(0),
             pushes_applied: AtomicU64::new(0),
             would_reject_cost: AtomicU64::new(0),
             would_reject_recorded: AtomicU64::new(0),
@@ -61,6 +63,7 @@ impl Stats {
             bytes_received: s.bytes_received.load(Relaxed),
             early_reports: s.early_reports.load(Relaxed),
             early_reports_failed: s.early_reports_failed.load(Relaxed),
+            young_pairs_reported: s.young_pairs_reported.load(Relaxed),
             pushes_applied: s.pushes_applied.load(Relaxed),
             would_reject_cost: s.would_reject_cost.load(Relaxed),
             rollup_latency: LatencyHistogram {
@@ -170,6 +173,10 @@ pub struct AgentStats {
     /// Early reports that failed (refused by the master's budget, timed
     /// out, unreachable); the rollups carry the counts all the same.
     pub early_reports_failed: u64,
+    /// (account, op) pairs of those early reports that were young: new to
+    /// this agent and reported by their own peek between the sub-window
+    /// grid's scans, because they arrived as floods.
+    pub young_pairs_reported: u64,
     /// (account, op) verdicts a master pushed (an early report elsewhere
     /// turned the account's suppression on or off) that this agent held
     /// and applied.
@@ -196,6 +203,7 @@ impl std::iter::Sum for AgentStats {
             bytes_received: s.bytes_received + a.bytes_received,
             early_reports: s.early_reports + a.early_reports,
             early_reports_failed: s.early_reports_failed + a.early_reports_failed,
+            young_pairs_reported: s.young_pairs_reported + a.young_pairs_reported,
             pushes_applied: s.pushes_applied + a.pushes_applied,
             would_reject_cost: s.would_reject_cost + a.would_reject_cost,
             rollup_latency: LatencyHistogram {

@@ -42,6 +42,9 @@ pub(crate) struct Settings {
     pub(crate) round: RoundConfig,
     pub(crate) request_timeout: Duration,
     pub(crate) tls: Option<crate::AgentTls>,
+    /// Notified by the state when `check` creates the first young pair:
+    /// the round is woken to schedule its peek.
+    pub(crate) young: Arc<tokio::sync::Notify>,
 }
 
 /// What a sent request was, for counting its answer.
@@ -116,6 +119,9 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: Settings, mut stop: watch
         let wake = round.poll_timeout().map(|at| at.since(SystemClock.now()));
         tokio::select! {
             () = sleep(wake) => round.handle_timeout(SystemClock.now(), &shared.state),
+            () = settings.young.notified(), if !stopping => {
+                round.handle_timeout(SystemClock.now(), &shared.state);
+            }
             Some(joined) = in_flight.join_next() => {
                 // A send task that panicked: its counts are lost, nothing else.
                 if let Ok(answer) = joined {
@@ -381,9 +387,18 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
             master,
             pairs,
             joined,
+            young,
         } => {
-            tracing::debug!(%master, pairs, joined, "early report of surges");
+            tracing::debug!(%master, pairs, joined, young, "early report of surges");
             metrics::counter!("damper_agent_early_report_pairs_total").increment(pairs as u64);
+            if young > 0 {
+                shared
+                    .stats
+                    .young_pairs_reported
+                    .fetch_add(young as u64, Relaxed);
+                metrics::counter!("damper_agent_young_pairs_reported_total")
+                    .increment(young as u64);
+            }
             if joined > 0 {
                 tracing::info!(%master, joined, "pairs moved to this master; its estimate is told their rates");
                 metrics::counter!("damper_agent_joined_pairs_total").increment(joined as u64);

@@ -268,6 +268,10 @@ pub(super) const CONFIRM_ASKED: u8 = 1;
 /// Whether the last scan paced the pair (see `pace`): the first sub-window
 /// under a factor is not, as the factor held for only part of it.
 pub(super) const PACED: u8 = 2;
+/// Whether a young peek reported the pair in the sub-window the next
+/// scan closes (see `young`): that sub-window began before the pair, so
+/// its rate reads low, and its close judges no fall.
+pub(super) const YOUNG_REPORTED: u8 = 4;
 
 impl Entry {
     /// A new entry at `now`; `limit` is the op's default limit when known
@@ -608,6 +612,35 @@ impl AgentState {
                     .get_or_insert_with(key, || Entry::new(now, limit), guard)
             }
         }
+    }
+
+    /// [`entry`](Self::entry) for a `check`: a pair it creates is young
+    /// (see `young`).
+    pub(super) fn traffic_entry<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        guard: &'g impl papaya::Guard,
+    ) -> &'g Entry {
+        if let Some(entry) = self.entries.get(&KeyRef { op, account }, guard) {
+            return entry;
+        }
+        let (key, limit) = self.new_key(account, op);
+        let op_name = key.op.clone();
+        let mut created = false;
+        let entry = self.entries.get_or_insert_with(
+            key,
+            || {
+                created = true;
+                Entry::new(now, limit)
+            },
+            guard,
+        );
+        if created {
+            self.note_young(now, &op_name, account);
+        }
+        entry
     }
 
     /// The owned key for a new (account, op), with the op interned, and the

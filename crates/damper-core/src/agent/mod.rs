@@ -57,6 +57,8 @@
 //!   were last reported ([`AgentState::scan_surges`] at each sub-window's
 //!   end, [`AgentState::peek_surges`] halfway through it), against their
 //!   own noise and the cost of one of their operations.
+//! - `young`: pairs `check` just created, measured from their birth and
+//!   reported as soon as they prove a surge ([`AgentState::peek_young`]).
 
 mod admission;
 mod drain;
@@ -66,6 +68,7 @@ mod join;
 mod pace;
 mod peek;
 mod surge;
+mod young;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{
@@ -88,6 +91,7 @@ pub use peek::Standing;
 pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };
+pub use young::{MAX_YOUNG, YOUNG_PEEK_AFTER};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +134,15 @@ pub struct AgentConfig {
     /// Needs `low_noise`, and fast onset's scans, which do it. Off only to
     /// measure the difference. Default on.
     pub pace: bool,
+    /// Whether a pair `check` creates is young: measured on its own from
+    /// the moment the round sees it and reported as soon as it proves a
+    /// surge, between the sub-window grid's scans (see
+    /// [`AgentState::peek_young`]), so a new account that arrives as a
+    /// deluge is suppressed within some tens of milliseconds. Needs
+    /// `fast_onset`, and a round with a surge rule, which peeks. Off in
+    /// the simulator when its traffic steps are too coarse to measure 20
+    /// ms. Default on.
+    pub young_peeks: bool,
 }
 
 impl Default for AgentConfig {
@@ -141,6 +154,7 @@ impl Default for AgentConfig {
             fast_onset: true,
             low_noise: true,
             pace: true,
+            young_peeks: true,
         }
     }
 }
@@ -330,6 +344,13 @@ pub struct AgentState {
     /// Ops whose factors are held past their validity (fail-static), and for
     /// how long. Read when a factor is applied, never by `check`.
     fail_static: Vec<(Box<str>, Duration)>,
+    /// Pairs `check` created within the last sub-window, for
+    /// [`peek_young`](Self::peek_young). Taken when a pair is created,
+    /// never on a known key's check.
+    young: Mutex<young::Young>,
+    /// Told when the first young pair arrives (see
+    /// [`with_young_hook`](Self::with_young_hook)).
+    young_hook: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for AgentState {
@@ -365,6 +386,8 @@ impl AgentState {
             ops: Mutex::default(),
             drain_lock: Mutex::new(()),
             fail_static: Vec::new(),
+            young: Mutex::default(),
+            young_hook: None,
         }
     }
 
@@ -416,7 +439,7 @@ impl AgentState {
                 if !reportable(account) || !reportable(op) {
                     return Decision::Admit(Admitted::PLAIN);
                 }
-                let entry = self.entry(now, account, op, &guard);
+                let entry = self.traffic_entry(now, account, op, &guard);
                 entry.seed_quantum(cost);
                 entry
             }
@@ -497,7 +520,7 @@ impl AgentState {
             return n;
         }
         let guard = self.entries.guard();
-        let entry = self.entry(now, account, op, &guard);
+        let entry = self.traffic_entry(now, account, op, &guard);
         entry.seed_quantum(cost);
         let admitted = entry.decide_batch(now, cost, n, rng, &self.config);
         for (yes, count) in [(true, admitted), (false, n - admitted)] {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::AgentState;
-use super::entry::{CONFIRM_ASKED, Entry};
+use super::entry::{CONFIRM_ASKED, Entry, YOUNG_REPORTED};
 use crate::Pair;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -365,6 +365,12 @@ impl AgentState {
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
             let (baseline, surged) = entry.told_rate(round);
+            // A young peek reported it within this sub-window, which
+            // began before it: its rate here reads low, and is no fall.
+            let young = pass == Pass::Close && entry.scanned(YOUNG_REPORTED);
+            if young {
+                entry.set_scanned(YOUNG_REPORTED, false);
+            }
             if pass == Pass::Close && self.config.low_noise && self.config.pace {
                 entry.pace(now, (!surged).then_some(baseline), secs, cost);
             }
@@ -387,6 +393,9 @@ impl AgentState {
                 Pass::Peek if rate <= f64::from(baseline) => continue,
                 Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
             };
+            if young {
+                continue;
+            }
             // Rises follow up this round's early report; falls, any
             // report, of a pair its master suppresses.
             let suppressed = entry.master_factor.load(Relaxed) > 0;

@@ -1,6 +1,6 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,12 +151,25 @@ pub struct AgentRound {
     stopping: bool,
     /// When the next surge scan is due (fast onset only).
     next_scan: Option<Nanos>,
+    /// When the earliest young pair is due a peek, as the state last said
+    /// (see `AgentState::peek_young`); a driver told of a new one by the
+    /// state's young hook calls [`handle_timeout`](Self::handle_timeout),
+    /// which sets it.
+    next_young: Option<Nanos>,
     /// When the last one ran: the next measures from here.
     last_scan: Nanos,
     /// Masters with an early report in flight, the request and when it was
     /// sent: no second one until it is answered, or given up on
     /// ([`SURGE_PATIENCE`] sub-windows later).
     surging: BTreeMap<String, (RequestId, Nanos)>,
+    /// When the last early report went to each master, and whether a
+    /// young peek sent it. A young peek waits half a sub-window after any
+    /// report to the master, and the grid's scans after a young peek's:
+    /// the grid's own spacing, which a master's budget
+    /// (`policy.surge_min_gap`) is set by, so reports between the grid's
+    /// scans never make a master refuse the next. (The grid's scans
+    /// follow one another at that spacing, as before young peeks.)
+    surge_sent: BTreeMap<String, (Nanos, bool)>,
     /// This run of the agent, for the masters to tell its rollups from
     /// another run's: [`RoundConfig::incarnation`], by default when the
     /// round was made, in milliseconds.
@@ -223,7 +236,9 @@ impl AgentRound {
             stopping: false,
             next_scan,
             last_scan: now,
+            next_young: None,
             surging: BTreeMap::new(),
+            surge_sent: BTreeMap::new(),
             incarnation: config.incarnation.unwrap_or(now.as_millis()),
             sequence: 0,
             in_doubt: BTreeMap::new(),
@@ -293,7 +308,8 @@ impl AgentRound {
         let scan = self.next_scan.filter(|_| !self.stopping);
         let probe = self.membership.next_probe_due().filter(|_| !self.stopping);
         let rejoin = self.membership.next_rejoin().filter(|_| !self.stopping);
-        [cut, send, recheck, scan, probe, rejoin]
+        let young = self.next_young.filter(|_| !self.stopping);
+        [cut, send, recheck, scan, probe, rejoin, young]
             .into_iter()
             .flatten()
             .min()
@@ -318,6 +334,14 @@ impl AgentRound {
         }
         if !self.stopping && self.next_scan.is_some_and(|at| now >= at) {
             self.scan(now, state);
+        }
+        if !self.stopping {
+            self.peek_young(now, state);
+            self.next_young = self
+                .config
+                .fast_onset
+                .and_then(|_| state.young_due())
+                .map(|due| due.max(now));
         }
         if !self.stopping {
             self.send_probes(now);
@@ -742,26 +766,11 @@ impl AgentRound {
             std::mem::replace(&mut self.last_scan, now)
         };
         let max = self.config.max_entries_per_request.max(1);
+        let busy = self.surge_busy(now, &rule, false);
         let live = self.membership.live();
-        let busy = &self.surging;
-        let mut batches: BTreeMap<String, Vec<(OwnedPair, SurgeRates)>> = BTreeMap::new();
-        let mut offer = |pair: Pair<'_>, rates: SurgeRates| {
-            let Some(master) = live.owner(pair.account) else {
-                return false;
-            };
-            if busy.contains_key(master) {
-                return false;
-            }
-            let batch = match batches.get_mut(master) {
-                Some(batch) => batch,
-                None => batches.entry(master.to_owned()).or_default(),
-            };
-            if batch.len() >= max {
-                return false;
-            }
-            batch.push((pair.to_owned(), rates));
-            true
-        };
+        let mut batches = SurgeBatches::default();
+        let mut offer =
+            |pair: Pair<'_>, rates: SurgeRates| batches.offer(live, &busy, max, pair, rates);
         // The ring moved pairs since their counts last went out: their
         // new masters hear this agent's rates first, in these reports (a
         // join a busy master misses waits for the rounds, as before joins).
@@ -799,7 +808,47 @@ impl AgentRound {
                     .push((now, master.clone(), chunk.to_vec(), false));
             }
         }
-        for (master, mut batch) in batches {
+        self.send_surges(now, batches, false);
+        self.counts_went_out();
+    }
+
+    /// Step 4b: between the grid's scans, peeks at the pairs `check` just
+    /// created that are due (see `AgentState::peek_young`), and sends
+    /// those that surge as early reports.
+    fn peek_young(&mut self, now: Nanos, state: &AgentState) {
+        let Some(rule) = self.config.fast_onset else {
+            return;
+        };
+        if state.young_due().is_none_or(|due| due > now) {
+            return;
+        }
+        let max = self.config.max_entries_per_request.max(1);
+        let busy = self.surge_busy(now, &rule, true);
+        let live = self.membership.live();
+        let mut batches = SurgeBatches::default();
+        state.peek_young(now, &rule, |pair, rates| {
+            batches.offer(live, &busy, max, pair, rates)
+        });
+        self.send_surges(now, batches, true);
+    }
+
+    /// The masters an early report cannot go to at `now`: those with one
+    /// in flight, and those sent one less than half a sub-window ago by a
+    /// young peek, or by anything when `young` (see `surge_sent`).
+    fn surge_busy(&self, now: Nanos, rule: &SurgeRule, young: bool) -> BTreeSet<String> {
+        let gap = rule.window() / 2;
+        let recent = self
+            .surge_sent
+            .iter()
+            .filter(|(_, (sent, by_young))| (young || *by_young) && now.since(*sent) < gap)
+            .map(|(master, _)| master);
+        self.surging.keys().chain(recent).cloned().collect()
+    }
+
+    /// Sends one early report per master of `batches`, of `young` pairs
+    /// or the grid's.
+    fn send_surges(&mut self, now: Nanos, batches: SurgeBatches, young: bool) {
+        for (master, mut batch) in batches.0 {
             batch.sort_unstable_by(|(a, _), (b, _)| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
             let query = FactorsQuery::surge(
                 &self.config.agent_id,
@@ -812,6 +861,7 @@ impl AgentRound {
                 master: master.clone(),
                 pairs: pairs.len(),
                 joined,
+                young: if young { pairs.len() } else { 0 },
             });
             let flight = InFlight::Surge {
                 master: master.clone(),
@@ -819,9 +869,9 @@ impl AgentRound {
                 again: Some(query.clone()),
             };
             let id = self.transmit(master.clone(), Message::Surge(query), flight);
+            self.surge_sent.insert(master.clone(), (now, young));
             self.surging.insert(master, (id, now));
         }
-        self.counts_went_out();
     }
 
     /// The pairs' counts (or joins) have gone out by the live ring: the
@@ -1145,5 +1195,40 @@ impl AgentRound {
             .members()
             .map(str::to_owned)
             .collect()
+    }
+}
+
+/// Early reports being gathered for one pass, per master, each within the
+/// request's size and only for masters with none in flight.
+#[derive(Default)]
+struct SurgeBatches(BTreeMap<String, Vec<(OwnedPair, SurgeRates)>>);
+
+impl SurgeBatches {
+    /// Takes `pair`'s surge for its master on `live` unless that master
+    /// is `busy` (see `AgentRound::surge_busy`) or its batch is full
+    /// (`max`).
+    fn offer(
+        &mut self,
+        live: &Ring,
+        busy: &BTreeSet<String>,
+        max: usize,
+        pair: Pair<'_>,
+        rates: SurgeRates,
+    ) -> bool {
+        let Some(master) = live.owner(pair.account) else {
+            return false;
+        };
+        if busy.contains(master) {
+            return false;
+        }
+        let batch = match self.0.get_mut(master) {
+            Some(batch) => batch,
+            None => self.0.entry(master.to_owned()).or_default(),
+        };
+        if batch.len() >= max {
+            return false;
+        }
+        batch.push((pair.to_owned(), rates));
+        true
     }
 }

@@ -200,6 +200,10 @@ pub enum RoundEvent {
         /// master, with the rate this agent last told their previous one
         /// (`AgentState::offer_joins`).
         joined: usize,
+        /// How many are young pairs, reported by their own peek between
+        /// the grid's scans (`AgentState::peek_young`): new accounts that
+        /// arrived as floods.
+        young: usize,
     },
     /// A master's push arrived ([`AgentRound::on_push`]).
     Pushed {

@@ -995,3 +995,77 @@ fn a_master_that_lost_the_account_numbers_gets_the_names_again_at_once() {
     assert_eq!(refusals, 1);
     assert!(r.membership().is_up("m1"), "a refusal is not a failure");
 }
+
+/// A new account that arrives as a deluge off the sub-window grid is
+/// reported by its young peek 20 ms after the driver, woken by the state's
+/// hook, first showed it to the round: before the grid's next peek. The
+/// master is then sent no other early report for half a sub-window.
+#[test]
+fn a_new_accounts_deluge_is_reported_before_the_grid_comes_round() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let woken = Arc::new(AtomicBool::new(false));
+    let hook = woken.clone();
+    let state = AgentState::new(AgentConfig::default()).with_young_hook(move || {
+        hook.store(true, SeqCst);
+    });
+    let mut m = master();
+    let mut r = AgentRound::new(RoundConfig::new("edge-9"), ["m1"], at(10));
+    answer_all(&mut r, &state, &mut m, at(10));
+    let mut rng = SmallRng::seed_from_u64(3);
+    // Up to 1 030 ms the round runs on its own.
+    let mut now = at(10);
+    while now < at(1_030) {
+        now = r.poll_timeout().unwrap().min(at(1_030));
+        r.handle_timeout(now, &state);
+        answer_all(&mut r, &state, &mut m, now);
+    }
+    // The deluge's first operation, 70 ms before the grid's next peek.
+    state.check(at(1_030), "flood", "messages", 1, &mut rng);
+    assert!(woken.swap(false, SeqCst));
+    r.handle_timeout(at(1_030), &state);
+    assert_eq!(r.poll_timeout(), Some(at(1_050)));
+    for ms in 1_030..1_050 {
+        for _ in 0..5 {
+            state.check(at(ms), "flood", "messages", 1, &mut rng);
+        }
+    }
+    r.handle_timeout(at(1_050), &state);
+    let sent = answer_all(&mut r, &state, &mut m, at(1_050));
+    let rates: Vec<_> = sent
+        .iter()
+        .filter_map(|t| match &t.message {
+            Message::Surge(q) => q.surges().next().map(|(_, rates)| rates),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rates.len(), 1, "{sent:?}");
+    assert_eq!(rates[0].rate, 5_000.0);
+    let factor = state.factor(at(1_050), "flood", "messages").unwrap();
+    assert!(factor > 0.7, "suppressed at 1 050 ms: {factor}");
+    // The flood goes on, tripled: the grid's peek at 1 100 ms sees it,
+    // and so does the young peek, but its master had an early report 50
+    // ms before.
+    let mut surges = Vec::new();
+    now = at(1_050);
+    while now < at(1_300) {
+        let next = r
+            .poll_timeout()
+            .unwrap()
+            .min(now + Duration::from_millis(1));
+        while now < next {
+            for _ in 0..15 {
+                state.check(now, "flood", "messages", 1, &mut rng);
+            }
+            now = now + Duration::from_millis(1);
+        }
+        r.handle_timeout(now, &state);
+        for t in answer_all(&mut r, &state, &mut m, now) {
+            if matches!(t.message, Message::Surge(_)) {
+                surges.push(now);
+            }
+        }
+    }
+    assert!(!surges.is_empty(), "the rise is told");
+    assert!(surges[0] >= at(1_150), "{surges:?}");
+}

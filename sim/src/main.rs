@@ -66,6 +66,9 @@ struct Overrides {
     /// Overrides the scenario's `cluster.pace`: true or false.
     #[arg(long, value_name = "BOOL")]
     pace: Option<bool>,
+    /// Overrides the scenario's `cluster.young_peeks`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    young_peeks: Option<bool>,
     /// Overrides the scenario's `policy.confidence_sigmas` (0 to 20; 0:
     /// suppress on any excess).
     #[arg(long, value_name = "SIGMAS")]
@@ -102,6 +105,9 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     }
     if let Some(on) = overrides.pace {
         scenario = scenario.with_pace(on);
+    }
+    if let Some(on) = overrides.young_peeks {
+        scenario = scenario.with_young_peeks(on);
     }
     if let Some(sigmas) = overrides.confidence_sigmas {
         scenario = scenario

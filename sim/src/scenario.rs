@@ -112,6 +112,13 @@ pub struct ClusterSection {
     /// what it attempts now. `false` keeps the share of what is attempted,
     /// as before pacing existed.
     pub pace: bool,
+    /// Young peeks on the agents (default true; only with fast onset, and
+    /// only with a `step_ms` that divides 20, so a new pair's first 20 ms
+    /// are measured over whole steps): a pair a check creates is
+    /// measured on its own and reported as soon as it proves a surge,
+    /// between the grid's scans. `false` leaves new pairs to the grid, as
+    /// before young peeks.
+    pub young_peeks: bool,
     /// Whether agents give accounts by number to masters that hold their
     /// dictionaries (default true), so each name goes to a master once.
     /// `false` names every account in every rollup, as before numbers
@@ -140,6 +147,7 @@ impl Default for ClusterSection {
             push: true,
             low_noise: true,
             pace: true,
+            young_peeks: true,
             account_numbers: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
@@ -439,6 +447,13 @@ impl Scenario {
     pub fn with_pace(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.pace = on;
+        s
+    }
+
+    /// The scenario with young peeks on or off on every agent.
+    pub fn with_young_peeks(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.young_peeks = on;
         s
     }
 

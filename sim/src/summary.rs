@@ -66,6 +66,10 @@ pub struct AccountSummary {
     /// Worst stretch of overload: seconds from its start until the admitted
     /// rate over the next second first falls to ≤ 1.1 × limit.
     pub reaction_s: Option<f64>,
+    /// Worst stretch of overload: the cost admitted in its first second,
+    /// divided by the limit. What a deluge gets through before it is
+    /// held (the README's quickstart: ≤ 2 is the goal).
+    pub onset_1s_ratio: Option<f64>,
     /// Worst stretch of overload that ends with demand below 0.95 × limit:
     /// seconds from its end until no agent applies a factor any more.
     pub release_s: Option<f64>,
@@ -235,6 +239,7 @@ fn account(pair: &PairSeries) -> AccountSummary {
         oscillation_p2p: None,
         oscillation_p2p_1s: None,
         reaction_s: None,
+        onset_1s_ratio: None,
         release_s: None,
         peak_6s_ratio: None,
         false_rejections: 0,
@@ -249,6 +254,10 @@ fn account(pair: &PairSeries) -> AccountSummary {
     (_, out.oscillation_p2p_1s) = steady(&admitted, &stretches, limit, 1);
     out.fairness_10s = fairness(pair, &stretches);
     out.reaction_s = reaction(&admitted, &stretches, limit);
+    out.onset_1s_ratio = stretches
+        .iter()
+        .map(|&(start, _)| admitted[start] / limit)
+        .reduce(f64::max);
     out.release_s = release(pair, &attempted, &stretches, limit);
     out.peak_6s_ratio = admitted
         .chunks(6)
@@ -446,6 +455,7 @@ mod tests {
         );
         let a = summary_of(&[s]);
         assert_eq!(a.reaction_s, Some(3.0));
+        assert_eq!(a.onset_1s_ratio, Some(10.0));
         assert_eq!(a.release_s, Some(30.5 - 29.0));
         // Steady: seconds 15..29 = 14 seconds, two whole 6 s buckets.
         let steady: Vec<u64> = admitted[15..29].to_vec();

@@ -269,3 +269,34 @@ fn a_flood_that_starts_and_stops_inside_a_sub_window_is_held_and_released_within
     let steady = acme.steady_admitted_ratio.unwrap();
     assert!((0.98..=1.02).contains(&steady), "{steady}");
 }
+
+/// The README's quickstart (`quickstart`): a new account at 10× its limit
+/// from its first operation over four agents. Young peeks report it within
+/// its first tens of operations: its first second admits well under the
+/// issue's 2× (about 2× without them, the grid's first peek 100 ms in),
+/// and every second from the second on is within ±10% of the limit, the
+/// calm account never refused.
+#[test]
+fn a_new_account_at_ten_times_its_limit_is_held_within_its_first_tens_of_milliseconds() {
+    let (run, s) = simulate(scenario("quickstart"));
+    let flood = account(&s, "flood");
+    let onset = flood.onset_1s_ratio.unwrap();
+    assert!(onset < 1.6, "{flood:?}");
+    let series = &run
+        .series
+        .iter()
+        .find(|x| x.traffic.account == "flood")
+        .unwrap()
+        .seconds;
+    for (t, second) in series.iter().enumerate().skip(1) {
+        assert!(
+            (900..=1_100).contains(&second.admitted),
+            "second {t}: {second:?}"
+        );
+    }
+    assert_eq!(account(&s, "calm").false_rejections, 0);
+    assert_eq!(account(&s, "calm").admitted, account(&s, "calm").attempted);
+    let (_, grid) = simulate(scenario("quickstart").with_young_peeks(false));
+    let grid_onset = account(&grid, "flood").onset_1s_ratio.unwrap();
+    assert!(grid_onset > onset + 0.4, "{grid_onset} against {onset}");
+}

@@ -26,9 +26,11 @@ mod traffic;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::agent::{AgentConfig, AgentState, YOUNG_PEEK_AFTER};
 use damper_core::round::{AgentRound, Message, RequestId, RoundConfig, RoundEvent, Transmit};
 use damper_core::time::Nanos;
 use damper_core::wire::Reply;
@@ -139,6 +141,9 @@ enum Outcome {
 /// One edge node: its agent state and the round that reports it.
 struct Agent {
     state: AgentState,
+    /// Set by the state's young hook, as the agent library's driver is
+    /// notified: the round is woken after the step that created the pair.
+    young: Arc<AtomicBool>,
     round: AgentRound,
     /// When a wake-up is queued for the round.
     wake: Option<Nanos>,
@@ -202,8 +207,20 @@ impl<M: Masters> Sim<M> {
                 agent_config.fast_onset = scenario.cluster.fast_onset;
                 agent_config.low_noise = scenario.cluster.low_noise;
                 agent_config.pace = scenario.cluster.pace;
+                // Young pairs are measured over 20 ms: only steps that
+                // divide it measure them (see `wake_young`).
+                agent_config.young_peeks = scenario.cluster.young_peeks
+                    && YOUNG_PEEK_AFTER
+                        .as_nanos()
+                        .is_multiple_of(scenario.step.as_nanos());
+                let young = Arc::new(AtomicBool::new(false));
                 Agent {
-                    state: AgentState::new(agent_config),
+                    state: {
+                        let young = young.clone();
+                        AgentState::new(agent_config)
+                            .with_young_hook(move || young.store(true, Relaxed))
+                    },
+                    young,
                     round: AgentRound::new(config, &names, EPOCH),
                     wake: None,
                     partitioned: false,
@@ -363,6 +380,25 @@ impl<M: Masters> Sim<M> {
             rollups: self.rollups,
             dropped_cost: self.dropped,
             control: self.control,
+        }
+    }
+
+    /// Wakes the rounds whose states were told of a young pair, as the
+    /// agent library's driver wakes on its hook's notice: at the end of
+    /// this step, when every operation of the step (spread over it, decided
+    /// at its middle) is in, so a young pair is measured over whole steps
+    /// from there. Young peeks are on only with steps that divide
+    /// [`YOUNG_PEEK_AFTER`] (20 ms), so they measure whole steps; coarser
+    /// steps (the default 100 ms) would read one step's operations over
+    /// a part of it.
+    fn wake_young(&mut self) {
+        let at = self.now + self.scenario.step / 2;
+        for a in 0..self.agents.len() {
+            let agent = &mut self.agents[a];
+            if agent.young.swap(false, Relaxed) && agent.wake.is_none_or(|w| w > at) {
+                agent.wake = Some(at);
+                self.schedule(at, Event::Wake { agent: a });
+            }
         }
     }
 

@@ -143,6 +143,7 @@ impl<M: Masters> Sim<M> {
             }
         }
         self.decide_batches();
+        self.wake_young();
         // Items being suppressed: note, at step resolution, when the last
         // agent lets go.
         for item in self.items.iter_mut().filter(|i| i.positive) {

@@ -435,18 +435,34 @@ impl AgentState {
         let guard = self.entries.guard();
         let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
             Some(entry) => entry,
-            None => {
-                if !reportable(account) || !reportable(op) {
-                    return Decision::Admit(Admitted::PLAIN);
-                }
-                let entry = self.traffic_entry(now, account, op, &guard);
-                entry.seed_quantum(cost);
-                entry
-            }
+            None => match self.new_entry(now, account, op, cost, &guard) {
+                Some(entry) => entry,
+                None => return Decision::Admit(Admitted::PLAIN),
+            },
         };
         let decision = entry.decide(now, cost, rng, &self.config);
         self.count(now, account, op, entry, decision.is_admit(), cost, &guard);
         decision
+    }
+
+    /// The entry [`check`](Self::check) makes for a pair not found (a
+    /// young pair, see `young`); `None` when its names cannot be reported.
+    /// Cold: a known key's `check` should carry as little of it as it can.
+    #[cold]
+    fn new_entry<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        guard: &'g impl papaya::Guard,
+    ) -> Option<&'g entry::Entry> {
+        if !reportable(account) || !reportable(op) {
+            return None;
+        }
+        let entry = self.traffic_entry(now, account, op, guard);
+        entry.seed_quantum(cost);
+        Some(entry)
     }
 
     /// Adds `cost` to an entry's admitted or rejected counter: one atomic

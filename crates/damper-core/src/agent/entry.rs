@@ -604,14 +604,7 @@ impl AgentState {
         op: &str,
         guard: &'g impl papaya::Guard,
     ) -> &'g Entry {
-        match self.entries.get(&KeyRef { op, account }, guard) {
-            Some(entry) => entry,
-            None => {
-                let (key, limit) = self.new_key(account, op);
-                self.entries
-                    .get_or_insert_with(key, || Entry::new(now, limit), guard)
-            }
-        }
+        self.entry_made(now, account, op, guard).0
     }
 
     /// [`entry`](Self::entry) for a `check`: a pair it creates is young
@@ -623,24 +616,37 @@ impl AgentState {
         op: &str,
         guard: &'g impl papaya::Guard,
     ) -> &'g Entry {
+        let (entry, made) = self.entry_made(now, account, op, guard);
+        if let Some(op) = made {
+            self.note_young(now, &op, account);
+        }
+        entry
+    }
+
+    /// [`entry`](Self::entry), and the op's interned name when this call
+    /// made it (not a racing one).
+    fn entry_made<'g>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        guard: &'g impl papaya::Guard,
+    ) -> (&'g Entry, Option<Arc<str>>) {
         if let Some(entry) = self.entries.get(&KeyRef { op, account }, guard) {
-            return entry;
+            return (entry, None);
         }
         let (key, limit) = self.new_key(account, op);
-        let op_name = key.op.clone();
-        let mut created = false;
+        let op = key.op.clone();
+        let mut made = false;
         let entry = self.entries.get_or_insert_with(
             key,
             || {
-                created = true;
+                made = true;
                 Entry::new(now, limit)
             },
             guard,
         );
-        if created {
-            self.note_young(now, &op_name, account);
-        }
-        entry
+        (entry, made.then_some(op))
     }
 
     /// The owned key for a new (account, op), with the op interned, and the

@@ -214,8 +214,10 @@ impl AgentState {
         });
         drop(guard);
         let mut held = self.young.lock().unwrap_or_else(|e| e.into_inner());
-        // Pairs that arrived meanwhile are kept, after these.
+        // Pairs that arrived meanwhile are kept, after these, within the
+        // bound (they saw the list empty while it was taken).
         young.append(&mut held.pairs);
+        young.truncate(MAX_YOUNG);
         held.pairs = young;
         taken
     }

@@ -347,7 +347,7 @@ pub struct AgentState {
     /// Pairs `check` created within the last sub-window, for
     /// [`peek_young`](Self::peek_young). Taken when a pair is created,
     /// never on a known key's check.
-    young: Mutex<young::Young>,
+    young: Mutex<Vec<young::YoungPair>>,
     /// Told when the first young pair arrives (see
     /// [`with_young_hook`](Self::with_young_hook)).
     young_hook: Option<Box<dyn Fn() + Send + Sync>>,

@@ -68,12 +68,6 @@ pub(super) struct YoungPair {
     reported: Option<u32>,
 }
 
-/// The young pairs.
-#[derive(Debug, Default)]
-pub(super) struct Young {
-    pub(super) pairs: Vec<YoungPair>,
-}
-
 impl AgentState {
     /// Calls `hook` (from the thread of the `check` that created it) when
     /// a young pair arrives and none was waiting: the round's driver wakes
@@ -92,17 +86,17 @@ impl AgentState {
         }
         let first = {
             let mut young = self.young.lock().unwrap_or_else(|e| e.into_inner());
-            if young.pairs.len() >= MAX_YOUNG {
+            if young.len() >= MAX_YOUNG {
                 return;
             }
-            young.pairs.push(YoungPair {
+            young.push(YoungPair {
                 op: op.clone(),
                 account: account.into(),
                 start: None,
                 due: now,
                 reported: None,
             });
-            young.pairs.len() == 1
+            young.len() == 1
         };
         if first && let Some(hook) = &self.young_hook {
             hook();
@@ -113,7 +107,7 @@ impl AgentState {
     /// round has not seen yet); `None` when there is none.
     pub fn young_due(&self) -> Option<Nanos> {
         let young = self.young.lock().unwrap_or_else(|e| e.into_inner());
-        young.pairs.iter().map(|p| p.due).min()
+        earliest_due(&young)
     }
 
     /// Peeks at the young pairs due at `now`. One seen for the first time
@@ -131,24 +125,24 @@ impl AgentState {
     ///
     /// A pair is young for one sub-window of `rule`; pairs gone or
     /// unlimited, and those the grid's scans reported, leave at once.
-    /// Returns how many were taken.
+    /// Returns when the earliest young pair left is due (as
+    /// [`young_due`](Self::young_due) would say after it).
     pub fn peek_young(
         &self,
         now: Nanos,
         rule: &SurgeRule,
         mut report: impl FnMut(Pair<'_>, SurgeRates) -> bool,
-    ) -> usize {
+    ) -> Option<Nanos> {
         let mut young = {
             let mut held = self.young.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::take(&mut held.pairs)
+            std::mem::take(&mut *held)
         };
         if young.is_empty() {
-            return 0;
+            return None;
         }
         let round = self.report_round(now);
         let op_limits = self.op_default_limits();
         let guard = self.entries.guard();
-        let mut taken = 0;
         young.retain_mut(|pair| {
             if now < pair.due {
                 return true;
@@ -209,18 +203,22 @@ impl AgentState {
             entry.set_scanned(YOUNG_REPORTED, true);
             pair.reported = Some(rates.rate.to_bits());
             pair.due = next(true);
-            taken += 1;
             true
         });
         drop(guard);
         let mut held = self.young.lock().unwrap_or_else(|e| e.into_inner());
         // Pairs that arrived meanwhile are kept, after these, within the
         // bound (they saw the list empty while it was taken).
-        young.append(&mut held.pairs);
+        young.append(&mut held);
         young.truncate(MAX_YOUNG);
-        held.pairs = young;
-        taken
+        *held = young;
+        earliest_due(&held)
     }
+}
+
+/// When the earliest of `young` is due a peek.
+fn earliest_due(young: &[YoungPair]) -> Option<Nanos> {
+    young.iter().map(|p| p.due).min()
 }
 
 #[cfg(test)]
@@ -370,7 +368,7 @@ mod tests {
         for i in 0..MAX_YOUNG + 10 {
             agent.check(at(0), &format!("a{i}"), "messages", 1, &mut rng);
         }
-        assert_eq!(agent.young.lock().unwrap().pairs.len(), MAX_YOUNG);
+        assert_eq!(agent.young.lock().unwrap().len(), MAX_YOUNG);
         agent.apply(
             at(0),
             "answered",
@@ -379,7 +377,7 @@ mod tests {
             1_000.0,
             Duration::from_secs(6),
         );
-        assert_eq!(agent.young.lock().unwrap().pairs.len(), MAX_YOUNG);
+        assert_eq!(agent.young.lock().unwrap().len(), MAX_YOUNG);
 
         let agent = learned(AgentConfig {
             fast_onset: false,

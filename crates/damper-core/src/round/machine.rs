@@ -1,6 +1,6 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -336,12 +336,7 @@ impl AgentRound {
             self.scan(now, state);
         }
         if !self.stopping {
-            self.peek_young(now, state);
-            self.next_young = self
-                .config
-                .fast_onset
-                .and_then(|_| state.young_due())
-                .map(|due| due.max(now));
+            self.next_young = self.peek_young(now, state).map(|due| due.max(now));
         }
         if !self.stopping {
             self.send_probes(now);
@@ -766,11 +761,11 @@ impl AgentRound {
             std::mem::replace(&mut self.last_scan, now)
         };
         let max = self.config.max_entries_per_request.max(1);
-        let busy = self.surge_busy(now, &rule, false);
+        let busy = |master: &str| self.surge_busy(now, &rule, false, master);
         let live = self.membership.live();
         let mut batches = SurgeBatches::default();
         let mut offer =
-            |pair: Pair<'_>, rates: SurgeRates| batches.offer(live, &busy, max, pair, rates);
+            |pair: Pair<'_>, rates: SurgeRates| batches.offer(live, busy, max, pair, rates);
         // The ring moved pairs since their counts last went out: their
         // new masters hear this agent's rates first, in these reports (a
         // join a busy master misses waits for the rounds, as before joins).
@@ -814,35 +809,32 @@ impl AgentRound {
 
     /// Step 4b: between the grid's scans, peeks at the pairs `check` just
     /// created that are due (see `AgentState::peek_young`), and sends
-    /// those that surge as early reports.
-    fn peek_young(&mut self, now: Nanos, state: &AgentState) {
-        let Some(rule) = self.config.fast_onset else {
-            return;
-        };
-        if state.young_due().is_none_or(|due| due > now) {
-            return;
+    /// those that surge as early reports. Returns when the next is due.
+    fn peek_young(&mut self, now: Nanos, state: &AgentState) -> Option<Nanos> {
+        let rule = self.config.fast_onset?;
+        let due = state.young_due()?;
+        if due > now {
+            return Some(due);
         }
         let max = self.config.max_entries_per_request.max(1);
-        let busy = self.surge_busy(now, &rule, true);
+        let busy = |master: &str| self.surge_busy(now, &rule, true, master);
         let live = self.membership.live();
         let mut batches = SurgeBatches::default();
-        state.peek_young(now, &rule, |pair, rates| {
-            batches.offer(live, &busy, max, pair, rates)
+        let next = state.peek_young(now, &rule, |pair, rates| {
+            batches.offer(live, busy, max, pair, rates)
         });
         self.send_surges(now, batches, true);
+        next
     }
 
-    /// The masters an early report cannot go to at `now`: those with one
-    /// in flight, and those sent one less than half a sub-window ago by a
-    /// young peek, or by anything when `young` (see `surge_sent`).
-    fn surge_busy(&self, now: Nanos, rule: &SurgeRule, young: bool) -> BTreeSet<String> {
-        let gap = rule.window() / 2;
-        let recent = self
-            .surge_sent
-            .iter()
-            .filter(|(_, (sent, by_young))| (young || *by_young) && now.since(*sent) < gap)
-            .map(|(master, _)| master);
-        self.surging.keys().chain(recent).cloned().collect()
+    /// Whether an early report cannot go to `master` at `now`: one is in
+    /// flight, or one was sent less than half a sub-window ago by a young
+    /// peek, or by anything when `young` (see `surge_sent`).
+    fn surge_busy(&self, now: Nanos, rule: &SurgeRule, young: bool, master: &str) -> bool {
+        self.surging.contains_key(master)
+            || self.surge_sent.get(master).is_some_and(|(sent, by_young)| {
+                (young || *by_young) && now.since(*sent) < rule.window() / 2
+            })
     }
 
     /// Sends one early report per master of `batches`, of `young` pairs
@@ -1210,7 +1202,7 @@ impl SurgeBatches {
     fn offer(
         &mut self,
         live: &Ring,
-        busy: &BTreeSet<String>,
+        busy: impl Fn(&str) -> bool,
         max: usize,
         pair: Pair<'_>,
         rates: SurgeRates,
@@ -1218,7 +1210,7 @@ impl SurgeBatches {
         let Some(master) = live.owner(pair.account) else {
             return false;
         };
-        if busy.contains(master) {
+        if busy(master) {
             return false;
         }
         let batch = match self.0.get_mut(master) {

@@ -27,12 +27,13 @@ impl AgentState {
     /// [`drain`](Self::drain), handing out each op as its interned name.
     fn drain_keys(&self, now: Nanos, mut visit: impl FnMut(&str, &Arc<str>, Delta)) -> usize {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut visited = 0;
         // The rate a master reads from each count (it spreads a report over
         // at least one interval): the baseline of surges.
         let interval = self.config.rollup_interval.as_secs_f64().max(1e-9);
-        for (key, entry) in self.entries.iter(&guard) {
+        for found in pinned.pairs() {
+            let entry = found.entry();
             let admitted = entry.admitted.load(Relaxed);
             let rejected = entry.rejected.load(Relaxed);
             let d_admitted = admitted.wrapping_sub(entry.drained_admitted.swap(admitted, Relaxed));
@@ -58,8 +59,8 @@ impl AgentState {
             if active || was_active || suppressed {
                 let since = entry.carried_since.swap(0, Relaxed);
                 visit(
-                    key.account.as_str(),
-                    &key.op,
+                    found.account().as_str(),
+                    found.op(),
                     Delta {
                         attempted: d_admitted.saturating_add(d_rejected),
                         admitted: d_admitted,
@@ -79,9 +80,12 @@ impl AgentState {
         if !reportable(account) || !reportable(op) {
             return;
         }
-        let guard = self.entries.guard();
-        // Created again if forgotten meanwhile: the counts must not be lost.
-        let entry = self.entry(since, account, op, &guard);
+        let pinned = self.pairs.pin();
+        // Created again if forgotten meanwhile: the counts must not be lost
+        // (unless the table cannot hold the pair again: full).
+        let Some(entry) = self.entry(since, account, op, &pinned) else {
+            return;
+        };
         if delta.attempted == 0 {
             // A zero report ("this agent went quiet") that did not arrive:
             // send it again next time. It carries no counts, so no start.

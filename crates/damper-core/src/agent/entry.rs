@@ -1,18 +1,16 @@
 //! One (account, op)'s state, [`Entry`], laid out for `check`, and how
-//! the agent finds it: the key, interned op and inline account, in a
-//! lock-free map.
+//! the agent finds or makes it in its table of pairs (see `table`).
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU8, AtomicU16, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed},
 };
 
-use compact_str::CompactString;
 use rand::Rng;
 
+use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
 };
@@ -72,37 +70,15 @@ pub(super) fn is_unlimited(limit: f64) -> bool {
     limit >= f64::from(f32::MAX)
 }
 
-/// An (account, op) key, owned. Laid out so that confirming a lookup's
-/// match touches no memory outside the entry for the common case: the op
-/// is interned (every key of an op shares one allocation, which stays in
-/// cache) and the account is stored inline up to 24 bytes.
-#[derive(PartialEq, Eq)]
-pub(super) struct Key {
-    pub(super) op: Arc<str>,
-    pub(super) account: CompactString,
-}
-
-/// An (account, op) key, borrowed: hashes exactly as [`Key`] does, so the
-/// hot path looks up without building an owned key.
-#[derive(Hash)]
-pub(super) struct KeyRef<'a> {
-    pub(super) op: &'a str,
-    pub(super) account: &'a str,
-}
-
-impl papaya::Equivalent<Key> for KeyRef<'_> {
-    #[inline]
-    fn equivalent(&self, key: &Key) -> bool {
-        key.account.as_str() == self.account && *key.op == *self.op
-    }
-}
-
 /// What the agent knows of an op: its interned name, its default limit
 /// once a reply has said it, and the accounts whose limit is not it.
 #[derive(Debug)]
 pub(super) struct OpInfo {
-    /// Shared by every key of the op.
+    /// Shared by every pair of the op.
     pub(super) name: Arc<str>,
+    /// Its number in the table of pairs; `None` past
+    /// [`MAX_OPS`](super::table::MAX_OPS): its pairs are not tracked.
+    pub(super) number: Option<u16>,
     /// The limit of the op's accounts that no override names, cost per
     /// second, as a master last said (`unlisted_limit`); `Some(0.0)` when
     /// the op has none; `None` until a reply mentions the op.
@@ -116,9 +92,11 @@ pub(super) struct OpInfo {
 }
 
 impl OpInfo {
-    pub(super) fn new(op: &str) -> OpInfo {
+    pub(super) fn new(op: &str, pairs: &PairTable) -> OpInfo {
+        let name: Arc<str> = op.into();
         OpInfo {
-            name: op.into(),
+            number: pairs.number_op(name.clone()),
+            name,
             default_limit: None,
             default_shadow: false,
             overrides: HashMap::new(),
@@ -172,6 +150,7 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 /// touch come after. A check's counter add is a locked instruction that
 /// waits for its line, so every extra line a check touches is paid in full.
 #[repr(C, align(64))]
+#[derive(Default)]
 pub(super) struct Entry {
     /// The master's factor (`f32` bits: 24 bits of precision are plenty
     /// for a share, and two factors fit where one `u64` did).
@@ -274,38 +253,63 @@ pub(super) const PACED: u8 = 2;
 pub(super) const YOUNG_REPORTED: u8 = 4;
 
 impl Entry {
-    /// A new entry at `now`; `limit` is the op's default limit when known
-    /// (0.0 otherwise; [`limit_bits`]), which the local guard applies until
-    /// a master answers for the pair.
-    pub(super) fn new(now: Nanos, limit: u32) -> Entry {
-        Entry {
-            admitted: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            drained_admitted: AtomicU64::new(0),
-            drained_rejected: AtomicU64::new(0),
-            carried_since: AtomicU64::new(0),
-            active_last_drain: AtomicBool::new(false),
-            scan_flags: AtomicU8::new(0),
-            master_factor: AtomicU32::new(0),
-            local_factor: AtomicU32::new(0),
-            credit: AtomicI64::new(0),
-            master_expires: AtomicU64::new(0),
-            limit: AtomicU32::new(limit),
-            utilisation: AtomicU32::new(0),
-            local_start: AtomicU64::new(now.as_nanos()),
-            local_base: AtomicU64::new(0),
-            expiry_counted: AtomicU32::new(0),
-            slow_rate: AtomicU32::new(0),
-            idle_drains: AtomicU16::new(0),
-            window_rate: AtomicU32::new(0),
-            held_rate: AtomicU32::new(0),
-            reported_rate: AtomicU32::new(0),
-            surge_rate: AtomicU32::new(0),
-            surge_round: AtomicU16::new(0),
-            quantum: AtomicU16::new(0),
-            surge_noise: AtomicU32::new(0),
-            surge_total: AtomicU32::new(0),
+    /// Makes this entry new at `now` (a slot made over for a new pair, no
+    /// reader able to reach it); `limit` is the op's default limit when
+    /// known (0.0 otherwise; [`limit_bits`]), which the local guard
+    /// applies until a master answers for the pair. Every field is named,
+    /// so a field added later cannot be left out.
+    pub(super) fn reset(&self, now: Nanos, limit: u32) {
+        let Entry {
+            master_factor,
+            local_factor,
+            master_expires,
+            limit: stored_limit,
+            utilisation,
+            local_start,
+            credit,
+            admitted,
+            rejected,
+            local_base,
+            drained_admitted,
+            drained_rejected,
+            carried_since,
+            expiry_counted,
+            slow_rate,
+            surge_total,
+            reported_rate,
+            surge_rate,
+            window_rate,
+            held_rate,
+            surge_noise,
+            idle_drains,
+            surge_round,
+            quantum,
+            active_last_drain,
+            scan_flags,
+        } = self;
+        for word in [master_factor, local_factor, utilisation, expiry_counted] {
+            word.store(0, Relaxed);
         }
+        for word in [slow_rate, surge_total, reported_rate, surge_rate] {
+            word.store(0, Relaxed);
+        }
+        for word in [window_rate, held_rate, surge_noise] {
+            word.store(0, Relaxed);
+        }
+        for word in [master_expires, admitted, rejected, local_base] {
+            word.store(0, Relaxed);
+        }
+        for word in [drained_admitted, drained_rejected, carried_since] {
+            word.store(0, Relaxed);
+        }
+        for half in [idle_drains, surge_round, quantum] {
+            half.store(0, Relaxed);
+        }
+        credit.store(0, Relaxed);
+        active_last_drain.store(false, Relaxed);
+        scan_flags.store(0, Relaxed);
+        stored_limit.store(limit, Relaxed);
+        local_start.store(now.as_nanos(), Relaxed);
     }
 
     /// Total attempted cost. Wraps like the counters it adds, so the
@@ -585,26 +589,18 @@ impl Entry {
     }
 }
 
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        KeyRef {
-            op: &self.op,
-            account: self.account.as_str(),
-        }
-        .hash(state)
-    }
-}
-
 impl AgentState {
-    /// The entry of an (account, op), created if it is new.
+    /// The entry of an (account, op), created if it is new; `None` when
+    /// the table cannot track it (its op past [`MAX_OPS`](super::table::MAX_OPS), or
+    /// the table full).
     pub(super) fn entry<'g>(
         &self,
         now: Nanos,
         account: &str,
         op: &str,
-        guard: &'g impl papaya::Guard,
-    ) -> &'g Entry {
-        self.entry_made(now, account, op, guard).0
+        pinned: &'g Pinned<'_>,
+    ) -> Option<&'g Entry> {
+        Some(self.entry_made(now, account, op, pinned)?.0)
     }
 
     /// [`entry`](Self::entry) for a `check`: a pair it creates is young
@@ -614,13 +610,13 @@ impl AgentState {
         now: Nanos,
         account: &str,
         op: &str,
-        guard: &'g impl papaya::Guard,
-    ) -> &'g Entry {
-        let (entry, made) = self.entry_made(now, account, op, guard);
+        pinned: &'g Pinned<'_>,
+    ) -> Option<&'g Entry> {
+        let (entry, made) = self.entry_made(now, account, op, pinned)?;
         if let Some(op) = made {
             self.note_young(now, &op, account);
         }
-        entry
+        Some(entry)
     }
 
     /// [`entry`](Self::entry), and the op's interned name when this call
@@ -630,44 +626,34 @@ impl AgentState {
         now: Nanos,
         account: &str,
         op: &str,
-        guard: &'g impl papaya::Guard,
-    ) -> (&'g Entry, Option<Arc<str>>) {
-        if let Some(entry) = self.entries.get(&KeyRef { op, account }, guard) {
-            return (entry, None);
+        pinned: &'g Pinned<'_>,
+    ) -> Option<(&'g Entry, Option<Arc<str>>)> {
+        let name = self.pairs.name(account, op);
+        if let Some(entry) = pinned.get(&name) {
+            return Some((entry, None));
         }
-        let (key, limit) = self.new_key(account, op);
-        let op = key.op.clone();
-        let mut made = false;
-        let entry = self.entries.get_or_insert_with(
-            key,
-            || {
-                made = true;
-                Entry::new(now, limit)
-            },
-            guard,
-        );
-        (entry, made.then_some(op))
+        let (number, op, limit) = self.new_pair(account, op);
+        let (entry, made) = pinned.get_or_insert(&name, number, |e| e.reset(now, limit))?;
+        Some((entry, made.then_some(op)))
     }
 
-    /// The owned key for a new (account, op), with the op interned, and the
+    /// For a new (account, op): its op's number and interned name, and the
     /// limit for its local guard, as stored ([`limit_bits`]): its
     /// account's override, else the op's default (0.0: unknown, none, or
     /// fast onset off).
-    pub(super) fn new_key(&self, account: &str, op: &str) -> (Key, u32) {
+    fn new_pair(&self, account: &str, op: &str) -> (Option<u16>, Arc<str>, u32) {
         let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let known = match ops.get(op) {
             Some(known) => known,
-            None => ops.entry(op.into()).or_insert_with(|| OpInfo::new(op)),
+            None => ops
+                .entry(op.into())
+                .or_insert_with(|| OpInfo::new(op, &self.pairs)),
         };
         let limit = if self.config.fast_onset {
             known.limit_for(account)
         } else {
             0
         };
-        let key = Key {
-            op: known.name.clone(),
-            account: CompactString::from(account),
-        };
-        (key, limit)
+        (known.number, known.name.clone(), limit)
     }
 }

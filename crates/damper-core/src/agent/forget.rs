@@ -27,20 +27,20 @@ impl AgentState {
             .as_nanos()
             .div_ceil(self.config.rollup_interval.as_nanos().max(1))
             .clamp(1, u128::from(u16::MAX)) as u16;
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut forgotten = 0;
-        for (key, entry) in self.entries.iter(&guard) {
+        for found in pinned.pairs() {
+            let entry = found.entry();
             if !entry.forgettable(now, idle_drains) {
                 continue;
             }
-            // Out of the map first, so checks from now on make a new entry;
-            // then empty it, so late adds to this one are seen as such.
-            let removed = self
-                .entries
-                .remove_if(key, |_, e| std::ptr::eq(e, entry), &guard);
-            if !matches!(removed, Ok(Some(_))) {
-                continue;
-            }
+            // Its name, read before its slot is vacant.
+            let account = found.account();
+            // Out of the table first, so checks from now on make a new
+            // entry; then empty it, so late adds to this one are seen as
+            // such. Its slot is made over only once this pass, and every
+            // check that might have found it, is done.
+            pinned.remove(found);
             let admitted = entry.admitted.swap(RETIRED, AcqRel);
             let rejected = entry.rejected.swap(RETIRED, AcqRel);
             let late_admitted = admitted.wrapping_sub(entry.drained_admitted.load(Relaxed));
@@ -48,12 +48,15 @@ impl AgentState {
             if late_admitted != 0 || late_rejected != 0 {
                 // Checks that found the entry just before it left the map:
                 // their cost goes to the pair's new entry, for the next drain.
-                let fresh = self.entry(now, key.account.as_str(), &key.op, &guard);
-                fresh.admitted.fetch_add(late_admitted, Relaxed);
-                fresh.rejected.fetch_add(late_rejected, Relaxed);
+                if let Some(fresh) = self.entry(now, account.as_str(), found.op(), &pinned) {
+                    fresh.admitted.fetch_add(late_admitted, Relaxed);
+                    fresh.rejected.fetch_add(late_rejected, Relaxed);
+                }
             }
             forgotten += 1;
         }
+        drop(pinned);
+        self.pairs.end_generation();
         forgotten
     }
 }

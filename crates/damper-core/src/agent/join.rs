@@ -38,18 +38,20 @@ impl AgentState {
     ) -> usize {
         let round = self.report_round(now);
         let op_limits = self.op_default_limits();
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut taken = 0;
-        for (key, entry) in self.entries.iter(&guard) {
+        for found in pinned.pairs() {
+            let entry = found.entry();
             let (rate, _) = entry.told_rate(round);
-            let limited = match entry.scan_limit(&key.op, &op_limits) {
+            let limited = match entry.scan_limit(found.op(), &op_limits) {
                 Some(limit) => !limit.is_some_and(super::entry::is_unlimited),
                 None => false,
             };
             if rate <= 0.0 || !limited {
                 continue;
             }
-            let pair = Pair::new(key.account.as_str(), &key.op);
+            let account = found.account();
+            let pair = Pair::new(account.as_str(), found.op());
             if !moved(pair) {
                 continue;
             }

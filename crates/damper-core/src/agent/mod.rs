@@ -3,7 +3,9 @@
 //!
 //! Shared by every thread of a node (`&self` everywhere). For an (account,
 //! op) already seen, [`AgentState::check`] takes no lock, allocates nothing
-//! and makes no system call: one lock-free hash lookup, a few atomic loads,
+//! and makes no system call: one lock-free lookup in the agent's own
+//! table (an index word, then the pair's slot: three cache lines in all),
+//! a few atomic loads,
 //! and one atomic add; while a factor is in force, also a random draw and
 //! one more atomic add to the pair's admission credit (see `admission`).
 //!
@@ -45,7 +47,10 @@
 //!   and `apply`.
 //! - `admission`: the low-noise rule that turns a factor into decisions,
 //!   with a per-pair credit.
-//! - `entry`: one (account, op)'s state and its key.
+//! - `entry`: one (account, op)'s state, and finding or making it.
+//! - `table`: the table of pairs: slots in chunks that never move, an
+//!   open-addressing index, and the grace a forgotten pair's slot waits
+//!   out before it is made over.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
 //! - `join`: telling a pair's new master, when the ring moved it between
@@ -68,6 +73,7 @@ mod join;
 mod pace;
 mod peek;
 mod surge;
+mod table;
 mod young;
 
 use std::collections::{BTreeMap, HashMap};
@@ -78,19 +84,19 @@ use std::sync::atomic::{
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use foldhash::fast::RandomState;
 use rand::Rng;
 
 use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
-use entry::{Entry, Key, KeyRef, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
+use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
 pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };
+use table::{PairTable, Pinned};
 pub use young::{MAX_YOUNG, YOUNG_PEEK_AFTER};
 
 /// Settings of the agent state.
@@ -333,7 +339,8 @@ pub fn agent_seed(agent_id: &str) -> u64 {
 /// The agent's state: see the module docs.
 pub struct AgentState {
     config: AgentConfig,
-    entries: papaya::HashMap<Key, Entry, RandomState>,
+    /// Every (account, op) this agent tracks.
+    pairs: PairTable,
     /// Per op name: one shared allocation for the keys, and the op's
     /// default limit once learned. Taken only when a new (account, op) is
     /// inserted or a reply teaches limits, never on a known key's check.
@@ -357,7 +364,7 @@ impl std::fmt::Debug for AgentState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentState")
             .field("config", &self.config)
-            .field("entries", &self.entries.len())
+            .field("pairs", &self.pairs.len())
             .finish()
     }
 }
@@ -374,15 +381,7 @@ impl AgentState {
     pub fn new(config: AgentConfig) -> AgentState {
         AgentState {
             config,
-            // Blocking resizes: the thread inserting a new key copies the
-            // whole table when it grows. Incremental resizing (papaya's
-            // default) leaves the copy to later writes, and when none come,
-            // every lookup probes the old table before the new one: measured
-            // at 775 ns against 239 ns per check over 100 000 keys.
-            entries: papaya::HashMap::builder()
-                .hasher(RandomState::default())
-                .resize_mode(papaya::ResizeMode::Blocking)
-                .build(),
+            pairs: PairTable::new(),
             ops: Mutex::default(),
             drain_lock: Mutex::new(()),
             fail_static: Vec::new(),
@@ -432,16 +431,16 @@ impl AgentState {
         if cost == 0 {
             return Decision::Admit(Admitted::PLAIN);
         }
-        let guard = self.entries.guard();
-        let entry = match self.entries.get(&KeyRef { op, account }, &guard) {
+        let pinned = self.pairs.pin();
+        let entry = match pinned.get(&self.pairs.name(account, op)) {
             Some(entry) => entry,
-            None => match self.new_entry(now, account, op, cost, &guard) {
+            None => match self.new_entry(now, account, op, cost, &pinned) {
                 Some(entry) => entry,
                 None => return Decision::Admit(Admitted::PLAIN),
             },
         };
         let decision = entry.decide(now, cost, rng, &self.config);
-        self.count(now, account, op, entry, decision.is_admit(), cost, &guard);
+        self.count(now, account, op, entry, decision.is_admit(), cost, &pinned);
         decision
     }
 
@@ -455,12 +454,12 @@ impl AgentState {
         account: &str,
         op: &str,
         cost: u64,
-        guard: &'g impl papaya::Guard,
+        pinned: &'g Pinned<'_>,
     ) -> Option<&'g entry::Entry> {
         if !reportable(account) || !reportable(op) {
             return None;
         }
-        let entry = self.traffic_entry(now, account, op, guard);
+        let entry = self.traffic_entry(now, account, op, pinned)?;
         entry.seed_quantum(cost);
         Some(entry)
     }
@@ -477,10 +476,10 @@ impl AgentState {
         entry: &Entry,
         admitted: bool,
         cost: u64,
-        guard: &impl papaya::Guard,
+        pinned: &Pinned<'_>,
     ) {
         if entry.counter(admitted).fetch_add(cost, Relaxed) & RETIRED != 0 {
-            self.recount(now, account, op, entry, admitted, cost, guard);
+            self.recount(now, account, op, entry, admitted, cost, pinned);
         }
     }
 
@@ -499,13 +498,17 @@ impl AgentState {
         mut stale: &'g Entry,
         admitted: bool,
         cost: u64,
-        guard: &'g impl papaya::Guard,
+        pinned: &'g Pinned<'_>,
     ) {
         loop {
             // Pairs with the forget's swap: having read the retired counter,
-            // this thread sees the entry's removal from the map as well.
+            // this thread sees the entry's removal from the table as well.
             fence(Acquire);
-            let current = self.entry(now, account, op, guard);
+            let Some(current) = self.entry(now, account, op, pinned) else {
+                // The table cannot hold the pair again (full): the cost
+                // goes uncounted, as a new pair's would.
+                return;
+            };
             if std::ptr::eq(current, stale) {
                 // Still in the map, so never retired: a live counter past
                 // 2^63, and the add stands where it is.
@@ -535,8 +538,10 @@ impl AgentState {
         if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
             return n;
         }
-        let guard = self.entries.guard();
-        let entry = self.traffic_entry(now, account, op, &guard);
+        let pinned = self.pairs.pin();
+        let Some(entry) = self.traffic_entry(now, account, op, &pinned) else {
+            return n;
+        };
         entry.seed_quantum(cost);
         let admitted = entry.decide_batch(now, cost, n, rng, &self.config);
         for (yes, count) in [(true, admitted), (false, n - admitted)] {
@@ -548,7 +553,7 @@ impl AgentState {
                     entry,
                     yes,
                     cost.wrapping_mul(count),
-                    &guard,
+                    &pinned,
                 );
             }
         }
@@ -589,9 +594,10 @@ impl AgentState {
         if !reportable(account) || !reportable(op) {
             return;
         }
-        let guard = self.entries.guard();
-        let entry = self.entry(now, account, op, &guard);
-        self.set_verdict(now, op, entry, verdict);
+        let pinned = self.pairs.pin();
+        if let Some(entry) = self.entry(now, account, op, &pinned) {
+            self.set_verdict(now, op, entry, verdict);
+        }
     }
 
     /// Stores a master's `verdict` in `entry`, a pair of `op`.
@@ -661,15 +667,11 @@ impl AgentState {
     /// or forgot, stays as it is: it has nothing to hold). Learns nothing
     /// else from it. Returns how many pairs it applied to.
     pub fn apply_pushed(&self, now: Nanos, reply: &Reply) -> usize {
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut applied = 0;
         for op in &reply.ops {
             for listed in &op.listed {
-                let key = KeyRef {
-                    op: &op.op,
-                    account: &listed.account,
-                };
-                if let Some(entry) = self.entries.get(&key, &guard) {
+                if let Some(entry) = pinned.get(&self.pairs.name(&listed.account, &op.op)) {
                     self.set_verdict(now, &op.op, entry, &listed.factor);
                     applied += 1;
                 }
@@ -681,14 +683,8 @@ impl AgentState {
     /// Forgets that `pair` was reported early (the report failed): its
     /// baseline is its last rollup's again.
     pub fn unmark_surge(&self, pair: Pair<'_>) {
-        let guard = self.entries.guard();
-        if let Some(entry) = self.entries.get(
-            &KeyRef {
-                op: pair.op,
-                account: pair.account,
-            },
-            &guard,
-        ) {
+        let pinned = self.pairs.pin();
+        if let Some(entry) = pinned.get(&self.pairs.name(pair.account, pair.op)) {
             entry.surge_round.store(0, Relaxed);
         }
     }
@@ -720,7 +716,7 @@ impl AgentState {
                 continue;
             }
             if !ops.contains_key(op.op.as_str()) {
-                ops.insert(op.op.as_str().into(), OpInfo::new(&op.op));
+                ops.insert(op.op.as_str().into(), OpInfo::new(&op.op, &self.pairs));
             }
             let known = ops.get_mut(op.op.as_str()).expect("just made sure");
             let limit = op.unlisted.map_or(0.0, |u| u.limit);
@@ -754,9 +750,9 @@ impl AgentState {
     /// hot path: the rollup task calls it once per interval to log and count
     /// fail-open events.
     pub fn expired_factors(&self, now: Nanos) -> usize {
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut lapsed = 0;
-        for (_, entry) in self.entries.iter(&guard) {
+        for entry in pinned.pairs().map(|pair| pair.entry()) {
             let expires = entry.master_expires.load(Acquire);
             if expires != 0
                 && now.as_nanos() >= expires
@@ -772,19 +768,19 @@ impl AgentState {
     /// The master's factor in force for an (account, op) at `now` (0 when
     /// expired), or `None` if the pair was never seen.
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
-        let guard = self.entries.guard();
-        let entry = self.entries.get(&KeyRef { op, account }, &guard)?;
+        let pinned = self.pairs.pin();
+        let entry = pinned.get(&self.pairs.name(account, op))?;
         Some(factor_of(entry.master_factor_at(now)))
     }
 
     /// Number of (account, op) pairs tracked.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.pairs.len()
     }
 
     /// Whether no (account, op) is tracked.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.pairs.len() == 0
     }
 }
 

@@ -231,18 +231,10 @@ mod tests {
         let (state, mut rng) = told_then_suppressed(true, 0.8, 1_000.0, 2);
         // Twice what was told, in lumps: the credit ends deep in debt.
         round(&state, 2_000, 4_000, &mut rng);
-        let guard = state.entries.guard();
-        let key = super::super::entry::KeyRef {
-            op: "messages",
-            account: "acme",
-        };
         let credit = |state: &AgentState| {
-            state
-                .entries
-                .get(&key, &guard)
-                .unwrap()
-                .credit
-                .load(Relaxed)
+            let pinned = state.pairs.pin();
+            let name = state.pairs.name("acme", "messages");
+            pinned.get(&name).unwrap().credit.load(Relaxed)
         };
         assert!(credit(&state) < 0);
         suppress(&state, 4_000, 0.0, 1_000.0);

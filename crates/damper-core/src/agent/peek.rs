@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
-use super::entry::{KeyRef, factor_of};
+use super::entry::factor_of;
 use super::{AgentState, RejectSource};
 use crate::time::{Nanos, duration_nanos};
 
@@ -38,8 +38,8 @@ impl AgentState {
     /// measurement is more than two local windows old (nothing checked
     /// since) counts as 0, since the next check would measure afresh.
     pub fn peek(&self, now: Nanos, account: &str, op: &str) -> Standing {
-        let guard = self.entries.guard();
-        let Some(entry) = self.entries.get(&KeyRef { op, account }, &guard) else {
+        let pinned = self.pairs.pin();
+        let Some(entry) = pinned.get(&self.pairs.name(account, op)) else {
             return Standing {
                 factor: 0.0,
                 source: None,

@@ -354,9 +354,10 @@ impl AgentState {
         let scale = (rule.window().as_secs_f64() / secs).max(1.0).sqrt();
         let round = self.report_round(now);
         let op_limits = self.op_default_limits();
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         let mut taken = 0;
-        for (key, entry) in self.entries.iter(&guard) {
+        for found in pinned.pairs() {
+            let entry = found.entry();
             let total = entry.attempted_total() as u32;
             let before = match pass {
                 Pass::Close => replace(&entry.surge_total, total),
@@ -383,9 +384,9 @@ impl AgentState {
             }
             if pass == Pass::Close && entry.guarded_unconfirmed() && !entry.scanned(CONFIRM_ASKED) {
                 entry.set_scanned(CONFIRM_ASKED, true);
-                confirm(Pair::new(key.account.as_str(), &key.op));
+                confirm(Pair::new(found.account().as_str(), found.op()));
             }
-            let Some(limit) = entry.scan_limit(&key.op, &op_limits) else {
+            let Some(limit) = entry.scan_limit(found.op(), &op_limits) else {
                 continue;
             };
             let (rate, noise) = match pass {
@@ -426,7 +427,7 @@ impl AgentState {
                 surged,
                 joined: false,
             };
-            if report(Pair::new(key.account.as_str(), &key.op), rates) {
+            if report(Pair::new(found.account().as_str(), found.op()), rates) {
                 entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
                 entry.surge_round.store(round, Relaxed);
                 taken += 1;

@@ -26,7 +26,7 @@ use std::time::Duration;
 use compact_str::CompactString;
 
 use super::AgentState;
-use super::entry::{KeyRef, YOUNG_REPORTED};
+use super::entry::YOUNG_REPORTED;
 use super::surge::{Quantum, SurgeRule, counting_noise};
 use crate::Pair;
 use crate::time::Nanos;
@@ -142,16 +142,12 @@ impl AgentState {
         }
         let round = self.report_round(now);
         let op_limits = self.op_default_limits();
-        let guard = self.entries.guard();
+        let pinned = self.pairs.pin();
         young.retain_mut(|pair| {
             if now < pair.due {
                 return true;
             }
-            let key = KeyRef {
-                op: &pair.op,
-                account: &pair.account,
-            };
-            let Some(entry) = self.entries.get(&key, &guard) else {
+            let Some(entry) = pinned.get(&self.pairs.name(&pair.account, &pair.op)) else {
                 return false;
             };
             let Some((start, base)) = pair.start else {
@@ -205,7 +201,7 @@ impl AgentState {
             pair.due = next(true);
             true
         });
-        drop(guard);
+        drop(pinned);
         let mut held = self.young.lock().unwrap_or_else(|e| e.into_inner());
         // Pairs that arrived meanwhile are kept, after these, within the
         // bound (they saw the list empty while it was taken).

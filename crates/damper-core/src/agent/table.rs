@@ -1,0 +1,821 @@
+//! The agent's table of (account, op) pairs: [`PairTable`], laid out so a
+//! known key's `check` touches three cache lines (its index word, its
+//! slot's name, the entry's hot line), takes no lock and allocates nothing.
+//!
+//! - **Slots** live in chunks that never move, made as the table grows: a
+//!   slot is its pair's name (one line: the account inline up to 48 bytes,
+//!   the op's number, the low half of the hash) and its [`Entry`] (two
+//!   lines). No allocation per pair, unless its account is longer.
+//! - **The index** is open addressing: one 8-byte word per place, the hash's
+//!   high half as a tag and the slot's position, at most three quarters
+//!   full. A lookup probes places in a row until its tag and then the slot's
+//!   name match, or an empty place says the pair is not there. Inserts take
+//!   a lock (a new pair is rare next to checks of known ones); when the
+//!   index fills, a new one is built, twice as large or, after many pairs
+//!   were forgotten, smaller.
+//! - **Generations and grace.** Readers hold the generation they started
+//!   with (a [`Pinned`]: an `arc-swap` guard) for the whole of a check: the
+//!   index, and the lists of the chunks and of the ops' names as they
+//!   were, so a lookup follows plain pointers (no check of a lazily made
+//!   cell on the way). A new chunk or op makes a new generation. A
+//!   forgotten pair's slot is reused only once every reader that might have
+//!   found it is done: its position waits for the end of every generation
+//!   of the index up to the one current when it was removed, and a removal
+//!   ends the current generation by installing a new one over the same
+//!   places (a pointer, not a copy). So a check never counts into a slot
+//!   made over for a stranger; one that found a pair just before its
+//!   removal counts into the emptied entry and sees the retired mark (see
+//!   `forget`).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::atomic::{
+    AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use foldhash::fast::RandomState;
+
+use super::entry::Entry;
+
+/// A slot's position in the table.
+pub(super) type Pos = u32;
+
+/// Slots per chunk: 1 024 × 192 bytes, what a table holds at least once
+/// it holds a pair.
+const CHUNK_BITS: u32 = 10;
+/// Chunks per span (a span's chunk list is made when first needed).
+const SPAN_BITS: u32 = 9;
+/// Positions are below 2^28: 268 million pairs, 51 GB of slots, far past
+/// what one node holds.
+const POS_BITS: u32 = 28;
+const SPANS: usize = 1 << (POS_BITS - CHUNK_BITS - SPAN_BITS);
+
+/// The most ops a table numbers; the pairs of further ops are not tracked
+/// (admitted and not counted). Ops are a node's own vocabulary (publish,
+/// connect, ...), not its clients'.
+pub(super) const MAX_OPS: usize = 4096;
+const OPS_CHUNK: usize = 64;
+
+/// Account names up to this many bytes live in the slot; longer ones (up
+/// to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)) in an allocation of their own.
+const INLINE: usize = 48;
+const INLINE_WORDS: usize = INLINE / 8;
+
+/// The smallest index.
+const MIN_PLACES: usize = 16;
+/// An index place no pair ever took: a lookup ends there.
+const EMPTY: u64 = 0;
+/// An index place a forgotten pair left: lookups go on past it. Live
+/// words have a tag of at least 1 in their high half, so never equal it.
+const TOMBSTONE: u64 = 1;
+
+/// Slots made together, shared by the generations that know them.
+type Chunk = Arc<[Slot]>;
+/// A span's chunks, each kept when made.
+type Span = Box<[OnceLock<Chunk>]>;
+/// Some ops' names.
+type OpChunk = Box<[OnceLock<Arc<str>>]>;
+
+/// One pair: its name, then its entry. Three cache lines.
+#[repr(C, align(64))]
+#[derive(Default)]
+struct Slot {
+    name: SlotName,
+    entry: Entry,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotName>() == 64);
+const _: () = assert!(std::mem::size_of::<Slot>() == 192);
+
+/// A slot's (account, op), in one cache line. Atomics, because a slot is
+/// made over for another pair (after its grace) through a shared
+/// reference; no reader can see it then.
+#[repr(C)]
+#[derive(Default)]
+struct SlotName {
+    /// The account's bytes, little-endian words, zero past its end; empty
+    /// when it is longer than [`INLINE`].
+    inline: [AtomicU64; INLINE_WORDS],
+    /// The account when longer than [`INLINE`].
+    long: ArcSwapOption<Box<str>>,
+    /// The low half of the pair's hash: where its index search starts, so
+    /// a new index is built without reading names.
+    hash_low: AtomicU32,
+    /// The account's length in bytes; 0 for a vacant slot (an account is
+    /// never empty).
+    len: AtomicU16,
+    /// The op's number in the table.
+    op: AtomicU16,
+}
+
+/// An (account, op) as a lookup wants it, with its hash computed once.
+#[derive(Clone, Copy)]
+pub(super) struct PairName<'a> {
+    pub(super) account: &'a str,
+    pub(super) op: &'a str,
+    hash: u64,
+}
+
+/// A copy of a slot's account, for the passes over the pairs.
+pub(super) struct AccountName {
+    inline: [u8; INLINE],
+    len: usize,
+    long: Option<Arc<Box<str>>>,
+}
+
+impl AccountName {
+    pub(super) fn as_str(&self) -> &str {
+        match &self.long {
+            Some(long) => long,
+            None => std::str::from_utf8(&self.inline[..self.len])
+                .expect("written from a str, and never rewritten while pinned"),
+        }
+    }
+}
+
+/// Where lookups start: the index, the chunks and the ops' names, as of
+/// one generation.
+struct Generation {
+    number: u64,
+    places: Arc<[AtomicU64]>,
+    chunks: Arc<[Chunk]>,
+    ops: Arc<[Arc<str>]>,
+    grace: Arc<Mutex<Grace>>,
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        lock(&self.grace).ended(self.number);
+    }
+}
+
+/// Which generations readers may still hold, and the positions waiting for
+/// them to end.
+#[derive(Default)]
+struct Grace {
+    live: BTreeSet<u64>,
+    /// Positions removed while the generation given was current, oldest
+    /// first: free once it and every older generation ended.
+    waiting: VecDeque<(u64, Vec<Pos>)>,
+    /// Positions of forgotten pairs that no reader can hold any more.
+    free: Vec<Pos>,
+}
+
+impl Grace {
+    fn ended(&mut self, number: u64) {
+        self.live.remove(&number);
+        let oldest_live = self.live.first().copied().unwrap_or(u64::MAX);
+        while self.waiting.front().is_some_and(|(n, _)| *n < oldest_live) {
+            let (_, positions) = self.waiting.pop_front().expect("just seen");
+            self.free.extend(positions);
+        }
+    }
+}
+
+/// What only inserts and removals change, under the table's lock.
+struct Writer {
+    /// Positions ever made: the passes read slots below it.
+    made: Pos,
+    /// Index places holding a tombstone.
+    tombstones: usize,
+    /// The next generation's number.
+    next_generation: u64,
+    /// Positions removed in the current generation.
+    removed: Vec<Pos>,
+    /// Every chunk made, for the next generation.
+    chunks: Arc<[Chunk]>,
+    /// Every op's name, by number, for the next generation.
+    ops: Arc<[Arc<str>]>,
+}
+
+/// See the module docs.
+pub(super) struct PairTable {
+    /// Every chunk of slots, by position, for the writer and the passes
+    /// (readers use their generation's list).
+    spans: Box<[OnceLock<Span>]>,
+    /// Every op's name by number, likewise.
+    ops: Box<[OnceLock<OpChunk>]>,
+    hasher: RandomState,
+    current: ArcSwap<Generation>,
+    grace: Arc<Mutex<Grace>>,
+    writer: Mutex<Writer>,
+    /// Positions ever made, for readers ([`Writer::made`]).
+    made: AtomicU32,
+    /// Pairs in the table.
+    live: AtomicUsize,
+}
+
+/// A reader's hold on the table: lookups through it, and every entry they
+/// return stays this pair's for as long as it lives.
+pub(super) struct Pinned<'t> {
+    table: &'t PairTable,
+    generation: arc_swap::Guard<Arc<Generation>>,
+}
+
+/// One pair met by [`Pinned::pairs`].
+#[derive(Clone, Copy)]
+pub(super) struct PairRef<'p> {
+    pub(super) pos: Pos,
+    table: &'p PairTable,
+    slot: &'p Slot,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A live index word's tag: the hash's high half, never 0.
+#[inline]
+fn tag_of(hash: u64) -> u64 {
+    (hash >> 32).max(1)
+}
+
+#[inline]
+fn word_of(hash: u64, pos: Pos) -> u64 {
+    tag_of(hash) << 32 | u64::from(pos + 1)
+}
+
+/// The index size for `pairs`: at most half full once built.
+fn places_for(pairs: usize) -> usize {
+    (pairs.saturating_mul(2))
+        .next_power_of_two()
+        .max(MIN_PLACES)
+}
+
+fn empty_places(n: usize) -> Arc<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(EMPTY)).collect()
+}
+
+/// Puts `word` in the first empty place from `start` (a new index, or one
+/// the caller holds the writer's lock on and knows not full).
+fn place(places: &[AtomicU64], start: u32, word: u64) -> bool {
+    let mask = places.len() - 1;
+    let mut i = start as usize & mask;
+    loop {
+        let old = places[i].load(Relaxed);
+        if old == EMPTY || old == TOMBSTONE {
+            places[i].store(word, Release);
+            return old == TOMBSTONE;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+impl PairTable {
+    pub(super) fn new() -> PairTable {
+        let grace = Arc::new(Mutex::new(Grace::default()));
+        lock(&grace).live.insert(0);
+        let first = Generation {
+            number: 0,
+            places: empty_places(MIN_PLACES),
+            chunks: Arc::new([]),
+            ops: Arc::new([]),
+            grace: grace.clone(),
+        };
+        PairTable {
+            spans: (0..SPANS).map(|_| OnceLock::new()).collect(),
+            ops: (0..MAX_OPS / OPS_CHUNK).map(|_| OnceLock::new()).collect(),
+            hasher: RandomState::default(),
+            current: ArcSwap::from_pointee(first),
+            grace,
+            writer: Mutex::new(Writer {
+                next_generation: 1,
+                made: 0,
+                tombstones: 0,
+                removed: Vec::new(),
+                chunks: Arc::new([]),
+                ops: Arc::new([]),
+            }),
+            made: AtomicU32::new(0),
+            live: AtomicUsize::new(0),
+        }
+    }
+
+    /// A hold on the table for lookups and passes.
+    #[inline]
+    pub(super) fn pin(&self) -> Pinned<'_> {
+        Pinned {
+            table: self,
+            generation: self.current.load(),
+        }
+    }
+
+    /// `account` and `op` with their hash.
+    #[inline]
+    pub(super) fn name<'a>(&self, account: &'a str, op: &'a str) -> PairName<'a> {
+        PairName {
+            account,
+            op,
+            hash: self.hasher.hash_one((op, account)),
+        }
+    }
+
+    /// Pairs in the table.
+    pub(super) fn len(&self) -> usize {
+        self.live.load(Relaxed)
+    }
+
+    /// Numbers an op: its number, or `None` past [`MAX_OPS`]. The caller
+    /// numbers each op once (under its own lock).
+    pub(super) fn number_op(&self, op: Arc<str>) -> Option<u16> {
+        let mut writer = lock(&self.writer);
+        let n = writer.ops.len();
+        if n >= MAX_OPS {
+            return None;
+        }
+        let chunk = self.ops[n / OPS_CHUNK]
+            .get_or_init(|| (0..OPS_CHUNK).map(|_| OnceLock::new()).collect());
+        chunk[n % OPS_CHUNK]
+            .set(op.clone())
+            .unwrap_or_else(|_| unreachable!("numbered once, under the lock"));
+        writer.ops = writer.ops.iter().cloned().chain([op]).collect();
+        let places = self.current.load().places.clone();
+        self.install(&mut writer, places);
+        Some(n as u16)
+    }
+
+    /// The name of op number `n`.
+    #[inline]
+    fn op_name(&self, n: u16) -> Option<&Arc<str>> {
+        let n = usize::from(n);
+        self.ops.get(n / OPS_CHUNK)?.get()?[n % OPS_CHUNK].get()
+    }
+
+    /// The slot at `pos` (the writer's and the passes' way: readers use
+    /// their generation's chunks).
+    fn slot(&self, pos: Pos) -> &Slot {
+        let chunk = (pos >> CHUNK_BITS) as usize;
+        let span = self.spans[chunk >> SPAN_BITS]
+            .get()
+            .expect("positions are made with their chunk");
+        let slots = span[chunk & ((1 << SPAN_BITS) - 1)]
+            .get()
+            .expect("positions are made with their chunk");
+        &slots[(pos as usize) & ((1 << CHUNK_BITS) - 1)]
+    }
+
+    /// Makes the chunk of `pos`, if need be, and a generation that knows
+    /// it (writer only).
+    fn make_chunk(&self, writer: &mut Writer, pos: Pos) {
+        let n = (pos >> CHUNK_BITS) as usize;
+        if n < writer.chunks.len() {
+            return;
+        }
+        let chunk: Chunk = (0..1 << CHUNK_BITS).map(|_| Slot::default()).collect();
+        let span = self.spans[n >> SPAN_BITS]
+            .get_or_init(|| (0..1 << SPAN_BITS).map(|_| OnceLock::new()).collect());
+        span[n & ((1 << SPAN_BITS) - 1)]
+            .set(chunk.clone())
+            .unwrap_or_else(|_| unreachable!("made once, under the lock"));
+        writer.chunks = writer.chunks.iter().cloned().chain([chunk]).collect();
+        let places = self.current.load().places.clone();
+        self.install(writer, places);
+    }
+
+    /// Ends the current generation: positions removed in it wait for
+    /// every reader that holds it, or an older one.
+    pub(super) fn end_generation(&self) {
+        let mut writer = lock(&self.writer);
+        if writer.removed.is_empty() {
+            return;
+        }
+        let removed = std::mem::take(&mut writer.removed);
+        let (places, number) = {
+            let current = self.current.load();
+            (current.places.clone(), current.number)
+        };
+        lock(&self.grace).waiting.push_back((number, removed));
+        self.install(&mut writer, places);
+    }
+
+    /// Makes `places` the current index, as a new generation (writer
+    /// only; the grace lock not held, as the old generation may end here).
+    fn install(&self, writer: &mut Writer, places: Arc<[AtomicU64]>) {
+        let number = writer.next_generation;
+        writer.next_generation += 1;
+        lock(&self.grace).live.insert(number);
+        self.current.store(Arc::new(Generation {
+            number,
+            places,
+            chunks: writer.chunks.clone(),
+            ops: writer.ops.clone(),
+            grace: self.grace.clone(),
+        }));
+    }
+
+    /// A new index for the pairs in `old` and one more (writer only).
+    fn rebuild(&self, writer: &mut Writer, old: &[AtomicU64]) {
+        let live = self.live.load(Relaxed);
+        let places = empty_places(places_for(live + 1));
+        for word in old.iter().map(|w| w.load(Relaxed)) {
+            if word > TOMBSTONE {
+                let pos = (word as u32) - 1;
+                place(&places, self.slot(pos).name.hash_low.load(Relaxed), word);
+            }
+        }
+        writer.tombstones = 0;
+        self.install(writer, places);
+    }
+
+    /// A position for a new pair: a forgotten pair's whose grace ended,
+    /// or a new one (writer only). `None` when the table is full.
+    fn new_pos(&self, writer: &mut Writer) -> Option<Pos> {
+        if let Some(pos) = lock(&self.grace).free.pop() {
+            return Some(pos);
+        }
+        let pos = writer.made;
+        if pos >= 1 << POS_BITS {
+            return None;
+        }
+        self.make_chunk(writer, pos);
+        writer.made += 1;
+        self.made.store(writer.made, Release);
+        Some(pos)
+    }
+}
+
+impl Generation {
+    /// Where `name` is, if this generation's index holds it.
+    #[inline]
+    fn find(&self, name: &PairName<'_>) -> Option<(Pos, &Slot)> {
+        let places = &*self.places;
+        let mask = places.len() - 1;
+        let tag = tag_of(name.hash);
+        let mut i = name.hash as usize & mask;
+        loop {
+            let word = places[i].load(Acquire);
+            if word == EMPTY {
+                return None;
+            }
+            let pos = (word as u32).wrapping_sub(1);
+            if word >> 32 == tag
+                && let Some(slot) = self.slot(pos)
+                && slot.name.is(&self.ops, name)
+            {
+                return Some((pos, slot));
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The slot at `pos`; `None` in a chunk made after this generation
+    /// (its index may hold the word already: the places are shared).
+    #[inline]
+    fn slot(&self, pos: Pos) -> Option<&Slot> {
+        self.chunks
+            .get((pos >> CHUNK_BITS) as usize)?
+            .get((pos as usize) & ((1 << CHUNK_BITS) - 1))
+    }
+}
+
+impl SlotName {
+    /// Whether this slot holds `name`: its length, its hash, its op and
+    /// its bytes.
+    #[inline]
+    fn is(&self, ops: &[Arc<str>], name: &PairName<'_>) -> bool {
+        let len = usize::from(self.len.load(Acquire));
+        if len != name.account.len() || self.hash_low.load(Relaxed) != name.hash as u32 {
+            return false;
+        }
+        if ops
+            .get(usize::from(self.op.load(Relaxed)))
+            .is_none_or(|op| !same_bytes(op.as_bytes(), name.op.as_bytes()))
+        {
+            return false;
+        }
+        if len > INLINE {
+            return self
+                .long
+                .load()
+                .as_ref()
+                .is_some_and(|long| ***long == *name.account);
+        }
+        let (words, tail) = name.account.as_bytes().as_chunks::<8>();
+        words
+            .iter()
+            .zip(&self.inline)
+            .all(|(bytes, word)| u64::from_le_bytes(*bytes) == word.load(Relaxed))
+            && (tail.is_empty() || word_from(tail) == self.inline[words.len()].load(Relaxed))
+    }
+
+    /// Writes `name` here (writer only, the slot vacant and unreachable);
+    /// its length last, so a pass that sees the slot taken sees the rest.
+    fn write(&self, name: &PairName<'_>, op: u16) {
+        let bytes = name.account.as_bytes();
+        assert!(!bytes.is_empty(), "a slot's length 0 means vacant");
+        let inline = if bytes.len() > INLINE { &[][..] } else { bytes };
+        let mut chunks = inline.chunks(8);
+        for word in &self.inline {
+            word.store(chunks.next().map_or(0, word_from), Relaxed);
+        }
+        self.long
+            .store((bytes.len() > INLINE).then(|| Arc::new(Box::<str>::from(name.account))));
+        self.hash_low.store(name.hash as u32, Relaxed);
+        self.op.store(op, Relaxed);
+        self.len.store(bytes.len() as u16, Release);
+    }
+
+    fn account(&self) -> AccountName {
+        let len = usize::from(self.len.load(Acquire));
+        let mut inline = [0; INLINE];
+        if len <= INLINE {
+            for (bytes, word) in inline.chunks_mut(8).zip(&self.inline) {
+                bytes.copy_from_slice(&word.load(Relaxed).to_le_bytes());
+            }
+            return AccountName {
+                inline,
+                len,
+                long: None,
+            };
+        }
+        AccountName {
+            inline,
+            len,
+            long: self.long.load_full(),
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same bytes, word by word (names are short:
+/// a slice comparison would call `memcmp`).
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let ((a_words, a_tail), (b_words, b_tail)) = (a.as_chunks::<8>(), b.as_chunks::<8>());
+    a_words.iter().zip(b_words).all(|(x, y)| x == y) && word_from(a_tail) == word_from(b_tail)
+}
+
+/// Up to 8 bytes as a little-endian word, zero past their end, in a
+/// few loads whatever the length: a shorter tail is read as two
+/// overlapping halves, or three bytes (a copy of a variable length would
+/// call `memcpy`, and a loop over the bytes cost a check more than the
+/// rest of its lookup).
+#[inline]
+fn word_from(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    if let Some(word) = bytes.first_chunk::<8>() {
+        return u64::from_le_bytes(*word);
+    }
+    if n >= 4 {
+        let low = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+        let high = u32::from_le_bytes(bytes[n - 4..].try_into().expect("4 bytes"));
+        return u64::from(low) | u64::from(high) << (8 * (n - 4));
+    }
+    if n == 0 {
+        return 0;
+    }
+    u64::from(bytes[0])
+        | u64::from(bytes[n / 2]) << (8 * (n / 2))
+        | u64::from(bytes[n - 1]) << (8 * (n - 1))
+}
+
+impl<'t> Pinned<'t> {
+    /// The entry of `name`, if the table holds it.
+    #[inline]
+    pub(super) fn get(&self, name: &PairName<'_>) -> Option<&Entry> {
+        Some(&self.generation.find(name)?.1.entry)
+    }
+
+    /// The entry of `name`, made by `make` if the table does not hold it
+    /// (under the table's lock), and whether this call made it. `None`
+    /// when `name`'s op has no number or the table is full.
+    pub(super) fn get_or_insert(
+        &self,
+        name: &PairName<'_>,
+        op: Option<u16>,
+        make: impl FnOnce(&Entry),
+    ) -> Option<(&Entry, bool)> {
+        if let Some(entry) = self.get(name) {
+            return Some((entry, false));
+        }
+        let table = self.table;
+        let mut writer = lock(&table.writer);
+        // The current index, which may be newer than this reader's: a pair
+        // inserted since is found, not made twice.
+        let current = table.current.load_full();
+        if let Some((pos, _)) = current.find(name) {
+            // From the table's own list: its chunks live as long as it.
+            return Some((&table.slot(pos).entry, false));
+        }
+        let op = op?;
+        let pos = table.new_pos(&mut writer)?;
+        let slot = table.slot(pos);
+        make(&slot.entry);
+        slot.name.write(name, op);
+        let live = table.live.load(Relaxed);
+        if (live + writer.tombstones + 1) * 4 > current.places.len() * 3 {
+            table.rebuild(&mut writer, &current.places);
+        }
+        let places = table.current.load().places.clone();
+        if place(&places, name.hash as u32, word_of(name.hash, pos)) {
+            writer.tombstones -= 1;
+        }
+        table.live.store(live + 1, Relaxed);
+        Some((&slot.entry, true))
+    }
+
+    /// Takes the pair at `pair` out of the table: lookups from now on do
+    /// not find it, and its slot is made over only after every reader
+    /// that might have found it is done (see
+    /// [`end_generation`](PairTable::end_generation), which the caller
+    /// calls after its removals).
+    pub(super) fn remove(&self, pair: PairRef<'_>) {
+        let table = self.table;
+        let mut writer = lock(&table.writer);
+        let places = table.current.load().places.clone();
+        let mask = places.len() - 1;
+        let mut i = pair.slot.name.hash_low.load(Relaxed) as usize & mask;
+        let target = u64::from(pair.pos + 1);
+        loop {
+            let word = places[i].load(Relaxed);
+            if word == EMPTY {
+                // Not in the index (removed already): nothing to do.
+                return;
+            }
+            if word > TOMBSTONE && word & u64::from(u32::MAX) == target {
+                places[i].store(TOMBSTONE, Release);
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        pair.slot.name.len.store(0, Release);
+        writer.tombstones += 1;
+        writer.removed.push(pair.pos);
+        table.live.fetch_sub(1, Relaxed);
+    }
+
+    /// Every pair in the table (those made during the pass may or may not
+    /// be met).
+    pub(super) fn pairs(&self) -> impl Iterator<Item = PairRef<'_>> + '_ {
+        let table = self.table;
+        let made = table.made.load(Acquire);
+        (0..made).filter_map(move |pos| {
+            let slot = table.slot(pos);
+            (slot.name.len.load(Acquire) != 0).then_some(PairRef { pos, table, slot })
+        })
+    }
+}
+
+impl<'p> PairRef<'p> {
+    pub(super) fn entry(&self) -> &'p Entry {
+        &self.slot.entry
+    }
+
+    /// The op's interned name.
+    pub(super) fn op(&self) -> &'p Arc<str> {
+        self.table
+            .op_name(self.slot.name.op.load(Relaxed))
+            .expect("a slot's op is numbered before the slot is written")
+    }
+
+    /// A copy of the account's name (empty once the pair is removed).
+    pub(super) fn account(&self) -> AccountName {
+        self.slot.name.account()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Nanos;
+
+    fn insert(table: &PairTable, account: &str, op: u16) -> bool {
+        let pinned = table.pin();
+        let name = table.name(account, "op");
+        pinned
+            .get_or_insert(&name, Some(op), |e| e.reset(Nanos::ZERO, 0))
+            .expect("room")
+            .1
+    }
+
+    #[test]
+    fn pairs_are_found_after_the_index_grows() {
+        let table = PairTable::new();
+        let op = table.number_op("op".into()).unwrap();
+        let long = "x".repeat(200);
+        let names: Vec<String> = (0..5000)
+            .map(|i| format!("acct-{i}"))
+            .chain([long.clone(), "a".repeat(48), "b".repeat(49)])
+            .collect();
+        for name in &names {
+            assert!(insert(&table, name, op), "{name} made once");
+        }
+        assert_eq!(table.len(), names.len());
+        let pinned = table.pin();
+        for name in &names {
+            assert!(pinned.get(&table.name(name, "op")).is_some(), "{name}");
+            assert!(!insert(&table, name, op), "{name} not made twice");
+        }
+        assert!(pinned.get(&table.name("acct-5000", "op")).is_none());
+        assert!(pinned.get(&table.name("acct-1", "other")).is_none());
+        let mut seen: Vec<String> = pinned
+            .pairs()
+            .map(|p| p.account().as_str().to_owned())
+            .collect();
+        seen.sort();
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn a_removed_pairs_slot_is_reused_only_after_its_readers_are_done() {
+        let table = PairTable::new();
+        let op = table.number_op("op".into()).unwrap();
+        insert(&table, "a", op);
+        insert(&table, "b", op);
+        let reader = table.pin();
+        let a = reader.get(&table.name("a", "op")).unwrap() as *const Entry;
+        {
+            let pinned = table.pin();
+            let pair = pinned
+                .pairs()
+                .find(|p| p.account().as_str() == "a")
+                .unwrap();
+            pinned.remove(pair);
+        }
+        table.end_generation();
+        assert_eq!(table.len(), 1);
+        assert!(table.pin().get(&table.name("a", "op")).is_none());
+        // The reader from before the removal still holds "a"'s old slot:
+        // a new pair gets a new one.
+        insert(&table, "c", op);
+        let c = table.pin().get(&table.name("c", "op")).unwrap() as *const Entry;
+        assert_ne!(a, c);
+        drop(reader);
+        // Now no reader can hold it: the next new pair takes it.
+        insert(&table, "d", op);
+        let d = table.pin().get(&table.name("d", "op")).unwrap() as *const Entry;
+        assert_eq!(a, d);
+        let pinned = table.pin();
+        let mut seen: Vec<String> = pinned
+            .pairs()
+            .map(|p| p.account().as_str().to_owned())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, ["b", "c", "d"]);
+    }
+
+    #[test]
+    fn the_index_shrinks_after_many_pairs_are_forgotten() {
+        let table = PairTable::new();
+        let op = table.number_op("op".into()).unwrap();
+        for i in 0..4000 {
+            insert(&table, &format!("acct-{i}"), op);
+        }
+        let grown = table.current.load().places.len();
+        {
+            let pinned = table.pin();
+            for pair in pinned.pairs().filter(|p| p.pos % 100 != 0) {
+                pinned.remove(pair);
+            }
+        }
+        table.end_generation();
+        // New pairs fill the tombstones until a rebuild sized for the
+        // live pairs.
+        for i in 0..3000 {
+            insert(&table, &format!("new-{i}"), op);
+        }
+        assert!(table.current.load().places.len() <= grown);
+        assert_eq!(table.len(), 40 + 3000);
+        let pinned = table.pin();
+        assert!(pinned.get(&table.name("acct-100", "op")).is_some());
+        assert!(pinned.get(&table.name("acct-101", "op")).is_none());
+        assert!(pinned.get(&table.name("new-2999", "op")).is_some());
+        // Forgotten positions were reused: nothing grew past the first 4 000.
+        assert!(table.made.load(Relaxed) <= 4000);
+    }
+
+    #[test]
+    fn a_word_holds_its_bytes_in_order_whatever_their_length() {
+        let bytes: Vec<u8> = (1..=9).collect();
+        for n in 0..=8 {
+            let mut want = [0; 8];
+            want[..n].copy_from_slice(&bytes[..n]);
+            assert_eq!(
+                word_from(&bytes[..n]),
+                u64::from_le_bytes(want),
+                "{n} bytes"
+            );
+        }
+        assert!(same_bytes(b"messages", b"messages"));
+        assert!(!same_bytes(b"messages", b"messagez"));
+        assert!(!same_bytes(b"abc", b"abd"));
+        assert!(!same_bytes(b"a", b"ab"));
+    }
+
+    #[test]
+    fn ops_past_the_most_are_not_numbered() {
+        let table = PairTable::new();
+        for i in 0..MAX_OPS {
+            assert_eq!(table.number_op(format!("op{i}").into()), Some(i as u16));
+        }
+        assert_eq!(table.number_op("one more".into()), None);
+        assert_eq!(&**table.op_name(7).unwrap(), "op7");
+    }
+}

@@ -650,14 +650,23 @@ impl<'t> Pinned<'t> {
     }
 
     /// Every pair in the table (those made during the pass may or may not
-    /// be met).
+    /// be met), chunk by chunk: slots in the order they sit in memory.
     pub(super) fn pairs(&self) -> impl Iterator<Item = PairRef<'_>> + '_ {
         let table = self.table;
-        let made = table.made.load(Acquire);
-        (0..made).filter_map(move |pos| {
-            let slot = table.slot(pos);
-            (slot.name.len.load(Acquire) != 0).then_some(PairRef { pos, table, slot })
-        })
+        // Every chunk made before this hold is in its generation.
+        let made = table.made.load(Acquire) as usize;
+        self.generation
+            .chunks
+            .iter()
+            .flat_map(|chunk| chunk.iter())
+            .take(made)
+            .enumerate()
+            .filter(|(_, slot)| slot.name.len.load(Acquire) != 0)
+            .map(move |(pos, slot)| PairRef {
+                pos: pos as Pos,
+                table,
+                slot,
+            })
     }
 }
 

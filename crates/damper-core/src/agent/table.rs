@@ -228,7 +228,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A live index word's tag: the hash's high half, never 0.
-#[inline]
+#[inline(always)]
 fn tag_of(hash: u64) -> u64 {
     (hash >> 32).max(1)
 }
@@ -295,7 +295,7 @@ impl PairTable {
     }
 
     /// A hold on the table for lookups and passes.
-    #[inline]
+    #[inline(always)]
     pub(super) fn pin(&self) -> Pinned<'_> {
         Pinned {
             table: self,
@@ -304,7 +304,7 @@ impl PairTable {
     }
 
     /// `account` and `op` with their hash.
-    #[inline]
+    #[inline(always)]
     pub(super) fn name<'a>(&self, account: &'a str, op: &'a str) -> PairName<'a> {
         PairName {
             account,
@@ -439,7 +439,7 @@ impl PairTable {
 
 impl Generation {
     /// Where `name` is, if this generation's index holds it.
-    #[inline]
+    #[inline(always)]
     fn find(&self, name: &PairName<'_>) -> Option<(Pos, &Slot)> {
         let places = &*self.places;
         let mask = places.len() - 1;
@@ -463,7 +463,7 @@ impl Generation {
 
     /// The slot at `pos`; `None` in a chunk made after this generation
     /// (its index may hold the word already: the places are shared).
-    #[inline]
+    #[inline(always)]
     fn slot(&self, pos: Pos) -> Option<&Slot> {
         self.chunks
             .get((pos >> CHUNK_BITS) as usize)?
@@ -474,7 +474,7 @@ impl Generation {
 impl SlotName {
     /// Whether this slot holds `name`: its length, its hash, its op and
     /// its bytes.
-    #[inline]
+    #[inline(always)]
     fn is(&self, ops: &[Arc<str>], name: &PairName<'_>) -> bool {
         let len = usize::from(self.len.load(Acquire));
         if len != name.account.len() || self.hash_low.load(Relaxed) != name.hash as u32 {
@@ -541,7 +541,7 @@ impl SlotName {
 
 /// Whether `a` and `b` are the same bytes, word by word (names are short:
 /// a slice comparison would call `memcmp`).
-#[inline]
+#[inline(always)]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
@@ -555,7 +555,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// overlapping halves, or three bytes (a copy of a variable length would
 /// call `memcpy`, and a loop over the bytes cost a check more than the
 /// rest of its lookup).
-#[inline]
+#[inline(always)]
 fn word_from(bytes: &[u8]) -> u64 {
     let n = bytes.len();
     if let Some(word) = bytes.first_chunk::<8>() {
@@ -576,7 +576,7 @@ fn word_from(bytes: &[u8]) -> u64 {
 
 impl<'t> Pinned<'t> {
     /// The entry of `name`, if the table holds it.
-    #[inline]
+    #[inline(always)]
     pub(super) fn get(&self, name: &PairName<'_>) -> Option<&Entry> {
         Some(&self.generation.find(name)?.1.entry)
     }

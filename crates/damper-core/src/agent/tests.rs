@@ -66,6 +66,46 @@ fn zero_cost_and_unreportable_names_are_admitted_uncounted() {
     assert!(drained(&agent).is_empty());
 }
 
+/// An agent numbers at most `MAX_OPS` ops: the pairs of ops past them are
+/// admitted and not counted, as unreportable names are, and the ops it
+/// knows are tracked as before. Long accounts (past the slot's inline
+/// bytes) are tracked like short ones.
+#[test]
+fn ops_past_the_most_are_admitted_uncounted() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    for i in 0..super::table::MAX_OPS {
+        assert!(
+            agent
+                .check(t(0), "acme", &format!("op-{i}"), 1, &mut rng)
+                .is_admit()
+        );
+    }
+    assert_eq!(agent.len(), super::table::MAX_OPS);
+    assert!(
+        agent
+            .check(t(0), "acme", "one-more", 5, &mut rng)
+            .is_admit()
+    );
+    agent.apply(t(0), "acme", "one-more", 1.0, 10.0, Duration::from_secs(60));
+    assert!(
+        agent
+            .check(t(0), "acme", "one-more", 5, &mut rng)
+            .is_admit()
+    );
+    assert_eq!(agent.len(), super::table::MAX_OPS);
+    let long = "a".repeat(MAX_NAME_LEN);
+    agent.check(t(0), &long, "op-7", 3, &mut rng);
+    let drained = drained(&agent);
+    assert_eq!(drained.len(), super::table::MAX_OPS + 1);
+    assert!(drained.iter().all(|(_, op, _)| op != "one-more"));
+    assert!(
+        drained
+            .iter()
+            .any(|(a, op, d)| *a == long && op == "op-7" && d.attempted == 3)
+    );
+}
+
 #[test]
 fn rejects_with_the_masters_probability() {
     let agent = AgentState::new(AgentConfig::default());

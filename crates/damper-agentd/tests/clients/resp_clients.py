@@ -80,7 +80,11 @@ replies = pipe.execute()
 refused = [r for r in replies if r[0] == 0]
 assert len(refused) > 10_000, len(refused)
 _, factor, retry_ms, limit = refused[-1]
-assert float(factor) > 0.5 and retry_ms > 0 and float(limit) == 1000.0, refused[-1]
+# The limit the refusal names: the account's 1000 once its master has
+# answered for the pair, or, until then, the room the local guard allows
+# a new pair over the op's default (twice it): which one depends on how
+# fast the master's answer came back beside the pipeline.
+assert float(factor) > 0.5 and retry_ms > 0 and float(limit) in (1000.0, 2000.0), refused[-1]
 factor, limit, reason = r2.execute_command("DAMPER.PEEK", "flood", "messages")
 assert float(factor) > 0.5 and reason in ("local_guard", "account_limit"), (factor, reason)
 print(f"resp_clients: ok ({len(refused)} of 20000 flood checks refused)")

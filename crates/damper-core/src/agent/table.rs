@@ -25,7 +25,10 @@
 //!   places (a pointer, not a copy). So a check never counts into a slot
 //!   made over for a stranger; one that found a pair just before its
 //!   removal counts into the emptied entry and sees the retired mark (see
-//!   `forget`).
+//!   `forget`). The one lock a known key's check can meet: the check
+//!   that lets go of the last hold on an ended generation (after a forget
+//!   pass, a new chunk or a new op) takes the grace lock once, briefly, to
+//!   free what waited for it.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::hash::BuildHasher;

@@ -40,7 +40,9 @@ impl AgentState {
             // entry; then empty it, so late adds to this one are seen as
             // such. Its slot is made over only once this pass, and every
             // check that might have found it, is done.
-            pinned.remove(found);
+            if !pinned.remove(found) {
+                continue;
+            }
             let admitted = entry.admitted.swap(RETIRED, AcqRel);
             let rejected = entry.rejected.swap(RETIRED, AcqRel);
             let late_admitted = admitted.wrapping_sub(entry.drained_admitted.load(Relaxed));

@@ -432,7 +432,7 @@ impl AgentState {
             return Decision::Admit(Admitted::PLAIN);
         }
         let pinned = self.pairs.pin();
-        let entry = match pinned.get(&self.pairs.name(account, op)) {
+        let entry = match pinned.find(account, op) {
             Some(entry) => entry,
             None => match self.new_entry(now, account, op, cost, &pinned) {
                 Some(entry) => entry,
@@ -671,7 +671,7 @@ impl AgentState {
         let mut applied = 0;
         for op in &reply.ops {
             for listed in &op.listed {
-                if let Some(entry) = pinned.get(&self.pairs.name(&listed.account, &op.op)) {
+                if let Some(entry) = pinned.find(&listed.account, &op.op) {
                     self.set_verdict(now, &op.op, entry, &listed.factor);
                     applied += 1;
                 }
@@ -684,7 +684,7 @@ impl AgentState {
     /// baseline is its last rollup's again.
     pub fn unmark_surge(&self, pair: Pair<'_>) {
         let pinned = self.pairs.pin();
-        if let Some(entry) = pinned.get(&self.pairs.name(pair.account, pair.op)) {
+        if let Some(entry) = pinned.find(pair.account, pair.op) {
             entry.surge_round.store(0, Relaxed);
         }
     }
@@ -769,7 +769,7 @@ impl AgentState {
     /// expired), or `None` if the pair was never seen.
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
         let pinned = self.pairs.pin();
-        let entry = pinned.get(&self.pairs.name(account, op))?;
+        let entry = pinned.find(account, op)?;
         Some(factor_of(entry.master_factor_at(now)))
     }
 

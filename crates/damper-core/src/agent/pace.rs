@@ -233,8 +233,11 @@ mod tests {
         round(&state, 2_000, 4_000, &mut rng);
         let credit = |state: &AgentState| {
             let pinned = state.pairs.pin();
-            let name = state.pairs.name("acme", "messages");
-            pinned.get(&name).unwrap().credit.load(Relaxed)
+            pinned
+                .find("acme", "messages")
+                .unwrap()
+                .credit
+                .load(Relaxed)
         };
         assert!(credit(&state) < 0);
         suppress(&state, 4_000, 0.0, 1_000.0);

@@ -39,7 +39,7 @@ impl AgentState {
     /// since) counts as 0, since the next check would measure afresh.
     pub fn peek(&self, now: Nanos, account: &str, op: &str) -> Standing {
         let pinned = self.pairs.pin();
-        let Some(entry) = pinned.get(&self.pairs.name(account, op)) else {
+        let Some(entry) = pinned.find(account, op) else {
             return Standing {
                 factor: 0.0,
                 source: None,

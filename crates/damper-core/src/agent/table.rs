@@ -180,7 +180,8 @@ impl Grace {
 
 /// What only inserts and removals change, under the table's lock.
 struct Writer {
-    /// Positions ever made: the passes read slots below it.
+    /// Positions ever made: the next new pair's, once no forgotten
+    /// pair's is free.
     made: Pos,
     /// Index places holding a tombstone.
     tombstones: usize,
@@ -205,8 +206,6 @@ pub(super) struct PairTable {
     current: ArcSwap<Generation>,
     grace: Arc<Mutex<Grace>>,
     writer: Mutex<Writer>,
-    /// Positions ever made, for readers ([`Writer::made`]).
-    made: AtomicU32,
     /// Pairs in the table.
     live: AtomicUsize,
 }
@@ -292,7 +291,6 @@ impl PairTable {
                 chunks: Arc::new([]),
                 ops: Arc::new([]),
             }),
-            made: AtomicU32::new(0),
             live: AtomicUsize::new(0),
         }
     }
@@ -435,7 +433,6 @@ impl PairTable {
         }
         self.make_chunk(writer, pos);
         writer.made += 1;
-        self.made.store(writer.made, Release);
         Some(pos)
     }
 }
@@ -578,6 +575,12 @@ fn word_from(bytes: &[u8]) -> u64 {
 }
 
 impl<'t> Pinned<'t> {
+    /// The entry of (`account`, `op`), if the table holds it.
+    #[inline(always)]
+    pub(super) fn find(&self, account: &str, op: &str) -> Option<&Entry> {
+        self.get(&self.table.name(account, op))
+    }
+
     /// The entry of `name`, if the table holds it.
     #[inline(always)]
     pub(super) fn get(&self, name: &PairName<'_>) -> Option<&Entry> {
@@ -586,16 +589,15 @@ impl<'t> Pinned<'t> {
 
     /// The entry of `name`, made by `make` if the table does not hold it
     /// (under the table's lock), and whether this call made it. `None`
-    /// when `name`'s op has no number or the table is full.
+    /// when `name`'s op has no number or the table is full. For a caller
+    /// whose own lookup ([`get`](Self::get)) found nothing: it looks
+    /// again, under the lock, in the current generation only.
     pub(super) fn get_or_insert(
         &self,
         name: &PairName<'_>,
         op: Option<u16>,
         make: impl FnOnce(&Entry),
     ) -> Option<(&Entry, bool)> {
-        if let Some(entry) = self.get(name) {
-            return Some((entry, false));
-        }
         let table = self.table;
         let mut writer = lock(&table.writer);
         // The current index, which may be newer than this reader's: a pair
@@ -626,8 +628,9 @@ impl<'t> Pinned<'t> {
     /// not find it, and its slot is made over only after every reader
     /// that might have found it is done (see
     /// [`end_generation`](PairTable::end_generation), which the caller
-    /// calls after its removals).
-    pub(super) fn remove(&self, pair: PairRef<'_>) {
+    /// calls after its removals). Returns whether it took it out: not if
+    /// the index no longer holds it.
+    pub(super) fn remove(&self, pair: PairRef<'_>) -> bool {
         let table = self.table;
         let mut writer = lock(&table.writer);
         let places = table.current.load().places.clone();
@@ -637,8 +640,7 @@ impl<'t> Pinned<'t> {
         loop {
             let word = places[i].load(Relaxed);
             if word == EMPTY {
-                // Not in the index (removed already): nothing to do.
-                return;
+                return false;
             }
             if word > TOMBSTONE && word & u64::from(u32::MAX) == target {
                 places[i].store(TOMBSTONE, Release);
@@ -650,19 +652,19 @@ impl<'t> Pinned<'t> {
         writer.tombstones += 1;
         writer.removed.push(pair.pos);
         table.live.fetch_sub(1, Relaxed);
+        true
     }
 
     /// Every pair in the table (those made during the pass may or may not
-    /// be met), chunk by chunk: slots in the order they sit in memory.
+    /// be met), chunk by chunk: slots in the order they sit in memory
+    /// (every chunk made before this hold is in its generation; slots no
+    /// pair took yet are vacant, as forgotten ones are).
     pub(super) fn pairs(&self) -> impl Iterator<Item = PairRef<'_>> + '_ {
         let table = self.table;
-        // Every chunk made before this hold is in its generation.
-        let made = table.made.load(Acquire) as usize;
         self.generation
             .chunks
             .iter()
             .flat_map(|chunk| chunk.iter())
-            .take(made)
             .enumerate()
             .filter(|(_, slot)| slot.name.len.load(Acquire) != 0)
             .map(move |(pos, slot)| PairRef {
@@ -800,7 +802,7 @@ mod tests {
         assert!(pinned.get(&table.name("acct-101", "op")).is_none());
         assert!(pinned.get(&table.name("new-2999", "op")).is_some());
         // Forgotten positions were reused: nothing grew past the first 4 000.
-        assert!(table.made.load(Relaxed) <= 4000);
+        assert!(lock(&table.writer).made <= 4000);
     }
 
     #[test]

@@ -475,7 +475,7 @@ fn a_check_that_lands_in_a_forgotten_entry_is_counted_in_the_new_one() {
     }
     // A check found the entry, then the forget ran before it counted.
     let pinned = agent.pairs.pin();
-    let stale = pinned.get(&agent.pairs.name("acme", "messages")).unwrap();
+    let stale = pinned.find("acme", "messages").unwrap();
     assert_eq!(agent.forget_idle(t(8_000)), 1);
     agent.count(t(8_000), "acme", "messages", stale, true, 7, &pinned);
     agent.count(t(8_000), "acme", "messages", stale, false, 3, &pinned);

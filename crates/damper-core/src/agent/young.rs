@@ -147,7 +147,7 @@ impl AgentState {
             if now < pair.due {
                 return true;
             }
-            let Some(entry) = pinned.get(&self.pairs.name(&pair.account, &pair.op)) else {
+            let Some(entry) = pinned.find(&pair.account, &pair.op) else {
                 return false;
             };
             let Some((start, base)) = pair.start else {

@@ -2,6 +2,8 @@
 //! `docs/simulation.md`; all rates are in cost per second over whole
 //! simulated seconds.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::engine::{Control, Run, Series};
@@ -121,23 +123,22 @@ struct PairSeries {
     factor_changes: Vec<(f64, bool)>,
 }
 
-/// The series grouped by (account, op), in the order each first appears.
+/// The series grouped by (account, op), in the order each first appears
+/// (by a map: a fleet's 100 000 accounts, compared pairwise, took minutes).
 fn pairs(series: &[Series]) -> Vec<PairSeries> {
-    let mut keys: Vec<(&str, &str)> = Vec::new();
+    let mut groups: Vec<Vec<&Series>> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::with_capacity(series.len());
     for s in series {
         let key = (s.traffic.account.as_str(), s.traffic.op.as_str());
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
+        let at = *index.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[at].push(s);
     }
-    keys.into_iter()
-        .map(|(account, op)| {
-            let items: Vec<&Series> = series
-                .iter()
-                .filter(|s| s.traffic.account == account && s.traffic.op == op)
-                .collect();
-            merge(account, op, &items)
-        })
+    groups
+        .iter()
+        .map(|items| merge(&items[0].traffic.account, &items[0].traffic.op, items))
         .collect()
 }
 

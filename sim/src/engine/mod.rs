@@ -164,6 +164,8 @@ pub struct Sim<M: Masters = SimMasters> {
     items: Vec<Item>,
     rng: SmallRng,
     scratch: Vec<u64>,
+    /// Each (item, agent)'s factor at a second's end (see `second`).
+    factors: Vec<f64>,
     /// The step's operations per agent and item, filed in decision order.
     slots: traffic::Slots,
     /// The step's batches being decided (kept for its allocation).
@@ -262,6 +264,7 @@ impl<M: Masters> Sim<M> {
             events: Vec::new(),
             free: Vec::new(),
             scratch: Vec::new(),
+            factors: Vec::new(),
             slots,
             batches: Vec::new(),
             // The agent library's default request timeout.

@@ -82,6 +82,30 @@ impl Slots {
         self.order[pos].count = count;
     }
 
+    /// Every (item, agent of the item)'s factor in force at `now` (0 when
+    /// none), read in decision order into `into`, where item `i`'s are
+    /// [`of_item`](Self::of_item) in the order of its agents.
+    fn factors(&self, agents: &[Agent], items: &[Item], now: Nanos, into: &mut Vec<f64>) {
+        into.clear();
+        into.resize(self.order.len(), 0.0);
+        for (pos, slot) in self.order.iter().enumerate() {
+            let traffic = &items[slot.item].traffic;
+            into[pos] = agents[slot.agent]
+                .state
+                .factor(now, &traffic.account, &traffic.op)
+                .unwrap_or(0.0);
+        }
+        // By (item, agent of the item) rather than by decision order.
+        let by_item: Vec<f64> = self.at.iter().map(|&pos| into[pos as usize]).collect();
+        *into = by_item;
+    }
+
+    /// Item `i`'s part of what [`factors`](Self::factors) read.
+    fn of_item<'f>(&self, factors: &'f [f64], i: usize) -> &'f [f64] {
+        let end = self.first.get(i + 1).copied().unwrap_or(self.at.len());
+        &factors[self.first[i]..end]
+    }
+
     /// The step's batches in decision order, each slot emptied.
     fn take(&mut self, into: &mut Vec<Batch>) {
         for slot in &mut self.order {
@@ -160,14 +184,16 @@ impl<M: Masters> Sim<M> {
     /// Closes one simulated second for every item.
     pub(super) fn second(&mut self) {
         let t = self.now.since(EPOCH).as_secs_f64();
-        for item in &mut self.items {
+        // Agent by agent, in the order the steps decide in: item by item,
+        // each lookup would land in another agent's table (a fleet's are
+        // far larger than the caches).
+        let mut factors = std::mem::take(&mut self.factors);
+        self.slots
+            .factors(&self.agents, &self.items, self.now, &mut factors);
+        for (i, item) in self.items.iter_mut().enumerate() {
             let mut sum = 0.0;
             let mut max: f64 = 0.0;
-            for &a in &item.traffic.agents {
-                let f = self.agents[a]
-                    .state
-                    .factor(self.now, &item.traffic.account, &item.traffic.op)
-                    .unwrap_or(0.0);
+            for &f in self.slots.of_item(&factors, i) {
                 sum += f;
                 max = max.max(f);
             }
@@ -183,6 +209,7 @@ impl<M: Masters> Sim<M> {
                 item.changes.push((t, true));
             }
         }
+        self.factors = factors;
     }
 }
 

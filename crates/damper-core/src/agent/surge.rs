@@ -4,6 +4,7 @@
 //! deluge is seen within a sub-window rather than a round (fast onset, see
 //! `docs/design.md`).
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
@@ -172,15 +173,35 @@ impl SurgeRule {
         limit: Option<f64>,
         noise: f64,
     ) -> bool {
+        self.is_surge_with(rate, baseline, follow_up, limit, || noise)
+    }
+
+    /// [`is_surge`](Self::is_surge) with the noise computed only when the
+    /// rest of the test passes: most pairs of a scan move by less than a
+    /// jump, and their noise (two square roots and two divisions) would be
+    /// computed for nothing.
+    pub(super) fn is_surge_with(
+        &self,
+        rate: f64,
+        baseline: f64,
+        follow_up: bool,
+        limit: Option<f64>,
+        noise: impl FnOnce() -> f64,
+    ) -> bool {
         let floor = limit.map_or(0.0, |l| l * self.floor);
         let change = (rate - baseline).abs();
-        let jump = if follow_up { FOLLOW_UP_RISE } else { self.jump };
-        let up = rate > baseline && rate >= jump * baseline && change > NOISE_SIGMAS * noise;
-        let fall = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
-        let down = rate < baseline && rate * fall <= baseline && change > 2.0 * noise;
-        // A suppressed pair's fall needs no floor: spread over many agents,
-        // each one's share of it is small, and together they release.
-        (up && change >= floor) || (down && (follow_up || change >= floor))
+        if rate > baseline {
+            let jump = if follow_up { FOLLOW_UP_RISE } else { self.jump };
+            rate >= jump * baseline && change >= floor && change > NOISE_SIGMAS * noise()
+        } else if rate < baseline {
+            let fall = if follow_up { FOLLOW_UP_JUMP } else { self.jump };
+            // A suppressed pair's fall needs no floor: spread over many
+            // agents, each one's share of it is small, and together they
+            // release.
+            rate * fall <= baseline && (follow_up || change >= floor) && change > 2.0 * noise()
+        } else {
+            false
+        }
     }
 }
 
@@ -389,10 +410,15 @@ impl AgentState {
             let Some(limit) = entry.scan_limit(found.op(), &op_limits) else {
                 continue;
             };
-            let (rate, noise) = match pass {
-                Pass::Close => entry.close_sub_window(rate, cost, f64::from(baseline), secs),
+            // The noise as it stood before this sub-window closed,
+            // computed when a test needs it (see `SurgeRule::is_surge_with`).
+            let (rate, steps, scale) = match pass {
+                Pass::Close => {
+                    let (rate, steps) = entry.close_sub_window(rate, cost, f64::from(baseline));
+                    (rate, steps, 1.0)
+                }
                 Pass::Peek if rate <= f64::from(baseline) => continue,
-                Pass::Peek => (rate, entry.noise(scale, f64::from(baseline), secs)),
+                Pass::Peek => (rate, entry.surge_noise.load(Relaxed), scale),
             };
             if young {
                 continue;
@@ -401,21 +427,27 @@ impl AgentState {
             // report, of a pair its master suppresses.
             let suppressed = entry.master_factor.load(Relaxed) > 0;
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
-            let noise = if follow_up && surged {
-                let share = if rate < f64::from(baseline) {
-                    REPORTED_NOISE_SHARE
-                } else {
-                    RISE_NOISE_SHARE
-                };
-                entry.noise_after_report(noise, f64::from(baseline), secs, share)
-            } else {
-                noise
+            let noise = OnceCell::new();
+            let noise = || {
+                *noise.get_or_init(|| {
+                    let noise = entry.noise(steps, scale, f64::from(baseline), secs);
+                    if follow_up && surged {
+                        let share = if rate < f64::from(baseline) {
+                            REPORTED_NOISE_SHARE
+                        } else {
+                            RISE_NOISE_SHARE
+                        };
+                        entry.noise_after_report(noise, f64::from(baseline), secs, share)
+                    } else {
+                        noise
+                    }
+                })
             };
-            let rate = if rule.is_surge(rate, f64::from(baseline), follow_up, limit, noise) {
+            let rate = if rule.is_surge_with(rate, f64::from(baseline), follow_up, limit, noise) {
                 rate
             } else if pass == Pass::Close
                 && suppressed
-                && let Some(slow) = entry.slow_fall(f64::from(baseline), noise)
+                && let Some(slow) = entry.slow_fall(f64::from(baseline), noise())
             {
                 slow
             } else {
@@ -505,14 +537,15 @@ impl Entry {
             && self.surge_noise.load(Relaxed) == 0
     }
 
-    /// The noise a rate over `secs` is judged by against `baseline`: the
-    /// measured sub-window noise (a standard deviation, cost per second),
-    /// times `scale` for a shorter span, and never below the noise of
-    /// counting operations of the learnt cost ([`counting_noise`]).
-    fn noise(&self, scale: f64, baseline: f64, secs: f64) -> f64 {
+    /// The noise a rate over `secs` is judged by against `baseline`, from
+    /// `steps` (the bits of a value `surge_noise` held): the measured
+    /// sub-window noise (a standard deviation, cost per second), times
+    /// `scale` for a shorter span, and never below the noise of counting
+    /// operations of the learnt cost ([`counting_noise`]).
+    fn noise(&self, steps: u32, scale: f64, baseline: f64, secs: f64) -> f64 {
         // The mean squared step between sub-windows is twice their
         // variance.
-        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
+        let steps = f64::from(f32::from_bits(steps));
         let quantum = Quantum(self.quantum.load(Relaxed)).cost();
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
@@ -535,8 +568,10 @@ impl Entry {
     /// Closes a sub-window of `cost` (`rate` per second over `secs`):
     /// learns its noise and cost per operation, and returns the rate to
     /// judge against `baseline` (for a fall, the higher of the last two
-    /// sub-windows') with the noise to judge it by.
-    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64, secs: f64) -> (f64, f64) {
+    /// sub-windows') with the noise to judge it by, as the bits of
+    /// `surge_noise` before this sub-window ([`noise`](Self::noise)
+    /// makes it a standard deviation).
+    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64) -> (f64, u32) {
         let previous = f64::from(f32::from_bits(replace(
             &self.window_rate,
             (rate as f32).to_bits(),
@@ -556,12 +591,12 @@ impl Entry {
             &self.held_rate,
             (held as f32).to_bits(),
         )));
-        let noise = self.noise(1.0, baseline, secs);
+        let noise = self.surge_noise.load(Relaxed);
         // Every step counts, surges too: a rate that keeps jumping back
         // and forth is noise however large, and one real jump raises the
         // bar only for a second or two.
         let step = held - held_before;
-        let steps = f64::from(f32::from_bits(self.surge_noise.load(Relaxed)));
+        let steps = f64::from(f32::from_bits(noise));
         let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
         // Below a millionth of a unit of cost per second, it is nothing (and
         // the pair can be skipped while it stays quiet).

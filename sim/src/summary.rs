@@ -103,7 +103,12 @@ pub fn summarize(run: &Run) -> Summary {
         rollups_failed: run.rollups.1,
         dropped_cost: run.dropped_cost,
         control: control(run),
-        accounts: pairs(&run.series).iter().map(account).collect(),
+        // One pair merged at a time: a fleet's merged series do not all
+        // sit in memory at once.
+        accounts: groups(&run.series)
+            .iter()
+            .map(|items| account(&merge(items)))
+            .collect(),
     }
 }
 
@@ -114,7 +119,8 @@ struct PairSeries {
     limit: Option<f64>,
     /// Per second: attempted and admitted cost.
     seconds: Vec<(u64, u64)>,
-    /// The same per traffic item.
+    /// The same per traffic item, when it has more than one (empty
+    /// otherwise).
     items: Vec<Vec<(u64, u64)>>,
     /// Per second: the true demand, cost per second, from the profiles.
     demand: Vec<f64>,
@@ -125,7 +131,7 @@ struct PairSeries {
 
 /// The series grouped by (account, op), in the order each first appears
 /// (by a map: a fleet's 100 000 accounts, compared pairwise, took minutes).
-fn pairs(series: &[Series]) -> Vec<PairSeries> {
+fn groups(series: &[Series]) -> Vec<Vec<&Series>> {
     let mut groups: Vec<Vec<&Series>> = Vec::new();
     let mut index: HashMap<(&str, &str), usize> = HashMap::with_capacity(series.len());
     for s in series {
@@ -137,12 +143,17 @@ fn pairs(series: &[Series]) -> Vec<PairSeries> {
         groups[at].push(s);
     }
     groups
-        .iter()
-        .map(|items| merge(&items[0].traffic.account, &items[0].traffic.op, items))
-        .collect()
 }
 
-fn merge(account: &str, op: &str, items: &[&Series]) -> PairSeries {
+/// The series merged by (account, op), in the order each first appears.
+#[cfg(test)]
+fn pairs(series: &[Series]) -> Vec<PairSeries> {
+    groups(series).iter().map(|items| merge(items)).collect()
+}
+
+/// One group's series as one (`items` is not empty).
+fn merge(items: &[&Series]) -> PairSeries {
+    let (account, op) = (&items[0].traffic.account, &items[0].traffic.op);
     let len = items.iter().map(|s| s.seconds.len()).max().unwrap_or(0);
     let mut seconds = vec![(0, 0); len];
     let mut demand = vec![0.0; len];
@@ -159,8 +170,11 @@ fn merge(account: &str, op: &str, items: &[&Series]) -> PairSeries {
         op: op.to_owned(),
         limit: items.iter().find_map(|s| s.limit),
         seconds,
+        // Only fairness reads them, and only of pairs of several items:
+        // a copy of every item's seconds doubled the summary's memory.
         items: items
             .iter()
+            .filter(|_| items.len() > 1)
             .map(|s| {
                 s.seconds
                     .iter()

@@ -347,7 +347,11 @@ impl AgentState {
     /// [`scan_surges`](Self::scan_surges)), offers the pairs whose rate
     /// over its first half already rose to a surge, against that half's
     /// larger noise; changes nothing else, so the sub-window's own scan
-    /// measures it whole. Falls wait for the whole sub-windows.
+    /// measures it whole. Falls wait for the whole sub-windows, and so do
+    /// follow-ups of pairs reported early this round: traffic that comes
+    /// in lumps (every 250 ms, say) reads twice its rate or nothing over
+    /// half a sub-window, and a peek's follow-up of it would be reported
+    /// back down at the close, and up again at the next peek, every scan.
     pub fn peek_surges(
         &self,
         since: Nanos,
@@ -417,7 +421,8 @@ impl AgentState {
                     let (rate, steps) = entry.close_sub_window(rate, cost, f64::from(baseline));
                     (rate, steps, 1.0)
                 }
-                Pass::Peek if rate <= f64::from(baseline) => continue,
+                // See `peek_surges`: no follow-up on half a sub-window.
+                Pass::Peek if rate <= f64::from(baseline) || surged => continue,
                 Pass::Peek => (rate, entry.surge_noise.load(Relaxed), scale),
             };
             if young {
@@ -760,6 +765,60 @@ mod tests {
         };
         assert_eq!(full.baseline, first.rate);
         assert_eq!(full.rate, 5_000.0);
+    }
+
+    /// A suppressed flood that comes in lumps every 250 ms (a batching
+    /// publisher, or the simulator's steps) reads twice its rate or
+    /// nothing over a 100-ms half sub-window. A peek's follow-up of it
+    /// would report the double, the sub-window's close the fall back, and
+    /// so on at every scan: ten early reports a second to its master, and
+    /// an estimate that swings. Follow-ups wait for whole sub-windows.
+    #[test]
+    fn a_lumpy_suppressed_flood_is_not_reported_at_every_scan() {
+        let state = AgentState::new(AgentConfig::default());
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut rng = SmallRng::seed_from_u64(4);
+        let calm = |ms: u64| u64::from(ms.is_multiple_of(100));
+        let lumps = |ms: u64| if ms.is_multiple_of(250) { 200 } else { 0 };
+        let mut reports = Vec::new();
+        let mut last_close = at(0);
+        for ms in (0..10_000u64).step_by(10) {
+            let ops = if ms < 4_000 { calm(ms) } else { lumps(ms) };
+            for _ in 0..ops {
+                state.check(at(ms), "acme", "messages", 1, &mut rng);
+            }
+            let end = ms + 10;
+            // The rounds' rollups (what a pair's baseline falls back to).
+            if end.is_multiple_of(2_000) {
+                state.drain(Nanos::ZERO, |_, _, _| {});
+            }
+            if !end.is_multiple_of(100) {
+                continue;
+            }
+            let mut taken = |_: Pair<'_>, rates: SurgeRates| {
+                reports.push((end, rates));
+                true
+            };
+            if end.is_multiple_of(200) {
+                state.scan_surges(last_close, at(end), &rule, &mut taken);
+                last_close = at(end);
+            } else {
+                state.peek_surges(last_close, at(end), &rule, &mut taken);
+            }
+            // The master suppresses it from its first early report on.
+            if reports.len() == 1 && reports[0].0 == end {
+                state.apply(
+                    at(end),
+                    "acme",
+                    "messages",
+                    0.8,
+                    160.0,
+                    Duration::from_secs(60),
+                );
+            }
+        }
+        let later: Vec<_> = reports.iter().filter(|(end, _)| *end >= 5_000).collect();
+        assert!(later.len() <= 1, "{later:?}");
     }
 
     /// Sparse operations of cost 51 (under one per sub-window) jump from

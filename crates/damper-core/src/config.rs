@@ -196,11 +196,13 @@ pub struct PolicySection {
     /// sub-window are in, so the first to report learn the whole estimate.
     /// Default 100; at most one rollup interval.
     pub surge_recheck_ms: Option<u64>,
-    /// The least time between two early reports from one agent, in
-    /// milliseconds: a faster agent is refused (RESOURCE_EXHAUSTED) and
-    /// counted, so a broken or hostile agent cannot make the master
-    /// re-estimate without end. Agents send at most one per sub-window
-    /// (250 ms by default). Default 100; at most 60000.
+    /// The least time between two early reports from one agent, on
+    /// average, in milliseconds: a faster agent is refused
+    /// (RESOURCE_EXHAUSTED) and counted, so a broken or hostile agent
+    /// cannot make the master re-estimate without end. One report may come
+    /// up to a gap early: agents scan every half sub-window (100 ms by
+    /// default), and the network's jitter brings consecutive reports a few
+    /// milliseconds closer. Default 100; at most 60000.
     pub surge_min_gap_ms: Option<u64>,
     /// For `demand`: how many standard deviations of its own round-to-round
     /// scatter an account's demand must be over its limit before it is
@@ -392,7 +394,8 @@ pub struct PolicyConfig {
     pub factor_validity: Duration,
     /// How soon an agent asks again after an early report.
     pub surge_recheck: Duration,
-    /// The least time between two early reports from one agent.
+    /// The least time between two early reports from one agent, on
+    /// average (see [`SurgeBudget`](crate::master::SurgeBudget)).
     pub surge_min_gap: Duration,
     /// How far over the limit, in standard deviations of its own scatter,
     /// a round's demand must be to suppress (0: any amount).

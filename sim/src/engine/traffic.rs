@@ -83,27 +83,26 @@ impl Slots {
     }
 
     /// Every (item, agent of the item)'s factor in force at `now` (0 when
-    /// none), read in decision order into `into`, where item `i`'s are
-    /// [`of_item`](Self::of_item) in the order of its agents.
+    /// none), read in decision order into `into`; item `i`'s, in the order
+    /// of its agents, are [`of_item`](Self::of_item).
     fn factors(&self, agents: &[Agent], items: &[Item], now: Nanos, into: &mut Vec<f64>) {
         into.clear();
-        into.resize(self.order.len(), 0.0);
-        for (pos, slot) in self.order.iter().enumerate() {
+        into.extend(self.order.iter().map(|slot| {
             let traffic = &items[slot.item].traffic;
-            into[pos] = agents[slot.agent]
+            agents[slot.agent]
                 .state
                 .factor(now, &traffic.account, &traffic.op)
-                .unwrap_or(0.0);
-        }
-        // By (item, agent of the item) rather than by decision order.
-        let by_item: Vec<f64> = self.at.iter().map(|&pos| into[pos as usize]).collect();
-        *into = by_item;
+                .unwrap_or(0.0)
+        }));
     }
 
-    /// Item `i`'s part of what [`factors`](Self::factors) read.
-    fn of_item<'f>(&self, factors: &'f [f64], i: usize) -> &'f [f64] {
+    /// Item `i`'s factors among those [`factors`](Self::factors) read, in
+    /// the order of its agents.
+    fn of_item<'f>(&'f self, factors: &'f [f64], i: usize) -> impl Iterator<Item = f64> + 'f {
         let end = self.first.get(i + 1).copied().unwrap_or(self.at.len());
-        &factors[self.first[i]..end]
+        self.at[self.first[i]..end]
+            .iter()
+            .map(|&pos| factors[pos as usize])
     }
 
     /// The step's batches in decision order, each slot emptied.
@@ -193,7 +192,7 @@ impl<M: Masters> Sim<M> {
         for (i, item) in self.items.iter_mut().enumerate() {
             let mut sum = 0.0;
             let mut max: f64 = 0.0;
-            for &f in self.slots.of_item(&factors, i) {
+            for f in self.slots.of_item(&factors, i) {
                 sum += f;
                 max = max.max(f);
             }

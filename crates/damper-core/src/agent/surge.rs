@@ -596,12 +596,12 @@ impl Entry {
             &self.held_rate,
             (held as f32).to_bits(),
         )));
-        let noise = self.surge_noise.load(Relaxed);
+        let steps_before = self.surge_noise.load(Relaxed);
         // Every step counts, surges too: a rate that keeps jumping back
         // and forth is noise however large, and one real jump raises the
         // bar only for a second or two.
         let step = held - held_before;
-        let steps = f64::from(f32::from_bits(noise));
+        let steps = f64::from(f32::from_bits(steps_before));
         let steps = (1.0 - NOISE_WEIGHT) * steps + NOISE_WEIGHT * step * step;
         // Below a millionth of a unit of cost per second, it is nothing (and
         // the pair can be skipped while it stays quiet).
@@ -616,7 +616,7 @@ impl Entry {
         self.slow_rate.store((slow as f32).to_bits(), Relaxed);
         // A fall must hold for two sub-windows (see `is_surge`).
         let rate = if rate < baseline { held } else { rate };
-        (rate, noise)
+        (rate, steps_before)
     }
 
     /// The slow rate, when it has fallen from `baseline` by a

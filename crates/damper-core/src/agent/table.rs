@@ -814,7 +814,11 @@ mod tests {
         let pinned = table.pin();
         let positions: Vec<Pos> = pinned.pairs().map(|p| p.pos).collect();
         assert_eq!(positions.len(), 2_100);
-        assert!(positions.iter().all(|&p| p as usize & CHUNK_SLOTS != CHUNK_SLOTS));
+        assert!(
+            positions
+                .iter()
+                .all(|&p| p as usize & CHUNK_SLOTS != CHUNK_SLOTS)
+        );
         assert!(pinned.get(&table.name("acct-2099", "op")).is_some());
     }
 

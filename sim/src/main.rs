@@ -69,6 +69,9 @@ struct Overrides {
     /// Overrides the scenario's `cluster.young_peeks`: true or false.
     #[arg(long, value_name = "BOOL")]
     young_peeks: Option<bool>,
+    /// Overrides the scenario's `cluster.sparse_hints`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    sparse_hints: Option<bool>,
     /// Overrides the scenario's `policy.confidence_sigmas` (0 to 20; 0:
     /// suppress on any excess).
     #[arg(long, value_name = "SIGMAS")]
@@ -108,6 +111,9 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     }
     if let Some(on) = overrides.young_peeks {
         scenario = scenario.with_young_peeks(on);
+    }
+    if let Some(on) = overrides.sparse_hints {
+        scenario = scenario.with_sparse_hints(on);
     }
     if let Some(sigmas) = overrides.confidence_sigmas {
         scenario = scenario

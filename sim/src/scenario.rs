@@ -119,6 +119,12 @@ pub struct ClusterSection {
     /// between the grid's scans. `false` leaves new pairs to the grid, as
     /// before young peeks.
     pub young_peeks: bool,
+    /// Sparse hints on the agents (default true; only with fast onset):
+    /// a pair of sparse costly operations that saw more of them than
+    /// chance allows is hinted to its master, which polls every agent for
+    /// the pair when several hint at once. `false` leaves such floods to
+    /// whole rounds, as before hints.
+    pub sparse_hints: bool,
     /// Whether agents give accounts by number to masters that hold their
     /// dictionaries (default true), so each name goes to a master once.
     /// `false` names every account in every rollup, as before numbers
@@ -148,6 +154,7 @@ impl Default for ClusterSection {
             low_noise: true,
             pace: true,
             young_peeks: true,
+            sparse_hints: true,
             account_numbers: true,
             surge_window_ms: 200,
             surge_jump: 4.0,
@@ -454,6 +461,13 @@ impl Scenario {
     pub fn with_young_peeks(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.young_peeks = on;
+        s
+    }
+
+    /// The scenario with sparse hints on or off on every agent.
+    pub fn with_sparse_hints(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.sparse_hints = on;
         s
     }
 

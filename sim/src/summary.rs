@@ -83,6 +83,11 @@ pub struct AccountSummary {
     pub false_rejections: u64,
     /// Cost admitted above the limit, summed over seconds.
     pub over_admitted: u64,
+    /// Worst stretch of overload: the cost admitted above the limit in its
+    /// first 6 seconds (fewer if it is shorter). What one onset gets
+    /// through before it is held, apart from the steady seconds' noise
+    /// that `over_admitted` sums over a long flood.
+    pub onset_over_admitted: Option<u64>,
     /// When several traffic items share the (account, op) (publishers of
     /// one account): over 10 s buckets of the steady seconds (as for
     /// `steady_admitted_ratio`), the worst relative difference between
@@ -259,6 +264,7 @@ fn account(pair: &PairSeries) -> AccountSummary {
         peak_6s_ratio: None,
         false_rejections: 0,
         over_admitted: 0,
+        onset_over_admitted: None,
         fairness_10s: None,
     };
     let Some(limit) = pair.limit else {
@@ -273,6 +279,15 @@ fn account(pair: &PairSeries) -> AccountSummary {
         .iter()
         .map(|&(start, _)| admitted[start] / limit)
         .reduce(f64::max);
+    out.onset_over_admitted = stretches
+        .iter()
+        .map(|&(start, end)| {
+            admitted[start..end.min(start + ONSET_S)]
+                .iter()
+                .map(|a| (a - limit).max(0.0) as u64)
+                .sum()
+        })
+        .max();
     out.release_s = release(pair, &attempted, &stretches, limit);
     out.peak_6s_ratio = admitted
         .chunks(6)
@@ -287,6 +302,10 @@ fn account(pair: &PairSeries) -> AccountSummary {
     }
     out
 }
+
+/// The seconds of an overload stretch `onset_over_admitted` sums: as long
+/// as the bucket `peak_6s_ratio` reads.
+const ONSET_S: usize = 6;
 
 /// Over the steady part of each overload stretch (from its 10th second):
 /// the admitted rate over the limit, and the peak-to-peak of its

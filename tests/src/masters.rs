@@ -5,7 +5,8 @@
 //!   message encoded to `damper.v1` bytes and decoded back exactly as gRPC
 //!   carries it. Fast enough for simulated minutes.
 //!   [`WireMasters::predating_fast_onset`] makes them masters as they were
-//!   before fast onset, for the compatibility tests.
+//!   before fast onset, and [`WireMasters::predating_hints`] as they were
+//!   before sparse hints, for the compatibility tests.
 //! - [`GrpcMasters`]: [`Master`]s served over real gRPC on `127.0.0.1:0`,
 //!   called with tonic's client, their clocks set to the simulated time of
 //!   each call.
@@ -77,6 +78,15 @@ pub struct WireMasters {
     clock: Arc<ManualClock>,
     /// Whether they behave as masters before fast onset did.
     old: bool,
+    /// Whether they behave as masters before sparse hints did (fast onset
+    /// otherwise as today): they decode early reports without `hints` and
+    /// `ops`, and never say they take hints.
+    before_hints: bool,
+    /// Whether the agents decode pushes as agents before polls did: the
+    /// polls a push carries are dropped on the way.
+    pub agents_ignore_polls: bool,
+    /// Pushes whose polls were dropped so.
+    pub polls_dropped: usize,
     /// Bytes of requests and replies carried so far.
     pub wire_bytes: usize,
     /// Rollups that gave some account by number.
@@ -128,6 +138,9 @@ impl WireMasters {
             masters,
             clock,
             old: false,
+            before_hints: false,
+            agents_ignore_polls: false,
+            polls_dropped: 0,
             wire_bytes: 0,
             numbered_rollups: 0,
         }
@@ -143,6 +156,63 @@ impl WireMasters {
             ..WireMasters::new(config, count)
         }
     }
+}
+
+impl WireMasters {
+    /// Masters as they were before sparse hints, with fast onset as
+    /// today: they decode early reports without `OpAccounts.hints` and
+    /// `ops` (a hint would read as an early report of a jump) and never
+    /// set `RollupReply.takes_hints`, so today's agents send them none.
+    pub fn predating_hints(config: &str, count: usize) -> WireMasters {
+        WireMasters {
+            before_hints: true,
+            ..WireMasters::new(config, count)
+        }
+    }
+}
+
+/// `OpAccounts` as `damper.v1` had it before sparse hints (fields 1–6).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OpAccountsV1 {
+    /// Field 1.
+    #[prost(string, tag = "1")]
+    pub op: String,
+    /// Field 2.
+    #[prost(string, repeated, tag = "2")]
+    pub accounts: Vec<String>,
+    /// Field 3.
+    #[prost(float, repeated, tag = "3")]
+    pub rates: Vec<f32>,
+    /// Field 4.
+    #[prost(float, repeated, tag = "4")]
+    pub baselines: Vec<f32>,
+    /// Field 5.
+    #[prost(bool, repeated, tag = "5")]
+    pub surged: Vec<bool>,
+    /// Field 6.
+    #[prost(bool, repeated, tag = "6")]
+    pub joined: Vec<bool>,
+}
+
+/// `FactorsRequest` before sparse hints: its ops as [`OpAccountsV1`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FactorsRequestV1 {
+    /// Field 1.
+    #[prost(string, tag = "1")]
+    pub agent_id: String,
+    /// Field 2.
+    #[prost(message, repeated, tag = "2")]
+    pub ops: Vec<OpAccountsV1>,
+    /// Field 3.
+    #[prost(uint64, tag = "3")]
+    pub surge_at_unix_ms: u64,
+}
+
+/// What a master that predates sparse hints sees of `bytes`, a
+/// `FactorsRequest`: the fields it knew, as today's type.
+pub fn as_seen_before_hints(bytes: &[u8]) -> FactorsRequest {
+    let old = FactorsRequestV1::decode(bytes).expect("a FactorsRequest decodes as the old one");
+    FactorsRequest::decode(old.encode_to_vec().as_slice()).expect("old fields decode")
 }
 
 impl Masters for WireMasters {
@@ -167,6 +237,7 @@ impl Masters for WireMasters {
                 let mut reply = master.rollup_bytes(&bytes).map_err(refusal)?;
                 // Masters before fast onset predate account numbers too.
                 reply.takes_ids &= !self.old;
+                reply.takes_hints &= !(self.old || self.before_hints);
                 reply
             }
             Request::Factors(q) => {
@@ -178,6 +249,13 @@ impl Masters for WireMasters {
                     if seen.ops.is_empty() {
                         reply.ops.clear();
                     }
+                    reply.takes_hints = false;
+                    reply
+                } else if self.before_hints {
+                    let mut reply = master
+                        .factors(&as_seen_before_hints(&bytes))
+                        .map_err(refusal)?;
+                    reply.takes_hints = false;
                     reply
                 } else {
                     let decoded = FactorsRequest::decode(bytes.as_slice()).expect("encoded above");
@@ -202,7 +280,12 @@ impl Masters for WireMasters {
         if self.old {
             return None;
         }
-        next_push(&mut self.watched[m], &mut self.wire_bytes)
+        let mut push = next_push(&mut self.watched[m], &mut self.wire_bytes)?;
+        if self.agents_ignore_polls && !push.polls.is_empty() {
+            push.polls.clear();
+            self.polls_dropped += 1;
+        }
+        Some(push)
     }
 
     fn restart(&mut self, _: usize, _: Nanos) {

@@ -527,3 +527,69 @@ async fn rollups_name_accounts_once_and_a_restarted_master_gets_the_names_again(
     );
     restarted.stop().await;
 }
+
+/// Sparse hints over real gRPC, at production timing: twelve agents hold
+/// an account of costly operations (cost 51, a limit of 2 000/s) at one
+/// operation per round each, then each sends ten a second, 6 120/s in
+/// all: each agent alone sees two operations per sub-window, which its
+/// surge test calls chance. Their hints reach the master within half a
+/// second, it polls every agent on their `Watch` streams, their answers
+/// suppress the account, and every agent holds a factor well before the
+/// first round after the onset could have said so (2 s and its spread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_costly_flood_spread_thin_is_polled_and_held_before_its_round() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 2000").unwrap();
+    let served = ServedMaster::start(Master::new(config, MasterOptions::default()), None).await;
+    let address = served.address.to_string();
+    let agents: Vec<Agent> = (0..12)
+        .map(|i| {
+            Agent::builder()
+                .masters([address.as_str()])
+                .agent_id(format!("edge-sparse-{i}"))
+                .start()
+                .unwrap()
+        })
+        .collect();
+    // Three rounds at one operation per round each: the pairs reported,
+    // their cost per operation learnt.
+    let ms =
+        || damper_core::time::Clock::now(&damper_core::time::SystemClock).as_nanos() / 1_000_000;
+    tokio::time::sleep(Duration::from_millis(2_000 - ms() % 2_000 + 100)).await;
+    for _ in 0..3 {
+        for (i, agent) in agents.iter().enumerate() {
+            tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 100 })).await;
+            assert!(agent.check("costly", "messages", 51).is_admit());
+        }
+        tokio::time::sleep(Duration::from_millis(2_000 - ms() % 2_000 + 100)).await;
+    }
+    // The flood, just after a cut: ten operations a second on each agent,
+    // until every agent holds a factor, for at most 1.8 s.
+    let start = tokio::time::Instant::now();
+    let held = |agents: &[Agent]| {
+        agents
+            .iter()
+            .all(|a| a.factor("costly", "messages").unwrap_or(0.0) > 0.0)
+    };
+    while start.elapsed() < Duration::from_millis(1_800) && !held(&agents) {
+        for agent in &agents {
+            agent.check("costly", "messages", 51);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = start.elapsed();
+    let stats: damper_agent::AgentStats = agents.iter().map(Agent::stats).sum();
+    println!(
+        "every agent held {took:?} after the onset; {} hints, {} polls answered",
+        stats.hints_sent, stats.polls_answered
+    );
+    assert!(
+        held(&agents),
+        "not every agent held after {took:?}: {stats:?}"
+    );
+    assert!(stats.hints_sent >= 2, "{stats:?}");
+    assert!(stats.polls_answered >= 6, "{stats:?}");
+    for agent in agents {
+        agent.shutdown().await;
+    }
+    served.stop().await;
+}

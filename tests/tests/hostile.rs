@@ -124,6 +124,7 @@ async fn made_up_pairs_and_lies_neither_exhaust_the_master_nor_free_or_suppress_
                     baselines: vec![0.0],
                     surged: vec![true],
                     joined: vec![],
+                    ..OpAccounts::default()
                 }],
                 surge_at_unix_ms: now_ms(),
             })

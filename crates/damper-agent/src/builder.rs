@@ -72,6 +72,7 @@ pub struct AgentBuilder {
     account_numbers: bool,
     low_noise: bool,
     pace: bool,
+    sparse_hints: bool,
     local_window: Duration,
     forget_after: Duration,
     request_timeout: Option<Duration>,
@@ -135,6 +136,7 @@ impl Default for AgentBuilder {
             account_numbers: true,
             low_noise: true,
             pace: true,
+            sparse_hints: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
@@ -230,6 +232,18 @@ impl AgentBuilder {
         self
     }
 
+    /// Sparse hints (default on): a pair of sparse costly operations that
+    /// saw more of them than chance allows, too few for this agent alone
+    /// to call a surge, is hinted to its master, which polls every agent
+    /// for the pair when several hint at once, so a flood of costly
+    /// operations spread thin over many nodes is held within a second
+    /// (`docs/design.md`, "Sparse hints"). Needs fast onset. Off only to
+    /// compare.
+    pub fn sparse_hints(mut self, on: bool) -> Self {
+        self.sparse_hints = on;
+        self
+    }
+
     /// The local guard's measurement window (default 250 ms).
     pub fn local_window(mut self, window: Duration) -> Self {
         self.local_window = window;
@@ -300,6 +314,7 @@ impl AgentBuilder {
         config.fast_onset = self.fast_onset;
         config.low_noise = self.low_noise;
         config.pace = self.pace;
+        config.sparse_hints = self.sparse_hints;
         // A pair `check` creates is young: the round peeks at it from the
         // moment the driver, woken here, shows it to the round.
         let young = Arc::new(tokio::sync::Notify::new());

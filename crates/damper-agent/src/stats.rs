@@ -17,6 +17,8 @@ pub(crate) struct Stats {
     pub(crate) early_reports: AtomicU64,
     pub(crate) early_reports_failed: AtomicU64,
     pub(crate) young_pairs_reported: AtomicU64,
+    pub(crate) hints_sent: AtomicU64,
+    pub(crate) polls_answered: AtomicU64,
     pub(crate) pushes_applied: AtomicU64,
     /// Cost admitted that a limit in shadow would have refused: added by
     /// `check` itself, on the shadow path only.
@@ -40,6 +42,8 @@ impl Default for Stats {
             early_reports: AtomicU64::new(0),
             early_reports_failed: AtomicU64::new(0),
             young_pairs_reported: AtomicU64::new(0),
+            hints_sent: AtomicU64::new(0),
+            polls_answered: AtomicU64::new(0),
             pushes_applied: AtomicU64::new(0),
             would_reject_cost: AtomicU64::new(0),
             would_reject_recorded: AtomicU64::new(0),
@@ -64,6 +68,8 @@ impl Stats {
             early_reports: s.early_reports.load(Relaxed),
             early_reports_failed: s.early_reports_failed.load(Relaxed),
             young_pairs_reported: s.young_pairs_reported.load(Relaxed),
+            hints_sent: s.hints_sent.load(Relaxed),
+            polls_answered: s.polls_answered.load(Relaxed),
             pushes_applied: s.pushes_applied.load(Relaxed),
             would_reject_cost: s.would_reject_cost.load(Relaxed),
             rollup_latency: LatencyHistogram {
@@ -177,6 +183,13 @@ pub struct AgentStats {
     /// this agent and reported by their own peek between the sub-window
     /// grid's scans, because they arrived as floods.
     pub young_pairs_reported: u64,
+    /// Sparse hints in those early reports: pairs of sparse costly
+    /// operations that saw more of them than chance allows, too few for
+    /// this agent alone to call a surge.
+    pub hints_sent: u64,
+    /// (account, op) pairs this agent held that a master polled (several
+    /// agents' hints came together), each reported early in answer.
+    pub polls_answered: u64,
     /// (account, op) verdicts a master pushed (an early report elsewhere
     /// turned the account's suppression on or off) that this agent held
     /// and applied.
@@ -204,6 +217,8 @@ impl std::iter::Sum for AgentStats {
             early_reports: s.early_reports + a.early_reports,
             early_reports_failed: s.early_reports_failed + a.early_reports_failed,
             young_pairs_reported: s.young_pairs_reported + a.young_pairs_reported,
+            hints_sent: s.hints_sent + a.hints_sent,
+            polls_answered: s.polls_answered + a.polls_answered,
             pushes_applied: s.pushes_applied + a.pushes_applied,
             would_reject_cost: s.would_reject_cost + a.would_reject_cost,
             rollup_latency: LatencyHistogram {

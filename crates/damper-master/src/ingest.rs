@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use damper_core::Pair;
-use damper_core::master::{MasterState, SurgeTaken, push_reply};
+use damper_core::master::{HintStats, MasterState, SurgeTaken, push_reply};
 use damper_core::wire::dictionary::Expansion;
 use damper_core::wire::{
     FactorsQuery, Reply, ReplyBuilder, ReplyHeader, Rollup, RollupError, query_reply,
@@ -57,6 +57,21 @@ pub(crate) struct Warned {
     refused_unlogged: AtomicU64,
 }
 
+/// Counts what one early report's entry did to a shard's sparse hints:
+/// hints taken, pairs polled, polls refused for the per-interval bound.
+fn count_hints(before: HintStats, after: HintStats) {
+    let hints = after.hints - before.hints;
+    if hints == 0 {
+        return;
+    }
+    metrics::counter!("damper_master_hints_total").increment(hints);
+    metrics::counter!("damper_master_polls_total").increment(after.polls - before.polls);
+    let refused = after.polls_refused - before.polls_refused;
+    if refused > 0 {
+        metrics::counter!("damper_master_polls_refused_total").increment(refused);
+    }
+}
+
 /// How often refusals of one kind are logged.
 const WARN_EVERY_MS: u64 = 10_000;
 
@@ -93,6 +108,8 @@ impl Master {
     /// copied.
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
+        // Every account named: the sender's first rollups here.
+        let sent_named = rollup.dictionary == 0;
         let mut expanded = self.expand(now, rollup)?;
         let takes_ids = expanded.takes_ids;
         let options = &self.shared.options;
@@ -111,6 +128,7 @@ impl Master {
             metrics::counter!("damper_master_rollups_repeated_total").increment(1);
             let mut reply = self.answer_factors(&rollup.as_query())?;
             reply.takes_ids = takes_ids;
+            reply.takes_hints = sent_named;
             return Ok(reply);
         }
         let mut refused = Refused::default();
@@ -167,6 +185,9 @@ impl Master {
         self.count(rollup, totals, reply.listed(), foreign);
         let header = ReplyHeader {
             takes_ids,
+            // Said to an agent's first rollups (every account named), not
+            // to every steady round's (see `ReplyHeader::takes_hints`).
+            takes_hints: sent_named,
             ..self.header(foreign.unwrap_or(0))
         };
         Ok(reply.finish(now, header))
@@ -277,9 +298,17 @@ impl Master {
                         let mut state = self.lock(self.shard(account));
                         let allowance = self.new_pairs_left(&query.agent_id, now);
                         let mut refused = Refused::default();
+                        let before = state.hint_stats();
                         let (verdict, _) = refused.within(&mut state, allowance, |state| {
-                            state.surge(now, at, Pair::new(account, &op.op), *rates)
+                            state.surge(
+                                now,
+                                at,
+                                &query.agent_id,
+                                Pair::new(account, &op.op),
+                                *rates,
+                            )
                         });
+                        count_hints(before, state.hint_stats());
                         let transitions = state.take_transitions();
                         pushes.extend(state.take_pushes());
                         drop(state);
@@ -290,7 +319,9 @@ impl Master {
                             account: j,
                             error,
                         })?;
-                        if let Some(v) = verdict {
+                        // A hint asks for no verdict: its reply could cross a
+                        // push and undo it.
+                        if let Some(v) = verdict.filter(|_| !rates.hint) {
                             reply.add(i, || account.clone(), &v);
                         }
                     }
@@ -308,7 +339,12 @@ impl Master {
                 }
             }
         }
-        Ok(reply.finish(now, self.header(0)))
+        // A hello or a probe learns whether this master takes hints.
+        let header = ReplyHeader {
+            takes_hints: query.ops.is_empty(),
+            ..self.header(0)
+        };
+        Ok(reply.finish(now, header))
     }
 
     /// A receiver of every push from now on: the verdicts early reports
@@ -457,6 +493,7 @@ impl Master {
             ring_version: self.shared.ring.get().map_or(0, |v| v.ring.version()),
             foreign_entries: u32::try_from(foreign_entries).unwrap_or(u32::MAX),
             takes_ids: false,
+            takes_hints: false,
         }
     }
 

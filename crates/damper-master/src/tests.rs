@@ -372,6 +372,7 @@ fn early_reports_move_the_estimate_within_a_budget() {
             baselines: vec![0.0],
             surged: vec![false],
             joined: vec![],
+            ..OpAccounts::default()
         }],
         surge_at_unix_ms: T0_MS + 200,
     };
@@ -433,6 +434,7 @@ fn claims_above_max_claimed_rate_are_refused_and_count_nothing() {
             baselines: vec![0.0],
             surged: vec![false],
             joined: vec![],
+            ..OpAccounts::default()
         }],
         surge_at_unix_ms: T0_MS + 200,
     };

@@ -144,15 +144,19 @@ fn factors() -> impl Strategy<Value = FactorsRequest> {
         prop::collection::vec(rate(), 0..6),
         prop::collection::vec(any::<bool>(), 0..6),
         prop::collection::vec(any::<bool>(), 0..6),
+        prop::collection::vec(any::<bool>(), 0..6),
+        prop::collection::vec(any::<u32>(), 0..6),
     )
         .prop_map(
-            |(op, accounts, rates, baselines, surged, joined)| OpAccounts {
+            |(op, accounts, rates, baselines, surged, joined, hints, ops)| OpAccounts {
                 op,
                 accounts,
                 rates,
                 baselines,
                 surged,
                 joined,
+                hints,
+                ops,
             },
         );
     (name(), prop::collection::vec(op, 0..3), millis()).prop_map(|(agent_id, ops, surge_at)| {

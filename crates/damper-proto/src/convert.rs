@@ -197,6 +197,16 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                     } else {
                         Vec::new()
                     },
+                    hints: if op.surges.iter().any(|s| s.hint) {
+                        op.surges.iter().map(|s| s.hint).collect()
+                    } else {
+                        Vec::new()
+                    },
+                    ops: if op.surges.iter().any(|s| s.ops != 0) {
+                        op.surges.iter().map(|s| s.ops).collect()
+                    } else {
+                        Vec::new()
+                    },
                 })
                 .collect(),
             surge_at_unix_ms: q.surge_at.map_or(0, |t| t.as_millis()),
@@ -235,25 +245,38 @@ fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
             baseline: op.baselines.get(i).copied().unwrap_or(0.0),
             surged: op.surged.get(i).copied().unwrap_or(false),
             joined: op.joined.get(i).copied().unwrap_or(false),
+            hint: op.hints.get(i).copied().unwrap_or(false),
+            ops: op.ops.get(i).copied().unwrap_or(0),
         })
         .collect()
 }
 
 /// Why an early report's parallel lists do not line up, naming the field;
 /// `None` when every op's `rates`, `baselines` and `surged` are as long as
-/// its `accounts` (or all empty), and `joined` as long or empty.
+/// its `accounts` (or all empty), and `joined`, `hints` and `ops` each as
+/// long or empty (and empty when the rest are).
 pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
     request.ops.iter().enumerate().find_map(|(i, op)| {
         let n = op.accounts.len();
         let lens = [op.rates.len(), op.baselines.len(), op.surged.len()];
-        let joined = op.joined.len();
-        if lens == [0, 0, 0] && joined == 0 || lens == [n, n, n] && (joined == 0 || joined == n) {
-            return None;
+        let optional = [
+            ("joined", op.joined.len()),
+            ("hints", op.hints.len()),
+            ("ops", op.ops.len()),
+        ];
+        if lens != [0, 0, 0] && lens != [n, n, n] {
+            return Some(format!(
+                "ops[{i}]: rates ({}), baselines ({}) and surged ({}) must each have one value per account ({n})",
+                lens[0], lens[1], lens[2]
+            ));
         }
-        Some(format!(
-            "ops[{i}]: rates ({}), baselines ({}) and surged ({}) must each have one value per account ({n}), and joined ({joined}) one per account or none",
-            lens[0], lens[1], lens[2]
-        ))
+        let each = if lens == [0, 0, 0] { 0 } else { n };
+        optional
+            .into_iter()
+            .find(|&(_, len)| len != 0 && len != each)
+            .map(|(name, len)| {
+                format!("ops[{i}]: {name} ({len}) must have one value per account ({each}) or none")
+            })
     })
 }
 
@@ -298,6 +321,8 @@ impl From<Reply> for v1::RollupReply {
             ring_version: r.ring_version,
             foreign_entries: r.foreign_entries,
             takes_ids: r.takes_ids,
+            takes_hints: r.takes_hints,
+            polls: r.polls.into_iter().map(v1::OpAccounts::from).collect(),
         }
     }
 }
@@ -349,6 +374,30 @@ impl From<v1::RollupReply> for Reply {
             ring_version: r.ring_version,
             foreign_entries: r.foreign_entries,
             takes_ids: r.takes_ids,
+            takes_hints: r.takes_hints,
+            polls: r.polls.into_iter().map(OpAccounts::from).collect(),
+        }
+    }
+}
+
+/// A poll's pairs of one op (no surges).
+impl From<OpAccounts> for v1::OpAccounts {
+    fn from(op: OpAccounts) -> Self {
+        v1::OpAccounts {
+            op: op.op,
+            accounts: op.accounts,
+            ..v1::OpAccounts::default()
+        }
+    }
+}
+
+/// A poll's pairs of one op; any surges it carries are ignored.
+impl From<v1::OpAccounts> for OpAccounts {
+    fn from(op: v1::OpAccounts) -> Self {
+        OpAccounts {
+            op: op.op,
+            accounts: op.accounts,
+            surges: Vec::new(),
         }
     }
 }
@@ -403,7 +452,8 @@ mod tests {
                 0..4),
             interval in proptest::option::of(1u32..), recheck in proptest::option::of(1u32..),
             started in proptest::option::of(1u64..1 << 44), ring_version: u64, foreign_entries: u32,
-            takes_ids: bool,
+            takes_ids: bool, takes_hints: bool,
+            polls in proptest::collection::vec(("[a-z]{1,8}", proptest::collection::vec("[a-z]{1,8}", 0..3)), 0..3),
         ) -> Reply {
             let d = |ms: u32| Duration::from_millis(u64::from(ms));
             Reply {
@@ -416,7 +466,8 @@ mod tests {
                     overrides: overrides.into_iter().map(|(account, limit, shadow)| Override { account, limit, shadow }).collect(),
                 }).collect(),
                 rollup_interval: interval.map(d), recheck_after: recheck.map(d),
-                started: started.map(ms), ring_version, foreign_entries, takes_ids,
+                started: started.map(ms), ring_version, foreign_entries, takes_ids, takes_hints,
+                polls: polls.into_iter().map(|(op, accounts)| OpAccounts { op, accounts, surges: Vec::new() }).collect(),
             }
         }
     }
@@ -440,7 +491,8 @@ mod tests {
             let back = FactorsQuery::from(v1::FactorsRequest::from(query.clone()));
             prop_assert_eq!(back, query);
             let surges = pairs.enumerate().map(|(i, p)| {
-                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0, joined: i % 3 == 0 })
+                let (hint, ops) = (i % 4 == 1, (i % 5) as u32);
+                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0, joined: i % 3 == 0, hint, ops })
             });
             let query = FactorsQuery::surge(&rollup.agent_id, ms(1 << 40), surges);
             let request = v1::FactorsRequest::from(query.clone());

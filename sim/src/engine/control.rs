@@ -33,6 +33,10 @@ pub struct Control {
     pub pushes: u64,
     /// Bytes of those pushes, encoded.
     pub push_bytes: u64,
+    /// Sparse hints the early reports carried (entries, not requests).
+    pub hints: u64,
+    /// Pushes that reached an agent carrying polls (among `pushes`).
+    pub poll_pushes: u64,
 }
 
 impl Control {
@@ -63,10 +67,13 @@ impl Control {
                 &mut self.probes,
                 v1::FactorsRequest::from(q.clone()).encoded_len(),
             ),
-            Message::Surge(q) => (
-                &mut self.surges,
-                v1::FactorsRequest::from(q.clone()).encoded_len(),
-            ),
+            Message::Surge(q) => {
+                self.hints += q.surges().filter(|(_, s)| s.hint).count() as u64;
+                (
+                    &mut self.surges,
+                    v1::FactorsRequest::from(q.clone()).encoded_len(),
+                )
+            }
             _ => unreachable!("every message a round sends is counted"),
         };
         *count += 1;
@@ -84,9 +91,10 @@ impl Control {
         v1::RollupReply::from(reply.clone()).encoded_len() as u64
     }
 
-    /// Counts a push of `bytes` reaching an agent.
-    pub(super) fn pushed(&mut self, bytes: u64) {
+    /// Counts a push of `bytes` reaching an agent, `polls` or not.
+    pub(super) fn pushed(&mut self, bytes: u64, polls: bool) {
         self.pushes += 1;
+        self.poll_pushes += u64::from(polls);
         self.push_bytes += bytes;
     }
 }

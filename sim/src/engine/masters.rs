@@ -123,8 +123,12 @@ impl Masters for SimMasters {
         let state = self.masters[m].as_mut().expect("answered only when up");
         let answered = match message {
             Message::Rollup(rollup) => expand(&mut self.dictionaries[m], now, rollup)
-                .and_then(|(rollup, mut expanded)| {
+                .and_then(|(named, mut expanded)| {
                     header.takes_ids = expanded.takes_ids;
+                    // Said to an agent's first rollups (every account
+                    // named), as the service does.
+                    header.takes_hints = rollup.dictionary == 0;
+                    let rollup = named;
                     let log = &mut self.logs[m];
                     let answer = state.answer_rollup_once_near(
                         now,

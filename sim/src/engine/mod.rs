@@ -209,6 +209,7 @@ impl<M: Masters> Sim<M> {
                 agent_config.fast_onset = scenario.cluster.fast_onset;
                 agent_config.low_noise = scenario.cluster.low_noise;
                 agent_config.pace = scenario.cluster.pace;
+                agent_config.sparse_hints = scenario.cluster.sparse_hints;
                 // Young pairs are measured over 20 ms: only steps that
                 // divide it measure them (see `wake_young`).
                 agent_config.young_peeks = scenario.cluster.young_peeks
@@ -532,7 +533,7 @@ impl<M: Masters> Sim<M> {
 
     /// A push from master `m` reaches agent `a`'s round.
     fn pushed(&mut self, a: usize, m: usize, reply: &Reply, bytes: u64) {
-        self.control.pushed(bytes);
+        self.control.pushed(bytes, !reply.polls.is_empty());
         let agent = &mut self.agents[a];
         agent
             .round

@@ -388,9 +388,14 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
             pairs,
             joined,
             young,
+            hints,
         } => {
-            tracing::debug!(%master, pairs, joined, young, "early report of surges");
+            tracing::debug!(%master, pairs, joined, young, hints, "early report of surges");
             metrics::counter!("damper_agent_early_report_pairs_total").increment(pairs as u64);
+            if hints > 0 {
+                shared.stats.hints_sent.fetch_add(hints as u64, Relaxed);
+                metrics::counter!("damper_agent_hints_sent_total").increment(hints as u64);
+            }
             if young > 0 {
                 shared
                     .stats
@@ -415,6 +420,11 @@ fn record(shared: &Shared, round: &AgentRound, event: RoundEvent, undelivered: &
                 .pushes_applied
                 .fetch_add(applied as u64, Relaxed);
             metrics::counter!("damper_agent_pushed_pairs_applied_total").increment(applied as u64);
+        }
+        RoundEvent::Polled { master, pairs } => {
+            tracing::debug!(%master, pairs, "a master polled pairs this agent holds");
+            shared.stats.polls_answered.fetch_add(pairs as u64, Relaxed);
+            metrics::counter!("damper_agent_polls_answered_total").increment(pairs as u64);
         }
         RoundEvent::Dropped { cost } => {
             shared.stats.dropped_cost.fetch_add(cost, Relaxed);

@@ -251,6 +251,12 @@ pub(super) const PACED: u8 = 2;
 /// scan closes (see `young`): that sub-window began before the pair, so
 /// its rate reads low, and its close judges no fall.
 pub(super) const YOUNG_REPORTED: u8 = 4;
+/// Whether the pair's last sparse hint still stands: its evidence has not
+/// gone since (see `hint`), so the same burst does not hint twice.
+pub(super) const HINTED: u8 = 8;
+/// The flags' high four bits: how many sub-windows in a row the scans
+/// closed empty, up to 15 (see [`Entry::note_empty`]).
+const EMPTY_SHIFT: u32 = 4;
 
 impl Entry {
     /// Makes this entry new at `now` (a slot made over for a new pair, no
@@ -559,6 +565,24 @@ impl Entry {
         if new != flags {
             self.scan_flags.store(new, Relaxed);
         }
+    }
+
+    /// Notes a closed sub-window, `empty` or not, in the run of empty
+    /// ones (saturating at 15; scanner only): a suppressed sparse pair's
+    /// fall is a run too long for its rate (see `hint`).
+    pub(super) fn note_empty(&self, empty: bool) {
+        let flags = self.scan_flags.load(Relaxed);
+        let run = flags >> EMPTY_SHIFT;
+        let run = if empty { (run + 1).min(15) } else { 0 };
+        let new = (flags & ((1 << EMPTY_SHIFT) - 1)) | (run << EMPTY_SHIFT);
+        if new != flags {
+            self.scan_flags.store(new, Relaxed);
+        }
+    }
+
+    /// How many sub-windows in a row the scans closed empty, up to 15.
+    pub(super) fn empty_run(&self) -> u8 {
+        self.scan_flags.load(Relaxed) >> EMPTY_SHIFT
     }
 
     /// Whether the local guard refuses some of this pair's operations

@@ -53,11 +53,16 @@
 //!   out before it is made over.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
+//! - `hint`: sparse hints, what one agent can say of a flood of costly
+//!   operations too thin on it to call ([`HINT_ALPHA`]).
 //! - `join`: telling a pair's new master, when the ring moved it between
 //!   rollups, what its previous master had ([`AgentState::offer_joins`]).
 //! - `pace`: the credit of a deeply suppressed pair following the share
 //!   of the rate its agent told the master, at each sub-window's end.
 //! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
+//! - `poll`: answering a master's poll of a pair whose sparse traffic
+//!   several agents hinted at ([`AgentState::answer_polls`],
+//!   [`AgentState::report_polls`]).
 //! - `surge`: finding the pairs whose demand jumped or fell since they
 //!   were last reported ([`AgentState::scan_surges`] at each sub-window's
 //!   end, [`AgentState::peek_surges`] halfway through it), against their
@@ -69,9 +74,11 @@ mod admission;
 mod drain;
 mod entry;
 mod forget;
+mod hint;
 mod join;
 mod pace;
 mod peek;
+mod poll;
 mod surge;
 mod table;
 mod young;
@@ -91,8 +98,10 @@ use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
+pub use hint::{FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, poisson_tail};
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
+pub use poll::{MAX_POLLED, POLL_SPAN};
 pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };
@@ -149,6 +158,13 @@ pub struct AgentConfig {
     /// the simulator when its traffic steps are too coarse to measure 20
     /// ms. Default on.
     pub young_peeks: bool,
+    /// Whether the scans offer *sparse hints*: a pair of sparse costly
+    /// operations that saw more of them over its last few hundred
+    /// milliseconds than chance allows, too few for one agent to call a
+    /// surge, is hinted to its master, which polls every agent for the pair
+    /// when several hint at once (see `hint` and `docs/design.md`). Needs
+    /// `fast_onset`. Off only to measure the difference. Default on.
+    pub sparse_hints: bool,
 }
 
 impl Default for AgentConfig {
@@ -161,6 +177,7 @@ impl Default for AgentConfig {
             low_noise: true,
             pace: true,
             young_peeks: true,
+            sparse_hints: true,
         }
     }
 }
@@ -355,6 +372,9 @@ pub struct AgentState {
     /// [`peek_young`](Self::peek_young). Taken when a pair is created,
     /// never on a known key's check.
     young: Mutex<Vec<young::YoungPair>>,
+    /// Pairs a master polled, being reported (see `poll`). Taken by the
+    /// round only, never by `check`.
+    polled: Mutex<Vec<poll::Polled>>,
     /// Told when the first young pair arrives (see
     /// [`with_young_hook`](Self::with_young_hook)).
     young_hook: Option<Box<dyn Fn() + Send + Sync>>,
@@ -386,6 +406,7 @@ impl AgentState {
             drain_lock: Mutex::new(()),
             fail_static: Vec::new(),
             young: Mutex::default(),
+            polled: Mutex::default(),
             young_hook: None,
         }
     }

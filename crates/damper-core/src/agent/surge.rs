@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::AgentState;
-use super::entry::{CONFIRM_ASKED, Entry, YOUNG_REPORTED};
+use super::entry::{CONFIRM_ASKED, Entry, HINTED, YOUNG_REPORTED};
+use super::hint::HintSpan;
 use crate::Pair;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -380,7 +381,9 @@ impl AgentState {
         let round = self.report_round(now);
         let op_limits = self.op_default_limits();
         let pinned = self.pairs.pin();
-        let mut taken = 0;
+        let window = rule.window().as_secs_f64();
+        let interval = self.config.rollup_interval.as_secs_f64();
+        let (mut taken, mut hinted) = (0, 0);
         for found in pinned.pairs() {
             let entry = found.entry();
             let total = entry.attempted_total() as u32;
@@ -389,7 +392,13 @@ impl AgentState {
                 Pass::Peek => entry.surge_total.load(Relaxed),
             };
             let cost = total.wrapping_sub(before);
+            if pass == Pass::Close {
+                entry.note_empty(cost == 0);
+            }
             let rate = f64::from(cost) / secs;
+            // The last whole sub-window's rate, before a close replaces it:
+            // a sparse hint's span reaches back over it.
+            let last_window = f64::from(f32::from_bits(entry.window_rate.load(Relaxed)));
             let (baseline, surged) = entry.told_rate(round);
             // A young peek reported it within this sub-window, which
             // began before it: its rate here reads low, and is no fall.
@@ -456,13 +465,41 @@ impl AgentState {
             {
                 slow
             } else {
+                if self.config.sparse_hints && suppressed && pass == Pass::Close {
+                    // Perhaps a hint of a flood's end spread over many.
+                    if let Some(hint) = entry.sparse_fall_hint(f64::from(baseline), window)
+                        && report(Pair::new(found.account().as_str(), found.op()), hint)
+                    {
+                        entry.set_scanned(HINTED, true);
+                        hinted += 1;
+                    }
+                } else if self.config.sparse_hints && !suppressed && !surged {
+                    // Not a surge on this agent: perhaps a hint of one
+                    // spread over many (see `hint`).
+                    let span = HintSpan {
+                        cost: f64::from(cost) + last_window * window,
+                        secs: secs + window,
+                        window,
+                        interval,
+                        close: pass == Pass::Close,
+                        noise: (f64::from(f32::from_bits(steps)) / 2.0).sqrt(),
+                        limit,
+                        covered: last_window > 0.0,
+                    };
+                    if let Some(hint) = entry.sparse_hint(f64::from(baseline), span)
+                        && report(Pair::new(found.account().as_str(), found.op()), hint)
+                    {
+                        entry.set_scanned(HINTED, true);
+                        hinted += 1;
+                    }
+                }
                 continue;
             };
             let rates = SurgeRates {
                 rate: rate as f32,
                 baseline,
                 surged,
-                joined: false,
+                ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
                 entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
@@ -470,7 +507,7 @@ impl AgentState {
                 taken += 1;
             }
         }
-        taken
+        taken + hinted
     }
 }
 

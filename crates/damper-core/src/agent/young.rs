@@ -188,6 +188,7 @@ impl AgentState {
                 baseline,
                 surged,
                 joined: false,
+                ..SurgeRates::default()
             };
             // Not taken: its master is busy with another early report.
             if !again || !report(Pair::new(&pair.account, &pair.op), rates) {

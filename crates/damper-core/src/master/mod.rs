@@ -31,12 +31,14 @@
 //!   snapshots.
 //! - `table`: where the pairs are kept and how one is found.
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
+//! - `hint`: sparse hints tallied, and the pairs they poll ([`HintStats`]).
 //! - `new_pairs`: [`NewPairBudget`], how many pairs one agent may add per
 //!   round.
 //! - `seen`: [`RollupLog`], the numbered rollups counted lately.
 //! - `push`: [`Push`], verdicts an early report flipped, for every agent.
 
 mod budget;
+mod hint;
 mod new_pairs;
 mod push;
 mod seen;
@@ -53,9 +55,11 @@ use crate::limits::{LimitMatch, Rate};
 use crate::time::Nanos;
 use crate::window::{DemandWindow, Dropped, Rates};
 
+pub use crate::window::{HINT_SPAN, HintFrom, hints_needed};
 pub use crate::wire::{Report, ReportError};
 use crate::wire::{SurgeRates, Validated, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
+pub use hint::{HintStats, POLLS_PER_INTERVAL};
 pub use new_pairs::NewPairBudget;
 pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
 pub use seen::RollupLog;
@@ -251,6 +255,11 @@ pub struct MasterState {
     /// Verdicts early reports flipped, not yet taken, when tracked
     /// ([`track_pushes`](Self::track_pushes)); `None` otherwise.
     pushes: Option<Vec<Push>>,
+    /// Sparse hints taken and polls made ([`hint_stats`](Self::hint_stats)),
+    /// and the polls of the current rollup interval, against
+    /// [`POLLS_PER_INTERVAL`].
+    hints: HintStats,
+    polls_in: (u64, usize),
 }
 
 impl MasterState {
@@ -270,6 +279,8 @@ impl MasterState {
             new_pairs_allowed: None,
             transitions: None,
             pushes: None,
+            hints: HintStats::default(),
+            polls_in: (0, 0),
         }
     }
 
@@ -406,16 +417,22 @@ impl MasterState {
         verdict
     }
 
-    /// Takes one early report received at `now`: an agent's rate for an
-    /// (account, op) over the sub-window that ended at `at`, against the
+    /// Takes one early report from `agent` received at `now`: its rate for
+    /// an (account, op) over the sub-window that ended at `at`, against the
     /// rate it last reported (see [`DemandWindow::surge`]). Returns the
     /// verdict, marked for a recheck after the policy's `surge_recheck`
     /// (other agents' early reports of the same sub-window are still on
     /// their way), or `None` when no limit applies.
+    ///
+    /// A sparse hint ([`SurgeRates::hint`]) moves no estimate: it is
+    /// tallied ([`DemandWindow::hint`]), and when the pair's hints come
+    /// together beyond chance, the pair is polled (a [`Push::poll`], when
+    /// pushes are tracked). Its verdict is the one in force.
     pub fn surge(
         &mut self,
         now: Nanos,
         at: Nanos,
+        agent: &str,
         pair: Pair<'_>,
         rates: SurgeRates,
     ) -> Result<Option<Verdict>, ReportError> {
@@ -425,6 +442,9 @@ impl MasterState {
         let Some(i) = self.find_or_insert(op, pair.account, now) else {
             return Ok(None);
         };
+        if rates.hint {
+            return Ok(self.hint(now, i, agent, pair, rates));
+        }
         let key = self.entries.get_mut(i);
         // An agent whose clock runs ahead: its sub-window ended by now.
         key.window
@@ -727,6 +747,23 @@ impl MasterState {
 /// confirm it; a deluge is far above.
 pub const SURGE_MARGIN: f64 = 1.15;
 
+/// How many standard deviations of its Poisson noise a surge estimate
+/// summed from counted operations (a poll's answers: a few dozen costly
+/// operations over many agents) must stand above the limit to suppress.
+pub const POLL_SIGMAS: f64 = 3.0;
+
+/// How far above the limit a surge estimate must be to suppress:
+/// [`SURGE_MARGIN`], or, when its first reports counted `ops` operations,
+/// [`POLL_SIGMAS`] of their noise if that is more (30 operations: 1.55×),
+/// so a poll that chance set off on an account near its limit, whose
+/// answers sum a few dozen operations, does not suppress it.
+pub fn surge_margin(ops: u32) -> f64 {
+    if ops == 0 {
+        return SURGE_MARGIN;
+    }
+    SURGE_MARGIN.max(1.0 + POLL_SIGMAS / f64::from(ops).sqrt())
+}
+
 /// How far over its limit a round's demand must be to suppress before the
 /// window has seen enough whole rounds to know their scatter (eight
 /// changes between them): a deluge is far above, and a round of a small
@@ -756,7 +793,7 @@ fn verdict(
 ) -> Verdict {
     let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
-    if estimate.surge && estimate.rates.demand <= limit.get() * SURGE_MARGIN {
+    if estimate.surge && estimate.rates.demand <= limit.get() * surge_margin(estimate.surge_ops) {
         estimate.rates.demand = estimate.rates.demand.min(limit.get());
     }
     let mut factor = config.policy.kind.factor(limit, estimate.rates);

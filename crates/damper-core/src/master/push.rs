@@ -22,7 +22,7 @@ use std::time::Duration;
 use super::{MasterState, Verdict};
 use crate::config::MasterConfig;
 use crate::time::Nanos;
-use crate::wire::{Listed, OpVerdicts, Reply, Unlisted};
+use crate::wire::{Listed, OpAccounts, OpVerdicts, Reply, Unlisted};
 
 /// How far under its limit a rollup must bring a suppressed account's
 /// demand for its release to be pushed: well under, so an account that
@@ -35,7 +35,7 @@ pub const RELEASE_PUSH_SHARE: f64 = 0.75;
 /// send to every agent.
 pub const PUSH_MAX_PAIRS: usize = 10_000;
 
-/// One verdict to push.
+/// One verdict to push, or one poll.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Push {
     /// The op.
@@ -44,6 +44,11 @@ pub struct Push {
     pub account: String,
     /// Its verdict after the early report.
     pub verdict: Verdict,
+    /// A poll rather than a verdict: agents holding the pair are asked for
+    /// their rate now (their sparse hints came together, see
+    /// [`MasterState::surge`]), and `verdict` is the one in force, not
+    /// sent.
+    pub poll: bool,
 }
 
 impl MasterState {
@@ -83,6 +88,22 @@ impl MasterState {
                     recheck_at: None,
                     ..*verdict
                 },
+                poll: false,
+            });
+        }
+    }
+
+    /// Queues a poll of the pair if pushes are tracked (see
+    /// [`Push::poll`]), with the verdict in force.
+    pub(super) fn queue_poll(&mut self, account: &str, op: &str, verdict: Verdict) {
+        if let Some(pushes) = &mut self.pushes
+            && pushes.len() < PUSH_MAX_PAIRS
+        {
+            pushes.push(Push {
+                op: op.to_owned(),
+                account: account.to_owned(),
+                verdict,
+                poll: true,
             });
         }
     }
@@ -114,8 +135,9 @@ impl MasterState {
 }
 
 /// The message that carries `pushes` to agents: a reply listing every
-/// pushed pair (none is implied by its op's default), grouped by op,
-/// stamped with `started` and the master's interval like any reply.
+/// pushed verdict (none is implied by its op's default), grouped by op,
+/// and every poll in its `polls`, stamped with `started` and the master's
+/// interval like any reply.
 pub fn push_reply(
     config: &MasterConfig,
     pushes: Vec<Push>,
@@ -123,7 +145,19 @@ pub fn push_reply(
     started: Nanos,
 ) -> Reply {
     let mut ops: Vec<OpVerdicts> = Vec::new();
+    let mut polls: Vec<OpAccounts> = Vec::new();
     for push in pushes {
+        if push.poll {
+            match polls.iter_mut().find(|o| o.op == push.op) {
+                Some(op) => op.accounts.push(push.account),
+                None => polls.push(OpAccounts {
+                    op: push.op,
+                    accounts: vec![push.account],
+                    surges: Vec::new(),
+                }),
+            }
+            continue;
+        }
         let listed = Listed::new(push.account, &push.verdict, 0.0);
         match ops.iter_mut().find(|o| o.op == push.op) {
             Some(op) => op.listed.push(listed),
@@ -143,6 +177,8 @@ pub fn push_reply(
         ring_version: 0,
         foreign_entries: 0,
         takes_ids: false,
+        takes_hints: true,
+        polls,
     }
 }
 
@@ -188,9 +224,10 @@ mod tests {
             baseline,
             surged: false,
             joined: false,
+            ..SurgeRates::default()
         };
         let pair = Pair::new("acme", "messages");
-        m.surge(at(ms), at(ms), pair, rates)
+        m.surge(at(ms), at(ms), "a", pair, rates)
             .unwrap()
             .unwrap()
             .factor

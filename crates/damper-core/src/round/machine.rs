@@ -1,6 +1,6 @@
 //! [`AgentRound`]: the state machine behind the module's docs.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +91,8 @@ enum InFlight {
     },
     Hello {
         tried: usize,
+        /// The master asked, for what its reply says of it.
+        master: String,
     },
     Surge {
         master: String,
@@ -190,6 +192,10 @@ pub struct AgentRound {
     /// account once rather than every round (see
     /// [`crate::wire::dictionary`]).
     dictionaries: BTreeMap<String, AgentDictionary>,
+    /// The masters whose replies said they take sparse hints
+    /// ([`Reply::takes_hints`]): only those are sent any, since a master
+    /// that predates hints would read one as a jump.
+    hint_masters: BTreeSet<String>,
 }
 
 /// A rollup its master may or may not have counted, kept for it.
@@ -243,6 +249,7 @@ impl AgentRound {
             sequence: 0,
             in_doubt: BTreeMap::new(),
             dictionaries: BTreeMap::new(),
+            hint_masters: BTreeSet::new(),
             config,
         };
         if round.config.fast_onset.is_some() {
@@ -264,7 +271,11 @@ impl AgentRound {
         let first = agent_seed(&self.config.agent_id) as usize;
         let master = live[(first + tried) % live.len()].clone();
         let query = FactorsQuery::new(&self.config.agent_id, []);
-        self.transmit(master, Message::Probe(query), InFlight::Hello { tried });
+        let flight = InFlight::Hello {
+            tried,
+            master: master.clone(),
+        };
+        self.transmit(master, Message::Probe(query), flight);
     }
 
     /// The settings.
@@ -382,10 +393,15 @@ impl AgentRound {
     /// A push from `master` ([`crate::master::Push`]), received at `now`:
     /// its verdicts applied to the pairs this agent holds. Ignored with
     /// fast onset off, which is how the round ran before pushes.
+    ///
+    /// Pairs it polls ([`Reply::polls`]) that this agent holds are
+    /// reported at once (within the spacing of early reports to their
+    /// masters; else at the next scan), and again as their measure grows
+    /// (see `AgentState::answer_polls`).
     pub fn on_push(&mut self, now: Nanos, master: &str, reply: &Reply, state: &AgentState) {
-        if self.config.fast_onset.is_none() {
+        let Some(rule) = self.config.fast_onset else {
             return;
-        }
+        };
         let applied = state.apply_pushed(now, reply);
         let pairs = reply.ops.iter().map(|o| o.listed.len()).sum();
         self.events.push_back(RoundEvent::Pushed {
@@ -393,11 +409,42 @@ impl AgentRound {
             pairs,
             applied,
         });
+        if reply.polls.is_empty() || self.stopping {
+            return;
+        }
+        let noted = state.answer_polls(now, self.last_scan, rule.window(), &reply.polls);
+        self.events.push_back(RoundEvent::Polled {
+            master: master.to_owned(),
+            pairs: noted,
+        });
+        if noted > 0 {
+            let max = self.config.max_entries_per_request.max(1);
+            let busy = |master: &str| self.surge_busy(now, &rule, true, master);
+            let live = self.membership.live();
+            let takes_hints = |_: &str| false;
+            let mut batches = SurgeBatches::default();
+            state.report_polls(now, |pair, rates| {
+                batches.offer(live, busy, takes_hints, max, pair, rates)
+            });
+            self.send_surges(now, batches, true);
+        }
     }
 
     /// The answer to request `id`, received at `now`.
     pub fn on_reply(&mut self, now: Nanos, id: RequestId, reply: &Reply, state: &AgentState) {
-        match self.in_flight.remove(&id) {
+        let flight = self.in_flight.remove(&id);
+        if let Some(master) = flight.as_ref().and_then(InFlight::master) {
+            // Masters that take hints say so to probes and to rollups that
+            // name every account (sent without a dictionary), the replies
+            // that can say they do not.
+            let told = match &flight {
+                Some(InFlight::Probe { .. }) => true,
+                Some(InFlight::Rollup { defined, .. }) => defined.epoch == 0,
+                _ => false,
+            };
+            self.learn_hints(master, reply, told);
+        }
+        match flight {
             Some(InFlight::Rollup {
                 round,
                 master,
@@ -440,13 +487,30 @@ impl AgentRound {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
-            Some(InFlight::Hello { .. }) => state.learn_hello(reply),
+            Some(InFlight::Hello { master, .. }) => {
+                self.learn_hints(&master, reply, true);
+                state.learn_hello(reply);
+            }
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);
                 state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
             }
             None => {}
+        }
+    }
+
+    /// Notes whether `master` takes sparse hints, as its `reply` says: it
+    /// does if any reply says so; it does not if a reply that such masters
+    /// always tell (`told`: to a hello or probe, or to a rollup naming
+    /// every account) does not (a master replaced by an older build).
+    /// Other replies do not say, to keep two bytes off each.
+    fn learn_hints(&mut self, master: &str, reply: &Reply, told: bool) {
+        let known = self.hint_masters.contains(master);
+        if reply.takes_hints && !known {
+            self.hint_masters.insert(master.to_owned());
+        } else if !reply.takes_hints && told && known {
+            self.hint_masters.remove(master);
         }
     }
 
@@ -527,7 +591,7 @@ impl AgentRound {
             // Otherwise the factors in force stay until the next rollup's
             // reply.
             Some(InFlight::Recheck { .. }) | None => {}
-            Some(InFlight::Hello { tried }) if !self.stopping => self.hello(tried + 1),
+            Some(InFlight::Hello { tried, .. }) if !self.stopping => self.hello(tried + 1),
             Some(InFlight::Hello { .. }) => {}
             Some(InFlight::Probe { master }) => {
                 self.membership.failed(&master, now);
@@ -763,9 +827,14 @@ impl AgentRound {
         let max = self.config.max_entries_per_request.max(1);
         let busy = |master: &str| self.surge_busy(now, &rule, false, master);
         let live = self.membership.live();
+        let hint_masters = &self.hint_masters;
+        let takes_hints = |master: &str| hint_masters.contains(master);
         let mut batches = SurgeBatches::default();
-        let mut offer =
-            |pair: Pair<'_>, rates: SurgeRates| batches.offer(live, busy, max, pair, rates);
+        let mut offer = |pair: Pair<'_>, rates: SurgeRates| {
+            batches.offer(live, busy, takes_hints, max, pair, rates)
+        };
+        // Polled pairs due a report (see `AgentState::report_polls`).
+        state.report_polls(now, &mut offer);
         // The ring moved pairs since their counts last went out: their
         // new masters hear this agent's rates first, in these reports (a
         // join a busy master misses waits for the rounds, as before joins).
@@ -821,7 +890,7 @@ impl AgentRound {
         let live = self.membership.live();
         let mut batches = SurgeBatches::default();
         let next = state.peek_young(now, &rule, |pair, rates| {
-            batches.offer(live, busy, max, pair, rates)
+            batches.offer(live, busy, |_| false, max, pair, rates)
         });
         self.send_surges(now, batches, true);
         next
@@ -848,12 +917,23 @@ impl AgentRound {
                 batch.iter().map(|(p, r)| (p.as_pair(), *r)),
             );
             let joined = batch.iter().filter(|(_, r)| r.joined).count();
-            let pairs: Vec<OwnedPair> = batch.into_iter().map(|(p, _)| p).collect();
+            let hints = batch.iter().filter(|(_, r)| r.hint).count();
+            let reported = batch.len();
+            // The pairs whose verdicts the reply gives: a hint asks for
+            // none (its reply lists none, and a verdict it carried could
+            // be older than a push that crossed it), and marks no baseline
+            // a failure would undo.
+            let pairs: Vec<OwnedPair> = batch
+                .into_iter()
+                .filter(|(_, r)| !r.hint)
+                .map(|(p, _)| p)
+                .collect();
             self.events.push_back(RoundEvent::SurgeReported {
                 master: master.clone(),
-                pairs: pairs.len(),
+                pairs: reported,
                 joined,
                 young: if young { pairs.len() } else { 0 },
+                hints,
             });
             let flight = InFlight::Surge {
                 master: master.clone(),
@@ -1197,12 +1277,14 @@ struct SurgeBatches(BTreeMap<String, Vec<(OwnedPair, SurgeRates)>>);
 
 impl SurgeBatches {
     /// Takes `pair`'s surge for its master on `live` unless that master
-    /// is `busy` (see `AgentRound::surge_busy`) or its batch is full
-    /// (`max`).
+    /// is `busy` (see `AgentRound::surge_busy`), its batch is full
+    /// (`max`), or it is a sparse hint and the master does not take them
+    /// (`takes_hints`).
     fn offer(
         &mut self,
         live: &Ring,
         busy: impl Fn(&str) -> bool,
+        takes_hints: impl Fn(&str) -> bool,
         max: usize,
         pair: Pair<'_>,
         rates: SurgeRates,
@@ -1210,7 +1292,7 @@ impl SurgeBatches {
         let Some(master) = live.owner(pair.account) else {
             return false;
         };
-        if busy(master) {
+        if busy(master) || (rates.hint && !takes_hints(master)) {
             return false;
         }
         let batch = match self.0.get_mut(master) {

@@ -204,6 +204,18 @@ pub enum RoundEvent {
         /// the grid's scans (`AgentState::peek_young`): new accounts that
         /// arrived as floods.
         young: usize,
+        /// How many are sparse hints (`damper_core::agent::HINT_ALPHA`):
+        /// a few costly operations more than chance, for the master to
+        /// weigh with other agents' hints.
+        hints: usize,
+    },
+    /// A master's push polled pairs (their sparse traffic rose on several
+    /// agents at once): those this agent holds are reported early.
+    Polled {
+        /// The master.
+        master: String,
+        /// How many of the polled pairs this agent holds, to report.
+        pairs: usize,
     },
     /// A master's push arrived ([`AgentRound::on_push`]).
     Pushed {
@@ -241,5 +253,7 @@ pub fn grid_floor(now: Nanos, interval: Duration) -> Nanos {
     Nanos::from_nanos(now.as_nanos() / i * i)
 }
 
+#[cfg(test)]
+mod poll_tests;
 #[cfg(test)]
 mod tests;

@@ -29,11 +29,15 @@
 //! # Layout
 //! - this file: the window, its rounds and sub-intervals, the estimators.
 //! - `surge`: the surge estimate from early reports.
+//! - `hint`: the tally of agents' sparse hints, and when it polls.
 //! - `spread`: how much whole rounds scatter, and a slower average of
 //!   them: whether a demand over the limit is more than chance.
 
+mod hint;
 mod spread;
 mod surge;
+
+pub use hint::{HINT_SPAN, HintFrom, hints_needed};
 
 pub use spread::CONFIDENCE_SIGMAS;
 
@@ -86,6 +90,11 @@ pub struct Estimate {
     /// Whether the demand comes from early reports (a surge) rather than
     /// whole rounds: measured over short sub-windows, so noisier.
     pub surge: bool,
+    /// With `surge`: how many operations the reports that first moved it
+    /// counted, when they said (a poll's answers, `SurgeRates::ops`); 0
+    /// when not known. A rate summed from `n` operations is off by
+    /// `1 / √n` by chance.
+    pub surge_ops: u32,
 }
 
 /// Cost that arrived too late to fit in the window, so was not counted.
@@ -138,6 +147,9 @@ struct Extras {
     /// What early reports say, while it stands (`surge`): few windows
     /// surge at once. Not kept across a restart.
     surge: Option<surge::Surge>,
+    /// The agents' sparse hints lately (`hint`): only windows of sparse
+    /// costly traffic get any. Not kept across a restart.
+    hints: Option<hint::Hints>,
 }
 
 /// A window as snapshots hold it: the layout from before the extras were
@@ -163,6 +175,7 @@ impl From<WindowSnapshot> for DemandWindow {
                 Box::new(Extras {
                     sub_intervals: Some(*sub),
                     surge: None,
+                    hints: None,
                 })
             }),
             spread: s.spread,
@@ -228,7 +241,7 @@ impl DemandWindow {
                         head: 0,
                         buckets: vec![Counts::default(); ring_len(cfg)].into_boxed_slice(),
                     }),
-                    surge: None,
+                    ..Extras::default()
                 })
             }),
         }
@@ -437,7 +450,7 @@ impl DemandWindow {
         match self.surge_demand(cfg, now, estimate.rates.demand) {
             // Early reports that prove no more than the rounds leave the
             // rounds' estimate as it is, tested for chance as any.
-            Some(demand) if demand != estimate.rates.demand => Estimate {
+            Some((demand, surge_ops)) if demand != estimate.rates.demand => Estimate {
                 rates: Rates {
                     demand,
                     admitted: estimate.rates.admitted,
@@ -447,6 +460,7 @@ impl DemandWindow {
                 whole_by: estimate.whole_by,
                 first_round: false,
                 surge: true,
+                surge_ops,
             },
             _ => estimate,
         }
@@ -465,6 +479,7 @@ impl DemandWindow {
                 whole_by: None,
                 first_round: false,
                 surge: false,
+                surge_ops: 0,
             },
         }
     }
@@ -502,6 +517,7 @@ impl DemandWindow {
                 whole_by: (now < whole_by).then_some(whole_by),
                 first_round: true,
                 surge: false,
+                surge_ops: 0,
             }
         } else if self.reports[0] >= self.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
@@ -514,6 +530,7 @@ impl DemandWindow {
                 whole_by: None,
                 first_round: false,
                 surge: false,
+                surge_ops: 0,
             }
         } else {
             Estimate {
@@ -523,6 +540,7 @@ impl DemandWindow {
                 whole_by: Some(if now < whole_by { whole_by } else { past_due }),
                 first_round: false,
                 surge: false,
+                surge_ops: 0,
             }
         }
     }
@@ -654,6 +672,7 @@ mod tests {
             baseline: 100.0,
             surged: false,
             joined: false,
+            ..crate::wire::SurgeRates::default()
         };
         for estimator in [EstimatorKind::LatestRound, EstimatorKind::AblyMma] {
             let c = cfg(estimator);

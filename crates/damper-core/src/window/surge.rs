@@ -50,6 +50,11 @@ pub(super) struct Surge {
     /// (so chance spikes of a sparse account cannot pile up in it for
     /// ever); a surge that outlasts it is in the rounds by then.
     round: u64,
+    /// How many operations the reports counted that said (a poll's
+    /// answers), each agent's first report only: later ones measure the
+    /// same operations again over longer spans.
+    #[serde(default)]
+    ops: u32,
 }
 
 impl Surge {
@@ -135,13 +140,26 @@ impl DemandWindow {
         }
         surge.delta += rate - baseline;
         surge.up += rate - if rates.surged { baseline } else { 0.0 };
+        if !rates.surged {
+            surge.ops = surge.ops.saturating_add(rates.ops);
+        }
         true
     }
 
     /// The surge estimate's demand, while it stands at `now`, given the
-    /// rounds' estimate of it.
-    pub(super) fn surge_demand(&self, cfg: &WindowConfig, now: Nanos, rounds: f64) -> Option<f64> {
-        self.surge_at(cfg, now).map(|s| s.demand(rounds))
+    /// rounds' estimate of it, and, for a rise, the operations its first
+    /// reports counted (0: not said, or a fall). The count is what makes a
+    /// rise summed from few operations wait for more before it suppresses;
+    /// a fall needs no such care, and weighed so, a release whose answers
+    /// arrive one by one would cross the margin back and forth.
+    pub(super) fn surge_demand(
+        &self,
+        cfg: &WindowConfig,
+        now: Nanos,
+        rounds: f64,
+    ) -> Option<(f64, u32)> {
+        self.surge_at(cfg, now)
+            .map(|s| (s.demand(rounds), if s.is_fall() { 0 } else { s.ops }))
     }
 
     fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
@@ -179,7 +197,7 @@ mod tests {
             rate,
             baseline,
             surged,
-            joined: false,
+            ..SurgeRates::default()
         }
     }
 

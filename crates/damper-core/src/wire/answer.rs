@@ -94,7 +94,9 @@ impl MasterState {
     ) -> Result<(Reply, bool), RollupError> {
         let validated = rollup.validate(now, max_entries)?;
         if !log.first_time(now, &rollup.agent_id, rollup.incarnation, rollup.sequence) {
-            let reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
+            let mut reply = self.answer_factors(now, &rollup.as_query(), max_entries, header)?;
+            // Said as to any rollup (the agent reads it so).
+            reply.takes_hints = header.takes_hints;
             return Ok((reply, true));
         }
         let reply = self.answer_validated(validated, rollup, expanded, header);
@@ -112,6 +114,11 @@ impl MasterState {
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
         query.validate(max_entries)?;
+        // A hello or a probe learns whether this master takes hints.
+        let header = ReplyHeader {
+            takes_hints: query.ops.is_empty(),
+            ..header
+        };
         let mut reply = query_reply(self.config(), query);
         for (i, op) in query.ops.iter().enumerate() {
             for account in &op.accounts {
@@ -142,17 +149,19 @@ impl MasterState {
         if budget.take(&query.agent_id, now, at, gap)? == SurgeTaken::Repeat {
             return self.answer_factors(now, query, max_entries, header);
         }
+
         let mut reply = query_reply(self.config(), query);
         for (i, op) in query.ops.iter().enumerate() {
             for (j, (account, rates)) in op.accounts.iter().zip(&op.surges).enumerate() {
                 let verdict = self
-                    .surge(now, at, Pair::new(account, &op.op), *rates)
+                    .surge(now, at, &query.agent_id, Pair::new(account, &op.op), *rates)
                     .map_err(|error| RollupError::Entry {
                         op: i,
                         account: j,
                         error,
                     })?;
-                if let Some(v) = verdict {
+                // A hint asks for no verdict (see `AgentRound`).
+                if let Some(v) = verdict.filter(|_| !rates.hint) {
                     reply.add(i, || account.clone(), &v);
                 }
             }

@@ -29,6 +29,13 @@ pub struct ReplyHeader {
     /// Whether the master holds (or would make) a dictionary for the
     /// sender: [`Reply::takes_ids`].
     pub takes_ids: bool,
+    /// Whether to say the master takes sparse hints
+    /// ([`Reply::takes_hints`]). Every master of this build does; it says
+    /// so in replies to requests naming nothing (a hello, a probe) and to
+    /// rollups that name every account (an agent's first to it), not in
+    /// every steady round's or recheck's reply, where it would cost two
+    /// bytes each.
+    pub takes_hints: bool,
 }
 
 /// Builds the compact reply to one request, verdict by verdict.
@@ -178,6 +185,8 @@ impl ReplyBuilder {
             ring_version: header.ring_version,
             foreign_entries: header.foreign_entries,
             takes_ids: header.takes_ids,
+            takes_hints: header.takes_hints,
+            polls: Vec::new(),
         }
     }
 }

@@ -166,6 +166,21 @@ pub struct SurgeRates {
     /// prove: right for an account new to them, and never above what
     /// they already had otherwise.
     pub joined: bool,
+    /// A *sparse hint*: a pair of sparse costly operations saw more of
+    /// them over its last few hundred milliseconds than its rate explains,
+    /// but too few for any one agent to call a surge (see
+    /// `damper_core::agent::hint`). `rate` is that span's rate, for logs;
+    /// the master does not move its estimate by it, but counts the agents
+    /// that hint at once and, when they are more than chance, polls every
+    /// agent for the pair ([`Reply::polls`]). Sent only to masters that
+    /// say they take hints ([`Reply::takes_hints`]).
+    pub hint: bool,
+    /// How many operations `rate` was measured over, when the agent knows
+    /// what one costs (0: not known, or not counted): a sparse hint's
+    /// evidence, and a poll's answer's, whose Poisson noise (`1 / √ops`)
+    /// the master weighs before it suppresses on a few dozen operations
+    /// summed over many agents.
+    pub ops: u32,
 }
 
 /// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).
@@ -191,6 +206,14 @@ pub struct Reply {
     /// Whether the master holds a [`dictionary`] for the sender (or has
     /// room for one): its next rollups may give accounts by number.
     pub takes_ids: bool,
+    /// Whether the master takes sparse hints ([`SurgeRates::hint`]): one
+    /// that predates them would read a hint as an early report of a jump.
+    pub takes_hints: bool,
+    /// In a push: pairs whose master asks every agent that holds them for
+    /// their rate now (an early report), because several agents hinted at
+    /// once that their sparse traffic rose. Grouped by op; no surges.
+    /// Empty in every reply to a request.
+    pub polls: Vec<OpAccounts>,
 }
 
 /// One op's verdicts in a [`Reply`].

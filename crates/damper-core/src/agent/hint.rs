@@ -119,10 +119,11 @@ pub(super) struct HintSpan {
     /// Whether the scan closes a sub-window: only a close lets go of a
     /// hint whose evidence has gone.
     pub(super) close: bool,
-    /// The pair's own sub-window noise as the scans measured it (a
-    /// standard deviation, cost per second): traffic that comes in lumps
-    /// is not Poisson, and must rise further.
-    pub(super) noise: f64,
+    /// The pair's own sub-window noise as the scans measured it, as the
+    /// bits of `surge_noise` (a mean squared step: half of it is a
+    /// variance, cost per second squared): traffic that comes in lumps is
+    /// not Poisson, and must rise further.
+    pub(super) steps: u32,
     /// The pair's limit, cost per second, when known.
     pub(super) limit: Option<f64>,
     /// Whether the pair had traffic in the sub-window before the current
@@ -138,9 +139,18 @@ impl Entry {
     /// pair that hinted is not offered again while its evidence stands; a
     /// close without it lets it hint again. The caller sets [`HINTED`]
     /// when the hint is taken.
+    #[inline]
     pub(super) fn sparse_hint(&self, baseline: f64, span: HintSpan) -> Option<SurgeRates> {
         let quantum = f64::from(Quantum(self.quantum.load(Relaxed)).cost());
         if quantum == 0.0 || span.secs <= 0.0 {
+            return None;
+        }
+        // Fewer operations than any hint stands on: most pairs at most
+        // scans, told apart before any division.
+        if span.cost < f64::from(HINT_MIN_OPS) * quantum - 0.5 {
+            if span.close && self.scanned(HINTED) {
+                self.set_scanned(HINTED, false);
+            }
             return None;
         }
         let expected = baseline.max(quantum / span.interval);
@@ -161,7 +171,8 @@ impl Entry {
         let evident = (self.was_reported() || new_share())
             && ops >= f64::from(HINT_MIN_OPS)
             && rate >= HINT_RISE * expected
-            && rate - expected > HINT_NOISE_SIGMAS * span.noise
+            && rate - expected
+                > HINT_NOISE_SIGMAS * (f64::from(f32::from_bits(span.steps)) / 2.0).sqrt()
             && poisson_tail(expected * span.secs / quantum, ops as u32) <= HINT_ALPHA;
         if self.scanned(HINTED) {
             if span.close && !evident {
@@ -255,7 +266,7 @@ mod tests {
             window: 0.2,
             interval: 2.0,
             close,
-            noise: 0.0,
+            steps: 0,
             limit: Some(2_000.0),
             covered: true,
         }

@@ -108,10 +108,11 @@ impl AgentState {
     /// operation is known, against the rate its master holds for this
     /// agent. A pair taken is reported again once its span has doubled,
     /// until it reaches [`POLL_SPAN`], while its master suppresses it; one
-    /// not taken (its master busy) is
-    /// offered at the next call. Pairs gone, and those whose master's
-    /// surge estimate has lapsed since they were reported, leave. Returns
-    /// how many were taken.
+    /// not taken (its master busy) is offered at the next call. Pairs gone,
+    /// and those whose master's surge estimate has lapsed or whose answer
+    /// found no overload, leave. The round calls it on a push and at each
+    /// scan (every half sub-window), so a report is at most that late.
+    /// Returns how many were taken.
     pub fn report_polls(
         &self,
         now: Nanos,
@@ -160,7 +161,6 @@ impl AgentState {
             pair.due = pair.start + span * 2;
             span < POLL_SPAN
         });
-
         taken
     }
 
@@ -169,12 +169,5 @@ impl AgentState {
     fn interned(&self, op: &str) -> Option<Arc<str>> {
         let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         ops.get(op).map(|o| o.name.clone())
-    }
-
-    /// When the earliest polled pair is due a report; `None` when none is
-    /// held.
-    pub fn polls_due(&self) -> Option<Nanos> {
-        let polled = self.polled.lock().unwrap_or_else(|e| e.into_inner());
-        polled.iter().map(|p| p.due).min()
     }
 }

@@ -392,13 +392,7 @@ impl AgentState {
                 Pass::Peek => entry.surge_total.load(Relaxed),
             };
             let cost = total.wrapping_sub(before);
-            if pass == Pass::Close {
-                entry.note_empty(cost == 0);
-            }
             let rate = f64::from(cost) / secs;
-            // The last whole sub-window's rate, before a close replaces it:
-            // a sparse hint's span reaches back over it.
-            let last_window = f64::from(f32::from_bits(entry.window_rate.load(Relaxed)));
             let (baseline, surged) = entry.told_rate(round);
             // A young peek reported it within this sub-window, which
             // began before it: its rate here reads low, and is no fall.
@@ -416,6 +410,12 @@ impl AgentState {
             if cost == 0 && (pass == Pass::Peek || entry.is_quiet()) {
                 continue;
             }
+            // The run of empty sub-windows a suppressed pair's fall hint is
+            // judged on (a pair whose flood just stopped is not quiet for
+            // many sub-windows yet, its noise decaying slowly).
+            if pass == Pass::Close {
+                entry.note_empty(cost == 0);
+            }
             if pass == Pass::Close && entry.guarded_unconfirmed() && !entry.scanned(CONFIRM_ASKED) {
                 entry.set_scanned(CONFIRM_ASKED, true);
                 confirm(Pair::new(found.account().as_str(), found.op()));
@@ -425,14 +425,22 @@ impl AgentState {
             };
             // The noise as it stood before this sub-window closed,
             // computed when a test needs it (see `SurgeRule::is_surge_with`).
-            let (rate, steps, scale) = match pass {
+            // The last whole sub-window's rate, before a close replaces
+            // it: a sparse hint's span reaches back over it.
+            let (rate, steps, scale, last_window) = match pass {
                 Pass::Close => {
-                    let (rate, steps) = entry.close_sub_window(rate, cost, f64::from(baseline));
-                    (rate, steps, 1.0)
+                    let (rate, steps, last) =
+                        entry.close_sub_window(rate, cost, f64::from(baseline));
+                    (rate, steps, 1.0, last)
                 }
                 // See `peek_surges`: no follow-up on half a sub-window.
                 Pass::Peek if rate <= f64::from(baseline) || surged => continue,
-                Pass::Peek => (rate, entry.surge_noise.load(Relaxed), scale),
+                Pass::Peek => (
+                    rate,
+                    entry.surge_noise.load(Relaxed),
+                    scale,
+                    f64::from(f32::from_bits(entry.window_rate.load(Relaxed))),
+                ),
             };
             if young {
                 continue;
@@ -473,16 +481,24 @@ impl AgentState {
                         entry.set_scanned(HINTED, true);
                         hinted += 1;
                     }
-                } else if self.config.sparse_hints && !suppressed && !surged {
+                } else if self.config.sparse_hints
+                    && !suppressed
+                    && !surged
+                    && (cost > 0 || entry.scanned(HINTED))
+                {
                     // Not a surge on this agent: perhaps a hint of one
-                    // spread over many (see `hint`).
+                    // spread over many (see `hint`). Tested only when
+                    // something came since the last scan, whose span held
+                    // every operation this one's does (a close's over the
+                    // same length, a peek's over half a sub-window more),
+                    // or when a hint that stands may let go.
                     let span = HintSpan {
                         cost: f64::from(cost) + last_window * window,
                         secs: secs + window,
                         window,
                         interval,
                         close: pass == Pass::Close,
-                        noise: (f64::from(f32::from_bits(steps)) / 2.0).sqrt(),
+                        steps,
                         limit,
                         covered: last_window > 0.0,
                     };
@@ -612,8 +628,9 @@ impl Entry {
     /// judge against `baseline` (for a fall, the higher of the last two
     /// sub-windows') with the noise to judge it by, as the bits of
     /// `surge_noise` before this sub-window ([`noise`](Self::noise)
-    /// makes it a standard deviation).
-    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64) -> (f64, u32) {
+    /// makes it a standard deviation), and the rate of the sub-window
+    /// before this one.
+    fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64) -> (f64, u32, f64) {
         let previous = f64::from(f32::from_bits(replace(
             &self.window_rate,
             (rate as f32).to_bits(),
@@ -653,7 +670,7 @@ impl Entry {
         self.slow_rate.store((slow as f32).to_bits(), Relaxed);
         // A fall must hold for two sub-windows (see `is_surge`).
         let rate = if rate < baseline { held } else { rate };
-        (rate, steps_before)
+        (rate, steps_before, previous)
     }
 
     /// The slow rate, when it has fallen from `baseline` by a

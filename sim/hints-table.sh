@@ -31,22 +31,15 @@ run() { # false|true out-dir scenario-file
 
 runs_for_all "$seeds" "$work" "false true" run
 
-python3 - "$work" "$seeds" <<'PY'
-import json, os, statistics, sys
+PYTHONPATH=sim python3 - "$work" "$seeds" <<'PY'
+import sys
+from tables import fmt, med, runs, scenarios
 work, seeds = sys.argv[1], int(sys.argv[2])
-def med(rows, key):
-    xs = [r[key] for r in rows if r[key] is not None]
-    return statistics.median(xs) if xs else None
-def fmt(x, digits):
-    if x is None:
-        return "–"
-    return f"{x:,.{digits}f}".replace(",", " ")
 print("| scenario | hints | account (worst) | reaction s | release s | onset over | peak 6 s | over-admitted | false rej. | RPC/s | bytes/s | hints | poll pushes |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-names = sorted({f.rsplit("-", 1)[0] for f in os.listdir(work) if f.endswith(".jsonl")})
-for name in names:
+for name in scenarios(work):
     for on in ("false", "true"):
-        rows = [json.loads(l) for l in open(f"{work}/{name}-{on}.jsonl")]
+        rows = runs(work, name, on)
         print(f"| {name} | {'on' if on == 'true' else 'off'} | {rows[0]['account']} | "
               f"{fmt(med(rows, 'reaction'), 1)} | {fmt(med(rows, 'release'), 2)} | "
               f"{fmt(med(rows, 'onset_over'), 0)} | {fmt(med(rows, 'peak'), 2)} | "

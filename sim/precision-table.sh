@@ -30,19 +30,15 @@ run() { # on|off out-dir scenario-file
 
 runs_for_all "$seeds" "$work" "off on" run
 
-python3 - "$work" "$seeds" <<'PY'
-import json, os, statistics, sys
+PYTHONPATH=sim python3 - "$work" "$seeds" <<'PY'
+import sys
+from tables import fmt, scenarios
+from tables import median as med
+from tables import runs as runs_in
 work, seeds = sys.argv[1], int(sys.argv[2])
 PRECISION = ["cost1-flood", "costly-flood", "creeping-loss", "near-limit", "near-limit-small", "publishers"]
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-def fmt(x, digits):
-    if x is None:
-        return "–"
-    return f"{x:,.{digits}f}".replace(",", " ")
 def runs(name, v):
-    return [json.loads(l) for l in open(f"{work}/{name}-{v}.jsonl")]
+    return runs_in(work, name, v)
 label = {"off": "before", "on": "after"}
 print("| scenario | account | | steady ratio | p2p 6 s | p2p 1 s | false rej. | release s | fairness 10 s |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -59,8 +55,7 @@ for name in PRECISION:
 print()
 print("| scenario | | reaction s (worst) | release s (worst) | peak 6 s | over-admitted | false rej. (all accounts) |")
 print("|---|---|---|---|---|---|---|")
-names = sorted({f.rsplit("-", 1)[0] for f in os.listdir(work) if f.endswith(".jsonl")})
-for name in names:
+for name in scenarios(work):
     for v in ("off", "on"):
         rs = runs(name, v)
         def agg(key, f):

@@ -17,20 +17,26 @@ fn held_at_half() -> MasterState {
     let config = MasterConfig::from_toml(&format!("[limits]\nmessages = {L}\n")).unwrap();
     let mut m = MasterState::new(config);
     m.track_pushes(true);
-    for end in (2_000..=20_000).step_by(2_000) {
+    rounds(&mut m, 2_000..=20_000, 51, 51);
+    m
+}
+
+/// 40 agents' reports of `costly` for each 2-s round ending in `ends`
+/// (milliseconds), each `attempted` and `admitted` cost.
+fn rounds(m: &mut MasterState, ends: std::ops::RangeInclusive<u64>, attempted: u64, admitted: u64) {
+    for end in ends.step_by(2_000) {
         for _ in 0..40 {
             let report = Report {
                 account: "costly",
                 op: "messages",
                 start: at(end - 2_000),
                 end: at(end),
-                attempted: 51,
-                admitted: 51,
+                attempted,
+                admitted,
             };
             m.ingest(at(end + 5), &report).unwrap();
         }
     }
-    m
 }
 
 fn pair() -> Pair<'static> {
@@ -225,19 +231,7 @@ fn a_master_that_does_not_push_polls_nothing() {
 /// its rounds, to 30 s.
 fn holding_a_flood() -> MasterState {
     let mut m = held_at_half();
-    for end in (22_000..=30_000).step_by(2_000) {
-        for _ in 0..40 {
-            let report = Report {
-                account: "costly",
-                op: "messages",
-                start: at(end - 2_000),
-                end: at(end),
-                attempted: 500,
-                admitted: 100,
-            };
-            m.ingest(at(end + 5), &report).unwrap();
-        }
-    }
+    rounds(&mut m, 22_000..=30_000, 500, 100);
     assert!(m.verdict(at(30_100), "costly", "messages").unwrap().factor > 0.75);
     m.take_pushes();
     m

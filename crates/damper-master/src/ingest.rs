@@ -163,11 +163,15 @@ impl Master {
                 }
             });
             allowance = left;
-            // Logged once the shard is free for other rollups.
-            let transitions = state.take_transitions();
+            // Published under the shard's lock, so a pair's events keep the
+            // order its state changed in: published after it, another
+            // request's transitions of the same pair could take an earlier
+            // id (seen: `near_limit_ended` before the `suppression_ended`
+            // it follows, two agents' reports of one drop in a
+            // millisecond). Nothing to publish returns at once.
+            self.shared.events.publish(now, state.take_transitions());
             pushes.extend(state.take_pushes());
             drop(state);
-            self.shared.events.publish(now, transitions);
         }
         if expanded.moved() {
             // Where the pairs given by number are, for the next round.
@@ -309,10 +313,10 @@ impl Master {
                             )
                         });
                         count_hints(before, state.hint_stats());
-                        let transitions = state.take_transitions();
+                        // Under the shard's lock, as for rollups.
+                        self.shared.events.publish(now, state.take_transitions());
                         pushes.extend(state.take_pushes());
                         drop(state);
-                        self.shared.events.publish(now, transitions);
                         self.new_pairs_added(&query.agent_id, now, &refused);
                         let verdict = verdict.map_err(|error| RollupError::Entry {
                             op: i,

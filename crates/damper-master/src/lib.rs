@@ -303,13 +303,14 @@ impl Master {
             // (`examples/evict_stall.rs`).
             let mut cursor = 0;
             loop {
-                let (gone, done, transitions) = {
+                let (gone, done) = {
                     let mut state = self.lock(s);
                     let (gone, done) =
                         state.evict_idle_from(now, self.shared.idle_after, &mut cursor, EVICT_STEP);
-                    (gone, done, state.take_transitions())
+                    // Under the shard's lock, as for rollups (`ingest`).
+                    self.shared.events.publish(now, state.take_transitions());
+                    (gone, done)
                 };
-                self.shared.events.publish(now, transitions);
                 evicted += gone;
                 if done {
                     break;

@@ -40,7 +40,6 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::entry::{Entry, HINTED};
-use super::surge::Quantum;
 use crate::wire::SurgeRates;
 
 /// The most a hint test may fire by chance, per test of a pair at its
@@ -141,16 +140,14 @@ impl Entry {
     /// when the hint is taken.
     #[inline]
     pub(super) fn sparse_hint(&self, baseline: f64, span: HintSpan) -> Option<SurgeRates> {
-        let quantum = f64::from(Quantum(self.quantum.load(Relaxed)).cost());
+        let quantum = f64::from(self.op_cost());
         if quantum == 0.0 || span.secs <= 0.0 {
             return None;
         }
         // Fewer operations than any hint stands on: most pairs at most
         // scans, told apart before any division.
         if span.cost < f64::from(HINT_MIN_OPS) * quantum - 0.5 {
-            if span.close && self.scanned(HINTED) {
-                self.set_scanned(HINTED, false);
-            }
+            self.hint_stands(span.close);
             return None;
         }
         let expected = baseline.max(quantum / span.interval);
@@ -174,10 +171,7 @@ impl Entry {
             && rate - expected
                 > HINT_NOISE_SIGMAS * (f64::from(f32::from_bits(span.steps)) / 2.0).sqrt()
             && poisson_tail(expected * span.secs / quantum, ops as u32) <= HINT_ALPHA;
-        if self.scanned(HINTED) {
-            if span.close && !evident {
-                self.set_scanned(HINTED, false);
-            }
+        if self.hint_stands(span.close && !evident) {
             return None;
         }
         evident.then_some(SurgeRates {
@@ -199,7 +193,7 @@ impl Entry {
     /// hint again, and lets go of it once an operation comes. The caller
     /// sets [`HINTED`] when the hint is taken.
     pub(super) fn sparse_fall_hint(&self, told: f64, window: f64) -> Option<SurgeRates> {
-        let quantum = f64::from(Quantum(self.quantum.load(Relaxed)).cost());
+        let quantum = f64::from(self.op_cost());
         if quantum == 0.0 || told <= 0.0 {
             return None;
         }
@@ -209,10 +203,7 @@ impl Entry {
         }
         let run = self.empty_run();
         let evident = f64::from(run) * per_window >= (1.0 / FALL_ALPHA).ln();
-        if self.scanned(HINTED) {
-            if !evident {
-                self.set_scanned(HINTED, false);
-            }
+        if self.hint_stands(!evident) {
             return None;
         }
         evident.then_some(SurgeRates {
@@ -221,6 +212,17 @@ impl Entry {
             hint: true,
             ..SurgeRates::default()
         })
+    }
+
+    /// Whether this pair's last hint stood at this scan ([`HINTED`]): if
+    /// so, it offers no other, and lets go of it when `gone` (its
+    /// evidence has gone), so the next burst may hint again.
+    fn hint_stands(&self, gone: bool) -> bool {
+        let stands = self.scanned(HINTED);
+        if stands && gone {
+            self.set_scanned(HINTED, false);
+        }
+        stands
     }
 
     /// Whether a rollup has taken counts of this pair: until then its
@@ -235,6 +237,7 @@ impl Entry {
 mod tests {
     use super::*;
     use crate::agent::entry::Entry;
+    use crate::agent::surge::Quantum;
 
     #[test]
     fn poisson_tails_are_right() {

@@ -11,8 +11,6 @@
 //! told the previous master, which the new master adds to its estimate in
 //! full ([`SurgeRates::joined`]).
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use super::AgentState;
 use crate::Pair;
 use crate::time::Nanos;
@@ -61,8 +59,7 @@ impl AgentState {
                 ..SurgeRates::default()
             };
             if report(pair, join) {
-                entry.surge_rate.store(rate.to_bits(), Relaxed);
-                entry.surge_round.store(round, Relaxed);
+                entry.told_early(rate, round);
                 taken += 1;
             }
         }

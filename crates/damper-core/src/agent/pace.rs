@@ -38,7 +38,6 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::admission;
 use super::entry::{Entry, PACED, factor_of};
-use super::surge::Quantum;
 use crate::time::Nanos;
 
 /// The least master's factor under which a pair is paced, from the
@@ -115,7 +114,7 @@ impl Entry {
     /// The cost of one operation, as the scans learnt it (1 until they
     /// have).
     fn one(&self) -> f64 {
-        f64::from(Quantum(self.quantum.load(Relaxed)).cost().max(1))
+        f64::from(self.op_cost().max(1))
     }
 }
 

@@ -21,7 +21,6 @@ use std::time::Duration;
 use compact_str::CompactString;
 
 use super::AgentState;
-use super::surge::Quantum;
 use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{OpAccounts, SurgeRates};
@@ -141,7 +140,7 @@ impl AgentState {
             }
             let span = now.since(pair.start);
             let cost = entry.attempted_total().saturating_sub(pair.base);
-            let quantum = u64::from(Quantum(entry.quantum.load(Relaxed)).cost());
+            let quantum = u64::from(entry.op_cost());
             let rates = SurgeRates {
                 rate: (cost as f64 / span.as_secs_f64().max(1e-9)) as f32,
                 baseline,
@@ -155,8 +154,7 @@ impl AgentState {
                 return true;
             }
             taken += 1;
-            entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
-            entry.surge_round.store(round, Relaxed);
+            entry.told_early(rates.rate, round);
             pair.reported = Some(span);
             pair.due = pair.start + span * 2;
             span < POLL_SPAN

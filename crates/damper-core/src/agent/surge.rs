@@ -383,7 +383,7 @@ impl AgentState {
         let pinned = self.pairs.pin();
         let window = rule.window().as_secs_f64();
         let interval = self.config.rollup_interval.as_secs_f64();
-        let (mut taken, mut hinted) = (0, 0);
+        let mut taken = 0;
         for found in pinned.pairs() {
             let entry = found.entry();
             let total = entry.attempted_total() as u32;
@@ -473,19 +473,12 @@ impl AgentState {
             {
                 slow
             } else {
-                if self.config.sparse_hints && suppressed && pass == Pass::Close {
+                let hint = if !self.config.sparse_hints {
+                    None
+                } else if suppressed && pass == Pass::Close {
                     // Perhaps a hint of a flood's end spread over many.
-                    if let Some(hint) = entry.sparse_fall_hint(f64::from(baseline), window)
-                        && report(Pair::new(found.account().as_str(), found.op()), hint)
-                    {
-                        entry.set_scanned(HINTED, true);
-                        hinted += 1;
-                    }
-                } else if self.config.sparse_hints
-                    && !suppressed
-                    && !surged
-                    && (cost > 0 || entry.scanned(HINTED))
-                {
+                    entry.sparse_fall_hint(f64::from(baseline), window)
+                } else if !suppressed && !surged && (cost > 0 || entry.scanned(HINTED)) {
                     // Not a surge on this agent: perhaps a hint of one
                     // spread over many (see `hint`). Tested only when
                     // something came since the last scan, whose span held
@@ -502,12 +495,15 @@ impl AgentState {
                         limit,
                         covered: last_window > 0.0,
                     };
-                    if let Some(hint) = entry.sparse_hint(f64::from(baseline), span)
-                        && report(Pair::new(found.account().as_str(), found.op()), hint)
-                    {
-                        entry.set_scanned(HINTED, true);
-                        hinted += 1;
-                    }
+                    entry.sparse_hint(f64::from(baseline), span)
+                } else {
+                    None
+                };
+                if let Some(hint) = hint
+                    && report(Pair::new(found.account().as_str(), found.op()), hint)
+                {
+                    entry.set_scanned(HINTED, true);
+                    taken += 1;
                 }
                 continue;
             };
@@ -518,12 +514,11 @@ impl AgentState {
                 ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
-                entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
-                entry.surge_round.store(round, Relaxed);
+                entry.told_early(rates.rate, round);
                 taken += 1;
             }
         }
-        taken + hinted
+        taken
     }
 }
 
@@ -575,6 +570,19 @@ impl Entry {
         }
     }
 
+    /// Notes that an early report told the pair's master `rate` in
+    /// `round` (see [`told_rate`](Self::told_rate)).
+    pub(super) fn told_early(&self, rate: f32, round: u16) {
+        self.surge_rate.store(rate.to_bits(), Relaxed);
+        self.surge_round.store(round, Relaxed);
+    }
+
+    /// The cost of one operation as the scans learnt it (see [`Quantum`]):
+    /// 0 until they trust it.
+    pub(super) fn op_cost(&self) -> u32 {
+        Quantum(self.quantum.load(Relaxed)).cost()
+    }
+
     /// The rate this agent last told the pair's master, and whether it was
     /// an early report's (still in the master's surge estimate in `round`,
     /// the round it was sent in or the next) rather than a rollup's.
@@ -604,7 +612,7 @@ impl Entry {
         // The mean squared step between sub-windows is twice their
         // variance.
         let steps = f64::from(f32::from_bits(steps));
-        let quantum = Quantum(self.quantum.load(Relaxed)).cost();
+        let quantum = self.op_cost();
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
 
@@ -618,7 +626,7 @@ impl Entry {
     /// [`RISE_NOISE_SHARE`] for a rise), and never under the noise of
     /// counting.
     fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64, share: f64) -> f64 {
-        let quantum = Quantum(self.quantum.load(Relaxed)).cost();
+        let quantum = self.op_cost();
         let floor = counting_noise(quantum, baseline, secs);
         noise.min((share * baseline).max(floor))
     }

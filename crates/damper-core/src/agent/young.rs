@@ -27,7 +27,7 @@ use compact_str::CompactString;
 
 use super::AgentState;
 use super::entry::YOUNG_REPORTED;
-use super::surge::{Quantum, SurgeRule, counting_noise};
+use super::surge::{SurgeRule, counting_noise};
 use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::SurgeRates;
@@ -170,8 +170,7 @@ impl AgentState {
             let again = if pair.reported.is_some() {
                 (rate - f64::from(baseline)).abs() > RESAY * f64::from(baseline)
             } else {
-                let quantum = Quantum(entry.quantum.load(Relaxed)).cost();
-                let noise = counting_noise(quantum, f64::from(baseline), secs);
+                let noise = counting_noise(entry.op_cost(), f64::from(baseline), secs);
                 rule.is_surge(rate, f64::from(baseline), false, limit, noise)
             };
             // A reported pair waits for twice the operations; one that is
@@ -195,8 +194,7 @@ impl AgentState {
                 pair.due = next(pair.reported.is_some());
                 return true;
             }
-            entry.surge_rate.store(rates.rate.to_bits(), Relaxed);
-            entry.surge_round.store(round, Relaxed);
+            entry.told_early(rates.rate, round);
             entry.set_scanned(YOUNG_REPORTED, true);
             pair.reported = Some(rates.rate.to_bits());
             pair.due = next(true);

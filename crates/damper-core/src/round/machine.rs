@@ -114,6 +114,31 @@ impl InFlight {
             InFlight::Hello { .. } => None,
         }
     }
+
+    /// The master it went to, and whether that master's reply says for
+    /// certain whether it takes sparse hints: masters that do say so to
+    /// hellos, probes and rollups naming every account (sent without a
+    /// dictionary), the replies that can say they do not; other replies
+    /// do not say, to keep two bytes off each.
+    fn told_hints(&self) -> (&str, bool) {
+        match self {
+            InFlight::Hello { master, .. } | InFlight::Probe { master } => (master, true),
+            InFlight::Rollup {
+                master, defined, ..
+            } => (master, defined.epoch == 0),
+            InFlight::Recheck { master, .. } | InFlight::Surge { master, .. } => (master, false),
+        }
+    }
+}
+
+/// What sends an early report: the grid's scans, or between them a young
+/// peek or the answer to a poll (spaced from other reports alike, see
+/// `AgentRound::surge_sent`; only a young peek's pairs count as young).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sender {
+    Scan,
+    YoungPeek,
+    Poll,
 }
 
 /// A recheck due: when, which master, which `(op, account)` pairs, and
@@ -418,30 +443,16 @@ impl AgentRound {
             pairs: noted,
         });
         if noted > 0 {
-            let max = self.config.max_entries_per_request.max(1);
-            let busy = |master: &str| self.surge_busy(now, &rule, true, master);
-            let live = self.membership.live();
-            let takes_hints = |_: &str| false;
-            let mut batches = SurgeBatches::default();
-            state.report_polls(now, |pair, rates| {
-                batches.offer(live, busy, takes_hints, max, pair, rates)
+            self.report_between_scans(now, &rule, Sender::Poll, |offer| {
+                state.report_polls(now, offer)
             });
-            self.send_surges(now, batches, true);
         }
     }
 
     /// The answer to request `id`, received at `now`.
     pub fn on_reply(&mut self, now: Nanos, id: RequestId, reply: &Reply, state: &AgentState) {
         let flight = self.in_flight.remove(&id);
-        if let Some(master) = flight.as_ref().and_then(InFlight::master) {
-            // Masters that take hints say so to probes and to rollups that
-            // name every account (sent without a dictionary), the replies
-            // that can say they do not.
-            let told = match &flight {
-                Some(InFlight::Probe { .. }) => true,
-                Some(InFlight::Rollup { defined, .. }) => defined.epoch == 0,
-                _ => false,
-            };
+        if let Some((master, told)) = flight.as_ref().map(InFlight::told_hints) {
             self.learn_hints(master, reply, told);
         }
         match flight {
@@ -487,10 +498,7 @@ impl AgentRound {
                     self.events.push_back(RoundEvent::Rejoining { master });
                 }
             }
-            Some(InFlight::Hello { master, .. }) => {
-                self.learn_hints(&master, reply, true);
-                state.learn_hello(reply);
-            }
+            Some(InFlight::Hello { .. }) => state.learn_hello(reply),
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);
@@ -502,9 +510,8 @@ impl AgentRound {
 
     /// Notes whether `master` takes sparse hints, as its `reply` says: it
     /// does if any reply says so; it does not if a reply that such masters
-    /// always tell (`told`: to a hello or probe, or to a rollup naming
-    /// every account) does not (a master replaced by an older build).
-    /// Other replies do not say, to keep two bytes off each.
+    /// always tell (`told`, see [`InFlight::told_hints`]) does not (a
+    /// master replaced by an older build).
     fn learn_hints(&mut self, master: &str, reply: &Reply, told: bool) {
         let known = self.hint_masters.contains(master);
         if reply.takes_hints && !known {
@@ -872,7 +879,7 @@ impl AgentRound {
                     .push((now, master.clone(), chunk.to_vec(), false));
             }
         }
-        self.send_surges(now, batches, false);
+        self.send_surges(now, batches, Sender::Scan);
         self.counts_went_out();
     }
 
@@ -885,15 +892,30 @@ impl AgentRound {
         if due > now {
             return Some(due);
         }
+        self.report_between_scans(now, &rule, Sender::YoungPeek, |offer| {
+            state.peek_young(now, &rule, offer)
+        })
+    }
+
+    /// Early reports between the grid's scans, of the pairs `offer_all`
+    /// offers (`by` a young peek or a poll's answer): each master's waits
+    /// half a sub-window after any report to it (see `surge_sent`), and
+    /// none is a sparse hint. Returns what `offer_all` does.
+    fn report_between_scans<T>(
+        &mut self,
+        now: Nanos,
+        rule: &SurgeRule,
+        by: Sender,
+        offer_all: impl FnOnce(&mut dyn FnMut(Pair<'_>, SurgeRates) -> bool) -> T,
+    ) -> T {
         let max = self.config.max_entries_per_request.max(1);
-        let busy = |master: &str| self.surge_busy(now, &rule, true, master);
+        let busy = |master: &str| self.surge_busy(now, rule, true, master);
         let live = self.membership.live();
         let mut batches = SurgeBatches::default();
-        let next = state.peek_young(now, &rule, |pair, rates| {
-            batches.offer(live, busy, |_| false, max, pair, rates)
-        });
-        self.send_surges(now, batches, true);
-        next
+        let out =
+            offer_all(&mut |pair, rates| batches.offer(live, busy, |_| false, max, pair, rates));
+        self.send_surges(now, batches, by);
+        out
     }
 
     /// Whether an early report cannot go to `master` at `now`: one is in
@@ -906,9 +928,9 @@ impl AgentRound {
             })
     }
 
-    /// Sends one early report per master of `batches`, of `young` pairs
-    /// or the grid's.
-    fn send_surges(&mut self, now: Nanos, batches: SurgeBatches, young: bool) {
+    /// Sends one early report per master of `batches`, sent `by` a scan of
+    /// the grid or between its scans.
+    fn send_surges(&mut self, now: Nanos, batches: SurgeBatches, by: Sender) {
         for (master, mut batch) in batches.0 {
             batch.sort_unstable_by(|(a, _), (b, _)| (&a.op, &a.account).cmp(&(&b.op, &b.account)));
             let query = FactorsQuery::surge(
@@ -932,7 +954,11 @@ impl AgentRound {
                 master: master.clone(),
                 pairs: reported,
                 joined,
-                young: if young { pairs.len() } else { 0 },
+                young: if by == Sender::YoungPeek {
+                    pairs.len()
+                } else {
+                    0
+                },
                 hints,
             });
             let flight = InFlight::Surge {
@@ -941,7 +967,8 @@ impl AgentRound {
                 again: Some(query.clone()),
             };
             let id = self.transmit(master.clone(), Message::Surge(query), flight);
-            self.surge_sent.insert(master.clone(), (now, young));
+            self.surge_sent
+                .insert(master.clone(), (now, by != Sender::Scan));
             self.surging.insert(master, (id, now));
         }
     }

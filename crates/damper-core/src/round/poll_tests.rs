@@ -193,9 +193,26 @@ fn a_poll_is_answered_at_once_and_again_while_the_pair_is_suppressed() {
         ..Reply::default()
     };
     rig.round.on_push(at(10_480), "m1", &poll, &rig.state);
+    let events: Vec<_> = std::iter::from_fn(|| rig.round.poll_event()).collect();
     assert!(
-        std::iter::from_fn(|| rig.round.poll_event())
-            .any(|e| matches!(e, RoundEvent::Polled { pairs: 1, .. }))
+        events
+            .iter()
+            .any(|e| matches!(e, RoundEvent::Polled { pairs: 1, .. })),
+        "{events:?}"
+    );
+    // An answer, not a young pair's peek: counted as neither young nor
+    // a hint.
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            RoundEvent::SurgeReported {
+                pairs: 1,
+                young: 0,
+                hints: 0,
+                ..
+            }
+        )),
+        "{events:?}"
     );
     let t = rig.round.poll_transmit().expect("answered at once");
     let Message::Surge(q) = &t.message else {

@@ -453,7 +453,7 @@ impl MasterState {
         let was_suppressed = key.is(table::SUPPRESSED);
         let recheck_at = now + self.config.policy.surge_recheck;
         let verdict = self.conclude(i, pair.account, pair.op, now);
-        self.queue_push(pair.account, pair.op, was_suppressed, verdict.as_ref());
+        self.queue_surge_push(i, pair, was_suppressed, verdict.as_ref(), now);
         Ok(verdict.map(|v| Verdict {
             recheck_at: Some(recheck_at),
             ..v

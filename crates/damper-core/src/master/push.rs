@@ -14,12 +14,16 @@
 //! have reported their fall for the estimate to cross the limit, and one
 //! that starts is held on agents whose own share rose too little to call.
 //!
-//! Only a change of suppression is pushed, so with nothing surging nothing
-//! is sent, and a pair pushes at most once per early report that flips it.
+//! A change of suppression is pushed, and, while the surge estimate whose
+//! flip was pushed stands, its factor again once the share it keeps moved
+//! by more than [`REPUSH_MOVED`], at most every [`REPUSH_SPACING`]: the
+//! flip comes with the first answers to a poll, whose estimate the rest
+//! raise within milliseconds. With nothing surging nothing is sent.
 
 use std::time::Duration;
 
 use super::{MasterState, Verdict};
+use crate::Pair;
 use crate::config::MasterConfig;
 use crate::time::Nanos;
 use crate::wire::{Listed, OpAccounts, OpVerdicts, Reply, Unlisted};
@@ -34,6 +38,18 @@ pub const RELEASE_PUSH_SHARE: f64 = 0.75;
 /// pushes existed. Bounds what one agent's early report can make a master
 /// send to every agent.
 pub const PUSH_MAX_PAIRS: usize = 10_000;
+
+/// How soon after a surge estimate's verdict was pushed it may be pushed
+/// again: the answers to a poll come within a few milliseconds of each
+/// other, and each moves the estimate; spaced, the burst is pushed twice or
+/// three times rather than once per answer.
+pub const REPUSH_SPACING: Duration = Duration::from_millis(50);
+
+/// How far the share a suppressed pair keeps (`1 − factor`) must move from
+/// the one last pushed, as a part of it, to be pushed again: a tenth, the
+/// least that changes what the agents admit by more than a second's noise
+/// of a costly account.
+pub const REPUSH_MOVED: f64 = 0.1;
 
 /// One verdict to push, or one poll.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,13 +90,50 @@ impl MasterState {
         was_suppressed: bool,
         verdict: Option<&Verdict>,
     ) {
-        let Some(pushes) = &mut self.pushes else {
+        if let Some(verdict) = verdict
+            && (verdict.factor > 0.0) != was_suppressed
+        {
+            self.push_verdict(account, op, verdict);
+        }
+    }
+
+    /// After an early report to entry `i`: queues `verdict` if pushes are
+    /// tracked and it flips the pair's suppression (`was_suppressed`
+    /// before the report), or if it still suppresses under the surge
+    /// estimate whose flip was pushed and the share it keeps moved by
+    /// more than [`REPUSH_MOVED`] since the last push, at most every
+    /// [`REPUSH_SPACING`] (see [`DemandWindow::surge_repush`]).
+    ///
+    /// [`DemandWindow::surge_repush`]: crate::window::DemandWindow::surge_repush
+    pub(super) fn queue_surge_push(
+        &mut self,
+        i: u32,
+        pair: Pair<'_>,
+        was_suppressed: bool,
+        verdict: Option<&Verdict>,
+        now: Nanos,
+    ) {
+        let Some(verdict) = verdict.filter(|_| self.pushes.is_some()) else {
             return;
         };
-        let Some(verdict) = verdict else {
-            return;
-        };
-        if (verdict.factor > 0.0) != was_suppressed && pushes.len() < PUSH_MAX_PAIRS {
+        let keep = 1.0 - verdict.factor;
+        let window = &mut self.entries.get_mut(i).window;
+        let cfg = &self.config.window;
+        let flipped = (verdict.factor > 0.0) != was_suppressed;
+        let moved = verdict.factor > 0.0
+            && window.surge_repush(cfg, now, keep, REPUSH_SPACING, REPUSH_MOVED);
+        if flipped || moved {
+            window.surge_pushed(cfg, now, keep);
+            self.push_verdict(pair.account, pair.op, verdict);
+        }
+    }
+
+    /// Queues `verdict` for every agent, if pushes are tracked and fewer
+    /// than [`PUSH_MAX_PAIRS`] are queued.
+    fn push_verdict(&mut self, account: &str, op: &str, verdict: &Verdict) {
+        if let Some(pushes) = &mut self.pushes
+            && pushes.len() < PUSH_MAX_PAIRS
+        {
             pushes.push(Push {
                 op: op.to_owned(),
                 account: account.to_owned(),
@@ -250,9 +303,12 @@ mod tests {
             ("acme", "messages")
         );
         assert!(pushes[0].verdict.factor > 0.5 && pushes[0].verdict.recheck_at.is_none());
-        // It rises further: still suppressed, nothing new to push.
+        // It rises further, 200 ms on: still suppressed, keeping half the
+        // share pushed, so pushed again.
         assert!(early(&mut m, 20_500, 8_000.0, 4_000.0) > 0.0);
-        assert!(m.take_pushes().is_empty());
+        let again = m.take_pushes();
+        assert_eq!(again.len(), 1);
+        assert!(again[0].verdict.factor > 0.85, "{again:?}");
         // It stops: released, pushed.
         assert_eq!(early(&mut m, 20_700, 100.0, 8_000.0), 0.0);
         let pushes = m.take_pushes();
@@ -266,6 +322,55 @@ mod tests {
         assert_eq!(reply.ops[0].listed.len(), 1);
         assert_eq!(reply.ops[0].listed[0].factor.factor, 0.0);
         assert!(reply.ops[0].unlisted.is_some() && reply.recheck_after.is_none());
+    }
+
+    /// The answers to a poll come a few milliseconds apart, each moving
+    /// the estimate. The first that carries it over the limit is pushed;
+    /// the rest are pushed again only once the share kept moved by more
+    /// than a tenth, and no sooner than [`REPUSH_SPACING`] after the last
+    /// push, so the agents that heard only the flip do not keep its mild
+    /// factor until their round.
+    #[test]
+    fn a_standing_rise_is_pushed_again_once_it_moved_and_not_sooner() {
+        let mut m = master(true);
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        // The flip, at 4 400/s: keeps 0.23.
+        assert!(early(&mut m, 20_300, 4_000.0, 400.0) > 0.7);
+        let flip = m.take_pushes();
+        assert_eq!(flip.len(), 1);
+        // 20 ms on, 8 400/s: keeps 0.12, but too soon after the flip.
+        let f = early(&mut m, 20_320, 8_000.0, 4_000.0);
+        assert!(f > 0.85, "{f}");
+        assert!(m.take_pushes().is_empty(), "spaced");
+        const { assert!(REPUSH_SPACING.as_millis() > 20) };
+        // 60 ms after the flip, unchanged: pushed now, as it stands.
+        early(&mut m, 20_360, 8_000.0, 8_000.0);
+        let again = m.take_pushes();
+        assert_eq!(again.len(), 1);
+        assert!((again[0].verdict.factor - f).abs() < 1e-9, "{again:?}");
+        // 8 800/s, 200 ms on: keeps 5% less than pushed, not pushed.
+        assert!(early(&mut m, 20_560, 8_400.0, 8_000.0) > f);
+        assert!(m.take_pushes().is_empty(), "moved too little");
+        // The flood stops: the release is pushed at once.
+        assert_eq!(early(&mut m, 20_580, 100.0, 8_400.0), 0.0);
+        let release = m.take_pushes();
+        assert_eq!(release.len(), 1);
+        assert_eq!(release[0].verdict.factor, 0.0);
+    }
+
+    /// A suppression the rounds turned on pushed nothing, so early reports
+    /// that move it do not push either: the agents hear from their rounds
+    /// and rechecks, as before pushes.
+    #[test]
+    fn a_suppression_by_the_rounds_is_not_pushed_when_early_reports_move_it() {
+        let mut m = held_by_rounds();
+        m.take_pushes();
+        // Two agents at 2 500/s; one reports 6 000/s, then 12 000/s.
+        assert!(early(&mut m, 30_300, 6_000.0, 2_500.0) > 0.5);
+        assert!(early(&mut m, 30_500, 12_000.0, 6_000.0) > 0.5);
+        assert!(m.take_pushes().is_empty());
     }
 
     /// The factor of `m`'s verdict for the account now.

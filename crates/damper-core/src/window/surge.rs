@@ -25,6 +25,8 @@
 //! round, while it proves no more than the rounds (a chance spike),
 //! starts a new one.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use super::DemandWindow;
@@ -55,6 +57,13 @@ pub(super) struct Surge {
     /// same operations again over longer spans.
     #[serde(default)]
     ops: u32,
+    /// The share kept (`1 − factor`) of the last verdict pushed for this
+    /// estimate to every agent, and when (nanoseconds); 0 for none. See
+    /// [`DemandWindow::surge_repush`].
+    #[serde(default)]
+    pushed_keep: f32,
+    #[serde(default)]
+    pushed_at: u64,
 }
 
 impl Surge {
@@ -160,6 +169,47 @@ impl DemandWindow {
     ) -> Option<(f64, u32)> {
         self.surge_at(cfg, now)
             .map(|s| (s.demand(rounds), if s.is_fall() { 0 } else { s.ops }))
+    }
+
+    /// Notes that a verdict keeping `keep` (`1 − factor`) of the demand
+    /// was pushed to every agent at `now`, while the surge estimate
+    /// stands.
+    pub fn surge_pushed(&mut self, cfg: &WindowConfig, now: Nanos, keep: f64) {
+        if self.surge_at(cfg, now).is_none() {
+            return;
+        }
+        if let Some(surge) = self.extras.as_deref_mut().and_then(|e| e.surge.as_mut()) {
+            surge.pushed_keep = keep as f32;
+            surge.pushed_at = now.as_nanos();
+        }
+    }
+
+    /// Whether the standing surge estimate's verdict, keeping `keep`
+    /// (`1 − factor`) of the demand, should be pushed again at `now`: a
+    /// verdict was pushed for it (the flip), at least `spacing` ago, and
+    /// the share kept has moved from it by more than `moved` of it since.
+    ///
+    /// The flip is pushed when the first answers carry the estimate over
+    /// the limit, a few of them in: in `sim/scenarios/costly-flood.toml`
+    /// (a 5× flood) it read 1.8× the limit and was pushed as 0.43 where
+    /// 0.8 is right, and the agents that heard nothing more (no early
+    /// report of their own answered after the rest came in) kept
+    /// admitting nearly three times their share until their round.
+    pub fn surge_repush(
+        &self,
+        cfg: &WindowConfig,
+        now: Nanos,
+        keep: f64,
+        spacing: Duration,
+        moved: f64,
+    ) -> bool {
+        let Some(surge) = self.surge_at(cfg, now) else {
+            return false;
+        };
+        let pushed = f64::from(surge.pushed_keep);
+        pushed > 0.0
+            && now.as_nanos() >= surge.pushed_at.saturating_add(duration_nanos(spacing))
+            && (keep - pushed).abs() > moved * pushed
     }
 
     fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {

@@ -663,6 +663,20 @@ impl AgentState {
         reply: &Reply,
         asked: impl IntoIterator<Item = Pair<'a>>,
     ) {
+        self.apply_reply_but(now, reply, asked, |_, _| false);
+    }
+
+    /// [`apply_reply`](Self::apply_reply), but for the verdicts `skip`
+    /// says, given the pair and the factor the reply gives it (listed, or
+    /// its op's default): those are not applied (a push that may be newer
+    /// than the reply said otherwise: `round::fence`).
+    pub fn apply_reply_but<'a>(
+        &self,
+        now: Nanos,
+        reply: &Reply,
+        asked: impl IntoIterator<Item = Pair<'a>>,
+        skip: impl Fn(Pair<'_>, &Factor) -> bool,
+    ) {
         self.learn_op_limits(reply);
         let mut unmentioned: Vec<&str> = Vec::new();
         let asked = asked.into_iter().inspect(|pair| {
@@ -670,7 +684,11 @@ impl AgentState {
                 unmentioned.push(pair.op);
             }
         });
-        reply.expand(asked, |pair, f| self.apply_factor(now, pair, &f));
+        reply.expand(asked, |pair, f| {
+            if !skip(pair, &f) {
+                self.apply_factor(now, pair, &f);
+            }
+        });
         if !unmentioned.is_empty() {
             // The master answered for these ops and had nothing to say:
             // they have no default limit.

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fence::PushFences;
 use super::{Message, RequestId, RoundConfig, RoundEvent, Transmit, grid_floor};
 use crate::agent::SurgeRule;
 use crate::agent::{AgentState, Pending, agent_seed, send_spread};
@@ -11,7 +12,7 @@ use crate::membership::{HealthConfig, Membership};
 use crate::ring::Ring;
 use crate::time::Nanos;
 use crate::wire::dictionary::{AgentDictionary, Defined};
-use crate::wire::{FactorsQuery, Reply, Rollup, SurgeRates};
+use crate::wire::{Factor, FactorsQuery, Reply, Rollup, SurgeRates};
 use crate::{OwnedPair, Pair};
 
 /// A round cut and waiting for its send time.
@@ -197,6 +198,9 @@ pub struct AgentRound {
     /// scans never make a master refuse the next. (The grid's scans
     /// follow one another at that spacing, as before young peeks.)
     surge_sent: BTreeMap<String, (Nanos, bool)>,
+    /// The pairs each master's latest pushes named, against replies to
+    /// requests sent before those pushes arrived (see `fence`).
+    fences: PushFences,
     /// This run of the agent, for the masters to tell its rollups from
     /// another run's: [`RoundConfig::incarnation`], by default when the
     /// round was made, in milliseconds.
@@ -270,6 +274,7 @@ impl AgentRound {
             next_young: None,
             surging: BTreeMap::new(),
             surge_sent: BTreeMap::new(),
+            fences: PushFences::default(),
             incarnation: config.incarnation.unwrap_or(now.as_millis()),
             sequence: 0,
             in_doubt: BTreeMap::new(),
@@ -428,6 +433,8 @@ impl AgentRound {
             return;
         };
         let applied = state.apply_pushed(now, reply);
+        let oldest = self.oldest_in_flight(master);
+        self.fences.note(master, reply, self.next_id, oldest);
         let pairs = reply.ops.iter().map(|o| o.listed.len()).sum();
         self.events.push_back(RoundEvent::Pushed {
             master: master.to_owned(),
@@ -455,6 +462,27 @@ impl AgentRound {
         if let Some((master, told)) = flight.as_ref().map(InFlight::told_hints) {
             self.learn_hints(master, reply, told);
         }
+        let fenced = flight
+            .as_ref()
+            .and_then(InFlight::master)
+            .filter(|master| self.fences.any(master))
+            .map(str::to_owned);
+        self.apply_answer(now, id, reply, flight, state);
+        if let Some(master) = fenced {
+            let oldest = self.oldest_in_flight(&master);
+            self.fences.prune(&master, oldest);
+        }
+    }
+
+    /// What the reply to request `id`, sent as `flight`, does.
+    fn apply_answer(
+        &mut self,
+        now: Nanos,
+        id: RequestId,
+        reply: &Reply,
+        flight: Option<InFlight>,
+        state: &AgentState,
+    ) {
         match flight {
             Some(InFlight::Rollup {
                 round,
@@ -473,7 +501,7 @@ impl AgentRound {
                         .get_or_insert((master.clone(), reply.foreign_entries));
                 }
                 self.schedule_recheck(now, &master, reply);
-                state.apply_reply(now, reply, rollup.pairs());
+                state.apply_reply_but(now, reply, rollup.pairs(), self.fenced(&master, id));
                 if resent == 0 {
                     self.finish_one(round, master, true, now, state);
                 } else if self.membership.is_up(&master) {
@@ -486,7 +514,8 @@ impl AgentRound {
                 // The round may still not be whole (a report lost): the
                 // master then names when it counts as whole regardless.
                 self.schedule_recheck(now, &master, reply);
-                state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
+                let pairs = pairs.iter().map(OwnedPair::as_pair);
+                state.apply_reply_but(now, reply, pairs, self.fenced(&master, id));
             }
             Some(InFlight::Probe { master }) => {
                 state.learn_hello(reply);
@@ -502,10 +531,32 @@ impl AgentRound {
             Some(InFlight::Surge { master, pairs, .. }) => {
                 self.surging.remove(&master);
                 self.schedule_recheck(now, &master, reply);
-                state.apply_reply(now, reply, pairs.iter().map(OwnedPair::as_pair));
+                let pairs = pairs.iter().map(OwnedPair::as_pair);
+                state.apply_reply_but(now, reply, pairs, self.fenced(&master, id));
             }
             None => {}
         }
+    }
+
+    /// The lowest request number in flight to `master`, if any.
+    fn oldest_in_flight(&self, master: &str) -> Option<u64> {
+        self.in_flight
+            .iter()
+            .filter(|(_, flight)| flight.master() == Some(master))
+            .map(|(id, _)| id.0)
+            .min()
+    }
+
+    /// Whether a pair's verdict in the reply to request `id` to `master`
+    /// is skipped: it contradicts a push that named the pair after the
+    /// request was sent, so may be older than it (see `fence`).
+    fn fenced<'a>(
+        &'a self,
+        master: &'a str,
+        id: RequestId,
+    ) -> impl Fn(Pair<'_>, &Factor) -> bool + 'a {
+        let any = self.fences.any(master);
+        move |pair, factor| any && self.fences.stale(master, id.0, pair, factor)
     }
 
     /// Notes whether `master` takes sparse hints, as its `reply` says: it

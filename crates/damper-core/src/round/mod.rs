@@ -53,7 +53,9 @@
 //! - this file: what goes in and out ([`RoundConfig`], [`Transmit`],
 //!   [`Message`], [`RoundEvent`]).
 //! - `machine`: [`AgentRound`], the state machine.
+//! - `fence`: which pairs a reply older than a push must not undo.
 
+mod fence;
 mod machine;
 
 use std::sync::Arc;

@@ -317,3 +317,46 @@ fn a_master_replaced_by_one_that_predates_hints_is_sent_none_after_its_first_rep
     let (hints, _) = rig.surges();
     assert!(hints.is_empty(), "{hints:?}");
 }
+
+/// A reply made before a push and arriving after it does not undo the
+/// push (see `round::fence`): the pair's answer to a poll is in flight
+/// when the master pushes its suppression, and the answer's reply, made
+/// before it, says the pair is free. Replies to requests sent after the
+/// push apply as ever.
+#[test]
+fn a_reply_older_than_a_push_does_not_undo_it() {
+    let mut rig = Rig::new(true);
+    let mut ops: Vec<u64> = (0..5).map(|i| 300 + 2_000 * i).collect();
+    ops.extend((0..40).map(|i| 10_050 + 200 * i));
+    rig.run(10_480, &ops);
+    let poll = Reply {
+        polls: vec![OpAccounts {
+            op: "messages".into(),
+            accounts: vec!["costly".into()],
+            surges: Vec::new(),
+        }],
+        ..Reply::default()
+    };
+    rig.round.on_push(at(10_480), "m1", &poll, &rig.state);
+    let answer = rig.round.poll_transmit().expect("answered at once");
+    let factor = |rig: &Rig, ms| {
+        rig.state
+            .factor(at(ms), "costly", "messages")
+            .unwrap_or(0.0)
+    };
+    rig.round
+        .on_push(at(10_490), "m1", &verdict_reply(0.8), &rig.state);
+    assert!((factor(&rig, 10_490) - 0.8).abs() < 1e-6);
+    rig.round
+        .on_reply(at(10_495), answer.id, &verdict_reply(0.0), &rig.state);
+    assert!(
+        (factor(&rig, 10_495) - 0.8).abs() < 1e-6,
+        "the push stands: {}",
+        factor(&rig, 10_495)
+    );
+    // The round at 12 s, sent after the push, is answered by a master
+    // that sees 255/s against a limit of 2 000/s: free again.
+    let rest = ops.iter().position(|&o| o > 10_480).unwrap();
+    rig.run(12_500, &ops[rest..]);
+    assert_eq!(factor(&rig, 12_500), 0.0);
+}

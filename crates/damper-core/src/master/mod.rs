@@ -796,6 +796,16 @@ fn verdict(
     if estimate.surge && estimate.rates.demand <= limit.get() * surge_margin(estimate.surge_ops) {
         estimate.rates.demand = estimate.rates.demand.min(limit.get());
     }
+    // A fall whose answers, within their chance spread, may have brought
+    // the demand under the limit releases: a few costly operations in a
+    // few hundred milliseconds read the rate left after a flood at twice
+    // what it is one time in twenty, and held the flood's suppression
+    // until the answers' next reports.
+    if estimate.surge
+        && estimate.rates.demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get()
+    {
+        estimate.rates.demand = estimate.rates.demand.min(limit.get());
+    }
     let mut factor = config.policy.kind.factor(limit, estimate.rates);
     // A round's demand over the limit by no more than its own scatter is
     // chance, not overload: an account that keeps to its limit is never

@@ -95,6 +95,14 @@ pub struct Estimate {
     /// when not known. A rate summed from `n` operations is off by
     /// `1 / √n` by chance.
     pub surge_ops: u32,
+    /// With `surge` and a fall some of whose reports counted their
+    /// operations (a poll's answers): the chance spread of the demand
+    /// those answers make up (their summed rate over the square root of
+    /// the operations they counted), cost per second; 0 otherwise. A few
+    /// operations in a few hundred milliseconds read the rate left after
+    /// a flood of costly operations at twice what it is one time in
+    /// twenty.
+    pub surge_fall_noise: f64,
 }
 
 /// Cost that arrived too late to fit in the window, so was not counted.
@@ -450,9 +458,9 @@ impl DemandWindow {
         match self.surge_demand(cfg, now, estimate.rates.demand) {
             // Early reports that prove no more than the rounds leave the
             // rounds' estimate as it is, tested for chance as any.
-            Some((demand, surge_ops)) if demand != estimate.rates.demand => Estimate {
+            Some(surge) if surge.demand != estimate.rates.demand => Estimate {
                 rates: Rates {
-                    demand,
+                    demand: surge.demand,
                     admitted: estimate.rates.admitted,
                 },
                 // The surge estimate leans on the rounds', so it may change
@@ -460,7 +468,8 @@ impl DemandWindow {
                 whole_by: estimate.whole_by,
                 first_round: false,
                 surge: true,
-                surge_ops,
+                surge_ops: surge.ops,
+                surge_fall_noise: surge.fall_noise,
             },
             _ => estimate,
         }
@@ -480,6 +489,7 @@ impl DemandWindow {
                 first_round: false,
                 surge: false,
                 surge_ops: 0,
+                surge_fall_noise: 0.0,
             },
         }
     }
@@ -518,6 +528,7 @@ impl DemandWindow {
                 first_round: true,
                 surge: false,
                 surge_ops: 0,
+                surge_fall_noise: 0.0,
             }
         } else if self.reports[0] >= self.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
@@ -531,6 +542,7 @@ impl DemandWindow {
                 first_round: false,
                 surge: false,
                 surge_ops: 0,
+                surge_fall_noise: 0.0,
             }
         } else {
             Estimate {
@@ -541,6 +553,7 @@ impl DemandWindow {
                 first_round: false,
                 surge: false,
                 surge_ops: 0,
+                surge_fall_noise: 0.0,
             }
         }
     }

@@ -34,6 +34,24 @@ use crate::config::WindowConfig;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
 
+/// What a standing surge estimate says of the demand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct SurgeDemand {
+    /// The demand, cost per second.
+    pub(super) demand: f64,
+    /// For a rise, the operations its first reports counted (0: not said,
+    /// or a fall): a rise summed from few operations waits for more
+    /// before it suppresses (`master::surge_margin`).
+    pub(super) ops: u32,
+    /// For a fall, the chance spread of the part of the demand its counted
+    /// answers make up ([`Surge::answers_noise`]); 0 for a rise. A fall is
+    /// weighed by the part its answers measured alone: weighed by a margin
+    /// on the whole estimate, like a rise, a release whose answers arrive
+    /// one by one crossed the margin back and forth, since the agents that
+    /// had not answered yet still counted at the flood's rate.
+    pub(super) fall_noise: f64,
+}
+
 /// A window's surge estimate while it stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(super) struct Surge {
@@ -98,6 +116,16 @@ impl Surge {
         (base + delta).min(base.max(up)) + joined
     }
 
+    /// The chance spread of the rates its counted reports summed (`up`):
+    /// their sum over the square root of the operations they counted (a
+    /// Poisson count's), cost per second; 0 when none counted.
+    fn answers_noise(&self) -> f64 {
+        if self.ops == 0 {
+            return 0.0;
+        }
+        f64::from(self.up).max(0.0) / f64::from(self.ops).sqrt()
+    }
+
     /// Whether it reports a fall: less than when it began.
     fn is_fall(&self) -> bool {
         self.own() < f64::from(self.base)
@@ -155,20 +183,22 @@ impl DemandWindow {
         true
     }
 
-    /// The surge estimate's demand, while it stands at `now`, given the
-    /// rounds' estimate of it, and, for a rise, the operations its first
-    /// reports counted (0: not said, or a fall). The count is what makes a
-    /// rise summed from few operations wait for more before it suppresses;
-    /// a fall needs no such care, and weighed so, a release whose answers
-    /// arrive one by one would cross the margin back and forth.
+    /// The surge estimate while it stands at `now`, given the rounds'
+    /// estimate of the demand (see [`SurgeDemand`]).
     pub(super) fn surge_demand(
         &self,
         cfg: &WindowConfig,
         now: Nanos,
         rounds: f64,
-    ) -> Option<(f64, u32)> {
-        self.surge_at(cfg, now)
-            .map(|s| (s.demand(rounds), if s.is_fall() { 0 } else { s.ops }))
+    ) -> Option<SurgeDemand> {
+        self.surge_at(cfg, now).map(|s| {
+            let fall = s.is_fall();
+            SurgeDemand {
+                demand: s.demand(rounds),
+                ops: if fall { 0 } else { s.ops },
+                fall_noise: if fall { s.answers_noise() } else { 0.0 },
+            }
+        })
     }
 
     /// Notes that a verdict keeping `keep` (`1 − factor`) of the demand

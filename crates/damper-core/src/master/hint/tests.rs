@@ -301,3 +301,51 @@ fn fall_hints_of_a_pair_not_suppressed_poll_nothing() {
     }
     assert_eq!(polls(&mut m), 0);
 }
+
+/// After a poll of a fall, every agent's answer in: the flood, 10 000/s
+/// from 40 agents, reads `per_agent` from each of `counted` of them (one
+/// operation each, so their sum is known to about one over its square
+/// root) and nothing from the rest. The factor then.
+fn after_fall_answers(counted: usize, per_agent: f32, ops_each: u32) -> f64 {
+    let mut m = holding_a_flood();
+    for a in 0..7 {
+        fall(&mut m, 30_300 + a * 20, &format!("agent-{a}"));
+    }
+    assert_eq!(polls(&mut m), 1);
+    let mut factor = 1.0;
+    for a in 0..40 {
+        let (rate, ops) = if a < counted {
+            (per_agent, ops_each)
+        } else {
+            (0.0, 0)
+        };
+        let rates = SurgeRates {
+            rate,
+            baseline: 250.0,
+            ops,
+            ..SurgeRates::default()
+        };
+        factor = m
+            .surge(at(30_450), at(30_450), &format!("agent-{a}"), pair(), rates)
+            .unwrap()
+            .unwrap()
+            .factor;
+    }
+    factor
+}
+
+/// A fall is weighed by what its answers counted: twelve operations
+/// reading the rate left after the flood at 2 400/s (over the limit of
+/// 2 000/s) are one standard deviation of chance from under it, so the
+/// account is released rather than held at 0.17 until the answers' next
+/// reports. The same reading from 1 200 operations is no chance: held.
+/// And a chance poll of a flood still going (its answers read it whole,
+/// from 200 operations, a little under it) releases nothing.
+#[test]
+fn a_fall_is_released_when_its_answers_may_be_under_the_limit() {
+    assert_eq!(after_fall_answers(12, 200.0, 1), 0.0);
+    let held = after_fall_answers(12, 200.0, 100);
+    assert!((held - (1.0 - L / 2_400.0)).abs() < 0.01, "{held}");
+    let flood = after_fall_answers(40, 240.0, 5);
+    assert!(flood > 0.75, "{flood}");
+}

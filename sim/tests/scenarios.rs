@@ -220,17 +220,29 @@ fn lost_replies_are_not_counted_twice() {
 /// share too small to report in two sub-windows, is released within a
 /// second of the fall: the agents see it on their pairs' slow means, and
 /// the master pushes the release to those that have not reported yet.
-/// Without pushes it waits for the round.
+/// Without pushes it waits for the round. Medians over seeds 1–5: one
+/// seed in five or six is released at its round even so (a report or a
+/// push lost where it mattered).
 #[test]
 fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
-    let (_, with) = simulate(scenario("creeping-loss"));
-    let creeper = account(&with, "creeper");
-    assert!(creeper.release_s.unwrap() <= 1.5, "{creeper:?}");
-    assert!(with.control.by_kind.pushes > 0, "{:?}", with.control);
-    let (_, without) = simulate(scenario("creeping-loss").with_push(false));
-    let creeper = account(&without, "creeper");
-    assert!(creeper.release_s.unwrap() >= 2.0, "{creeper:?}");
-    assert_eq!(without.control.by_kind.pushes, 0);
+    let release = |push: bool| {
+        let mut releases: Vec<f64> = (1..=5)
+            .map(|seed| {
+                let mut s = scenario("creeping-loss").with_push(push);
+                s.seed = seed;
+                let (_, summary) = simulate(s);
+                let pushes = summary.control.by_kind.pushes;
+                assert_eq!(pushes > 0, push, "{:?}", summary.control);
+                account(&summary, "creeper").release_s.unwrap()
+            })
+            .collect();
+        releases.sort_by(f64::total_cmp);
+        (releases[2], releases)
+    };
+    let (with, all) = release(true);
+    assert!(with <= 1.5, "{all:?}");
+    let (without, all) = release(false);
+    assert!(without >= 2.0, "{all:?}");
 }
 
 /// Pacing (`docs/design.md`): with the agents admitting their share of

@@ -477,7 +477,7 @@ impl<M: Masters> Sim<M> {
             return self.status_back(a, transmit.id, rollup, deadline, Outcome::Refused);
         }
         let answered = self.masters.answer(m, self.now, &transmit.message);
-        self.push_from(m, a);
+        self.push(m);
         match answered {
             // Refused: the status comes back like a reply would.
             Err(Refusal::UnknownNumbers) => {
@@ -504,10 +504,13 @@ impl<M: Masters> Sim<M> {
         }
     }
 
-    /// Sends what master `m` pushes after answering agent `from` to every
-    /// other agent not cut off, each over its own delay and loss. Agents
-    /// watch for pushes only with fast onset on, as the library's do.
-    fn push_from(&mut self, m: usize, from: usize) {
+    /// Sends what master `m` pushes after answering a request to every
+    /// agent not cut off, each over its own delay and loss: the one whose
+    /// request it answered too, as the service's `Watch` streams do (its
+    /// reply may come before the push or after; a poll reaches it only by
+    /// the push). Agents watch for pushes only with fast onset on, as the
+    /// library's do.
+    fn push(&mut self, m: usize) {
         let Some(reply) = self.masters.take_push(m) else {
             return;
         };
@@ -517,7 +520,7 @@ impl<M: Masters> Sim<M> {
         let bytes = Control::push_size(&reply);
         let reply = std::sync::Arc::new(reply);
         for a in 0..self.agents.len() {
-            if a == from || self.agents[a].partitioned || self.lost() {
+            if self.agents[a].partitioned || self.lost() {
                 continue;
             }
             let at = self.now + self.delay();

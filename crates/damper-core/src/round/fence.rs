@@ -9,12 +9,14 @@
 //! 15 ± 5 ms each. Applied, it put the flood's factor back on a pair the
 //! push had just released, until the pair's next report (up to 1.5 s in
 //! `costly-flood`, whose release comes while its agents' answers to the
-//! fall's poll are still in flight). Every flip is pushed, so a reply
-//! that contradicts a later push, suppressing what it released or
-//! releasing what it suppressed, tells nothing the push stream does not:
-//! it is skipped for that pair. A reply that agrees with the push may be
-//! newer than it (a rise's factor grows as its reports come in after the
-//! flip), and is applied.
+//! fall's poll are still in flight). A reply that contradicts a later
+//! push, suppressing what it released or releasing what it suppressed, is
+//! skipped for that pair: an early report that flipped the pair back
+//! after the push would have been pushed too, and a round that did
+//! (rounds turn suppression on without a push) is heard at the agent's
+//! next report, one round at most. A reply that agrees with the push may
+//! be newer than it (a rise's factor grows as its reports come in after
+//! the flip), and is applied.
 //!
 //! Requests are numbered in the order they are sent, so "sent before the
 //! push arrived" is "numbered below the first request after it": the

@@ -1,4 +1,5 @@
-# Sourced by the table scripts (fast-onset-table.sh, precision-table.sh).
+# Sourced by the table scripts (fast-onset-table.sh, precision-table.sh,
+# hints-table.sh).
 
 # table_setup "$@": reads `--seeds N` (default 0: each scenario's own
 # seed), builds damper-sim in release mode, and sets `seeds`, `bin` and
@@ -43,4 +44,21 @@ runs_for_all() {
             for_seeds "$seeds" "$file" "$work/$name-$v.jsonl" "$work" "$cmd" "$v" "$work/out"
         done
     done
+}
+
+# worst_figures SUMMARY [EXTRA]: prints one JSON line of a run's figures
+# from its summary.json: the worst account's (most over-admitted) reaction
+# and release, the scenario's peak 6-s bucket, cost over the limit and
+# falsely refused over every account, and its control RPCs and bytes a
+# second, with the fields of the jq object EXTRA (over the summary, with
+# the worst account as $w) after them.
+worst_figures() {
+    local extra=${2:-"{}"}
+    jq -c "
+      ([.accounts[] | select(.limit != null)] | max_by(.over_admitted)) as \$w
+      | { account: \$w.account, reaction: \$w.reaction_s, release: \$w.release_s,
+          peak: ([.accounts[].peak_6s_ratio | select(. != null)] | max),
+          over: ([.accounts[].over_admitted] | add),
+          false_rej: ([.accounts[].false_rejections] | add),
+          rpcs: .control.rpcs_per_s, bytes: .control.bytes_per_s } + $extra" "$1"
 }

@@ -109,7 +109,7 @@ impl Master {
     pub fn answer(&self, rollup: &mut Rollup) -> Result<Reply, RollupError> {
         let now = self.shared.clock.now();
         // Every account named: the sender's first rollups here.
-        let sent_named = rollup.dictionary == 0;
+        let sent_named = rollup.tells_hints();
         let mut expanded = self.expand(now, rollup)?;
         let takes_ids = expanded.takes_ids;
         let options = &self.shared.options;
@@ -343,9 +343,8 @@ impl Master {
                 }
             }
         }
-        // A hello or a probe learns whether this master takes hints.
         let header = ReplyHeader {
-            takes_hints: query.ops.is_empty(),
+            takes_hints: query.tells_hints(),
             ..self.header(0)
         };
         Ok(reply.finish(now, header))

@@ -125,9 +125,7 @@ impl Masters for SimMasters {
             Message::Rollup(rollup) => expand(&mut self.dictionaries[m], now, rollup)
                 .and_then(|(named, mut expanded)| {
                     header.takes_ids = expanded.takes_ids;
-                    // Said to an agent's first rollups (every account
-                    // named), as the service does.
-                    header.takes_hints = rollup.dictionary == 0;
+                    header.takes_hints = rollup.tells_hints();
                     let rollup = named;
                     let log = &mut self.logs[m];
                     let answer = state.answer_rollup_once_near(

@@ -119,8 +119,9 @@ impl InFlight {
     /// The master it went to, and whether that master's reply says for
     /// certain whether it takes sparse hints: masters that do say so to
     /// hellos, probes and rollups naming every account (sent without a
-    /// dictionary), the replies that can say they do not; other replies
-    /// do not say, to keep two bytes off each.
+    /// dictionary: `FactorsQuery::tells_hints`, `Rollup::tells_hints`, as
+    /// sent, which a rollup's `defined` records), the replies that can say
+    /// they do not; other replies do not say, to keep two bytes off each.
     fn told_hints(&self) -> (&str, bool) {
         match self {
             InFlight::Hello { master, .. } | InFlight::Probe { master } => (master, true),

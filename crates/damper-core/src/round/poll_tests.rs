@@ -90,7 +90,7 @@ impl Rig {
                 // As a master says it: to rollups naming every account.
                 Message::Rollup(r) => {
                     let header = ReplyHeader {
-                        takes_hints: r.dictionary == 0,
+                        takes_hints: r.tells_hints(),
                         ..header
                     };
                     self.master.answer_rollup(now, r, 100, header)

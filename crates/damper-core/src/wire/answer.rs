@@ -114,9 +114,8 @@ impl MasterState {
         header: ReplyHeader,
     ) -> Result<Reply, RollupError> {
         query.validate(max_entries)?;
-        // A hello or a probe learns whether this master takes hints.
         let header = ReplyHeader {
-            takes_hints: query.ops.is_empty(),
+            takes_hints: query.tells_hints(),
             ..header
         };
         let mut reply = query_reply(self.config(), query);

@@ -321,6 +321,16 @@ pub fn millis_u32(d: Duration) -> u32 {
 }
 
 impl Rollup {
+    /// Whether its reply says if the master takes sparse hints
+    /// ([`Reply::takes_hints`]): a rollup sent without a dictionary names
+    /// every account (an agent's first to a master, or after it lost the
+    /// dictionary), and only such replies carry the flag, two bytes that
+    /// every steady round's would pay otherwise. An agent reads a reply
+    /// to such a rollup that does not say so as "takes none".
+    pub fn tells_hints(&self) -> bool {
+        self.dictionary == 0
+    }
+
     /// The rollup that reports `pending` (a drain's counts for one master,
     /// sorted by op) for `[start, end)`: counts grouped by op, each with its
     /// own start when it was carried over. Times are cut to whole
@@ -481,6 +491,14 @@ impl Rollup {
 }
 
 impl FactorsQuery {
+    /// Whether its reply says if the master takes sparse hints
+    /// ([`Reply::takes_hints`]): a query naming nothing (a new agent's
+    /// hello, a probe of a master that was down) is how an agent learns
+    /// it; a recheck's or an early report's reply does not say.
+    pub fn tells_hints(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// The query for `pairs` (grouped by op: sorted, or as a reply
     /// listed them).
     pub fn new<'a>(agent_id: &str, pairs: impl IntoIterator<Item = Pair<'a>>) -> Self {

@@ -793,18 +793,18 @@ fn verdict(
 ) -> Verdict {
     let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
-    if estimate.surge && estimate.rates.demand <= limit.get() * surge_margin(estimate.surge_ops) {
-        estimate.rates.demand = estimate.rates.demand.min(limit.get());
-    }
-    // A fall whose answers, within their chance spread, may have brought
-    // the demand under the limit releases: a few costly operations in a
-    // few hundred milliseconds read the rate left after a flood at twice
-    // what it is one time in twenty, and held the flood's suppression
-    // until the answers' next reports.
+    // A surge estimate reads as the limit (no suppression) while it may
+    // be chance: a rise within its margin, or a fall whose answers, within
+    // their chance spread, may have brought the demand under the limit (a
+    // few costly operations in a few hundred milliseconds read the rate
+    // left after a flood at twice what it is one time in twenty, and held
+    // the flood's suppression until the answers' next reports).
+    let demand = estimate.rates.demand;
     if estimate.surge
-        && estimate.rates.demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get()
+        && (demand <= limit.get() * surge_margin(estimate.surge_ops)
+            || demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get())
     {
-        estimate.rates.demand = estimate.rates.demand.min(limit.get());
+        estimate.rates.demand = demand.min(limit.get());
     }
     let mut factor = config.policy.kind.factor(limit, estimate.rates);
     // A round's demand over the limit by no more than its own scatter is

@@ -128,27 +128,24 @@ impl MasterState {
         }
     }
 
-    /// Queues `verdict` for every agent, if pushes are tracked and fewer
-    /// than [`PUSH_MAX_PAIRS`] are queued.
+    /// Queues `verdict` for every agent (see [`queue`](Self::queue)).
     fn push_verdict(&mut self, account: &str, op: &str, verdict: &Verdict) {
-        if let Some(pushes) = &mut self.pushes
-            && pushes.len() < PUSH_MAX_PAIRS
-        {
-            pushes.push(Push {
-                op: op.to_owned(),
-                account: account.to_owned(),
-                verdict: Verdict {
-                    recheck_at: None,
-                    ..*verdict
-                },
-                poll: false,
-            });
-        }
+        let verdict = Verdict {
+            recheck_at: None,
+            ..*verdict
+        };
+        self.queue(account, op, verdict, false);
     }
 
-    /// Queues a poll of the pair if pushes are tracked (see
-    /// [`Push::poll`]), with the verdict in force.
+    /// Queues a poll of the pair (see [`Push::poll`]), with the verdict in
+    /// force.
     pub(super) fn queue_poll(&mut self, account: &str, op: &str, verdict: Verdict) {
+        self.queue(account, op, verdict, true);
+    }
+
+    /// Queues a push, if pushes are tracked and fewer than
+    /// [`PUSH_MAX_PAIRS`] are queued.
+    fn queue(&mut self, account: &str, op: &str, verdict: Verdict, poll: bool) {
         if let Some(pushes) = &mut self.pushes
             && pushes.len() < PUSH_MAX_PAIRS
         {
@@ -156,7 +153,7 @@ impl MasterState {
                 op: op.to_owned(),
                 account: account.to_owned(),
                 verdict,
-                poll: true,
+                poll,
             });
         }
     }

@@ -49,9 +49,13 @@ impl PushFences {
     /// number in flight to it (`None`: none is).
     pub(super) fn note(&mut self, master: &str, push: &Reply, next_id: u64, oldest: Option<u64>) {
         self.prune(master, oldest);
-        let ops = self.by_master.entry(master.to_owned()).or_default();
         for op in push.ops.iter().filter(|op| !op.listed.is_empty()) {
-            let accounts = ops.entry(op.op.clone()).or_default();
+            let accounts = self
+                .by_master
+                .entry(master.to_owned())
+                .or_default()
+                .entry(op.op.clone())
+                .or_default();
             for listed in &op.listed {
                 let fence = Fence {
                     id: next_id,
@@ -59,9 +63,6 @@ impl PushFences {
                 };
                 accounts.insert(listed.account.clone(), fence);
             }
-        }
-        if ops.is_empty() {
-            self.by_master.remove(master);
         }
     }
 
@@ -107,7 +108,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::wire::{Factor, Listed, OpVerdicts};
+    use crate::wire::{Listed, OpVerdicts};
 
     /// A push giving each of `accounts` the factor `factor`.
     fn push(accounts: &[&str], factor: f64) -> Reply {

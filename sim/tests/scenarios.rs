@@ -220,9 +220,12 @@ fn lost_replies_are_not_counted_twice() {
 /// share too small to report in two sub-windows, is released within a
 /// second of the fall: the agents see it on their pairs' slow means, and
 /// the master pushes the release to those that have not reported yet.
-/// Without pushes it waits for the round. Medians over seeds 1–5: one
-/// seed in five or six is released at its round even so (a report or a
-/// push lost where it mattered).
+/// Medians over seeds 1–5, and every seed within two seconds: an agent
+/// that misses the release's push (0.5% are lost) is still asking again
+/// every 100 ms while the fall holds it within twice the limit
+/// (`master::recheck_at`), where before it waited for its round (2.15 s
+/// in seeds 1 and 5). Without pushes, only the agents that reported the
+/// fall hear the release soon; the rest wait for their round.
 #[test]
 fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
     let release = |push: bool| {
@@ -240,9 +243,10 @@ fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
         (releases[2], releases)
     };
     let (with, all) = release(true);
-    assert!(with <= 1.5, "{all:?}");
+    assert!(with <= 1.0, "{all:?}");
+    assert!(all.iter().all(|&r| r <= 2.0), "{all:?}");
     let (without, all) = release(false);
-    assert!(without >= 2.0, "{all:?}");
+    assert!(without >= 1.5, "{all:?}");
 }
 
 /// Pacing (`docs/design.md`): with the agents admitting their share of

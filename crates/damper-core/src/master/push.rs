@@ -236,6 +236,7 @@ pub fn push_reply(
 mod tests {
     use super::*;
     use crate::Pair;
+    use crate::master::SOON_RECHECK_FACTOR;
     use crate::wire::{Report, SurgeRates};
 
     const T0_MS: u64 = 1_699_999_998_000;
@@ -387,6 +388,30 @@ mod tests {
         }
         assert!(factor(&m, 30_010) > 0.5);
         m
+    }
+
+    /// An agent still suppressed by a fall that early reports brought
+    /// within twice the limit asks again within `policy.surge_recheck`:
+    /// the release comes with the next answers and is pushed, and one that
+    /// misses the push hears it from its next recheck rather than its
+    /// round. A flood that only stepped down further from the limit is
+    /// left to its rounds.
+    #[test]
+    fn a_fall_near_the_limit_is_rechecked_soon_and_a_step_down_is_not() {
+        let mut m = held_by_rounds();
+        let soon = m.config().policy.surge_recheck;
+        // One agent falls from 2 500/s to 500/s: 3 000/s in all, 3× the
+        // limit, suppressed by 0.67.
+        assert!(early(&mut m, 30_300, 500.0, 2_500.0) > SOON_RECHECK_FACTOR);
+        let step = m.verdict(at(30_310), "acme", "messages").unwrap();
+        assert!(step.factor > SOON_RECHECK_FACTOR);
+        assert_eq!(step.recheck_at, None, "the round it leans on is whole");
+        // The other falls to 900/s: 1 400/s in all, still over the limit.
+        let f = early(&mut m, 30_400, 900.0, 2_500.0);
+        assert!(f > 0.0 && f <= SOON_RECHECK_FACTOR, "{f}");
+        let near = m.verdict(at(30_410), "acme", "messages").unwrap();
+        assert_eq!(near.factor, f);
+        assert_eq!(near.recheck_at, Some(at(30_410) + soon));
     }
 
     #[test]

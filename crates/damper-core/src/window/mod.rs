@@ -103,6 +103,11 @@ pub struct Estimate {
     /// a flood of costly operations at twice what it is one time in
     /// twenty.
     pub surge_fall_noise: f64,
+    /// With `surge`: whether early reports brought the demand down (a
+    /// flood ending) rather than up. An agent still suppressed by such an
+    /// estimate is told to ask again soon: the release comes within
+    /// moments, and a push of it can be missed.
+    pub surge_fall: bool,
 }
 
 /// Cost that arrived too late to fit in the window, so was not counted.
@@ -470,6 +475,7 @@ impl DemandWindow {
                 surge: true,
                 surge_ops: surge.ops,
                 surge_fall_noise: surge.fall_noise,
+                surge_fall: surge.fall,
             },
             _ => estimate,
         }
@@ -490,6 +496,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
+                surge_fall: false,
             },
         }
     }
@@ -529,6 +536,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
+                surge_fall: false,
             }
         } else if self.reports[0] >= self.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
@@ -543,6 +551,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
+                surge_fall: false,
             }
         } else {
             Estimate {
@@ -554,6 +563,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
+                surge_fall: false,
             }
         }
     }

@@ -50,6 +50,8 @@ pub(super) struct SurgeDemand {
     /// one by one crossed the margin back and forth, since the agents that
     /// had not answered yet still counted at the flood's rate.
     pub(super) fall_noise: f64,
+    /// Whether the reports brought the demand down rather than up.
+    pub(super) fall: bool,
 }
 
 /// A window's surge estimate while it stands.
@@ -197,6 +199,7 @@ impl DemandWindow {
                 demand: s.demand(rounds),
                 ops: if fall { 0 } else { s.ops },
                 fall_noise: if fall { s.answers_noise() } else { 0.0 },
+                fall,
             }
         })
     }

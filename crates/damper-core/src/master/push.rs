@@ -75,7 +75,7 @@ impl MasterState {
     }
 
     /// The pushes queued since the last call: at most [`PUSH_MAX_PAIRS`],
-    /// as [`queue_push`](Self::queue_push) keeps no more (the rest are
+    /// as `queue_push` keeps no more (the rest are
     /// dropped: their agents hear at their rounds).
     pub fn take_pushes(&mut self) -> Vec<Push> {
         self.pushes.as_mut().map(std::mem::take).unwrap_or_default()
@@ -237,6 +237,7 @@ mod tests {
     use super::*;
     use crate::Pair;
     use crate::master::SOON_RECHECK_FACTOR;
+    use crate::window::FALLING_FOR;
     use crate::wire::{Report, SurgeRates};
 
     const T0_MS: u64 = 1_699_999_998_000;
@@ -390,12 +391,13 @@ mod tests {
         m
     }
 
-    /// An agent still suppressed by a fall that early reports brought
+    /// An agent still suppressed by a fall that early reports are bringing
     /// within twice the limit asks again within `policy.surge_recheck`:
     /// the release comes with the next answers and is pushed, and one that
     /// misses the push hears it from its next recheck rather than its
-    /// round. A flood that only stepped down further from the limit is
-    /// left to its rounds.
+    /// round. A flood that only stepped down further from the limit, or a
+    /// fall whose reports stopped coming ([`FALLING_FOR`]), is left to its
+    /// rounds.
     #[test]
     fn a_fall_near_the_limit_is_rechecked_soon_and_a_step_down_is_not() {
         let mut m = held_by_rounds();
@@ -412,6 +414,14 @@ mod tests {
         let near = m.verdict(at(30_410), "acme", "messages").unwrap();
         assert_eq!(near.factor, f);
         assert_eq!(near.recheck_at, Some(at(30_410) + soon));
+        // No report since: it stands as it is until its round.
+        let ms = 30_400 + FALLING_FOR.as_millis() as u64;
+        assert_eq!(
+            m.verdict(at(ms), "acme", "messages").unwrap().recheck_at,
+            Some(at(ms) + soon)
+        );
+        let stood = m.verdict(at(ms + 1), "acme", "messages").unwrap();
+        assert_eq!((stood.factor, stood.recheck_at), (f, None));
     }
 
     #[test]

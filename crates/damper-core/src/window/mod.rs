@@ -40,6 +40,7 @@ mod surge;
 pub use hint::{HINT_SPAN, HintFrom, hints_needed};
 
 pub use spread::CONFIDENCE_SIGMAS;
+pub use surge::FALLING_FOR;
 
 use std::time::Duration;
 
@@ -103,11 +104,12 @@ pub struct Estimate {
     /// a flood of costly operations at twice what it is one time in
     /// twenty.
     pub surge_fall_noise: f64,
-    /// With `surge`: whether early reports brought the demand down (a
-    /// flood ending) rather than up. An agent still suppressed by such an
-    /// estimate is told to ask again soon: the release comes within
-    /// moments, and a push of it can be missed.
-    pub surge_fall: bool,
+    /// With `surge`: whether early reports are bringing the demand down (a
+    /// flood ending), the last of them within
+    /// [`FALLING_FOR`]. An agent still suppressed by
+    /// such an estimate is told to ask again soon: the release may come
+    /// with the next reports, and a push of it can be missed.
+    pub surge_falling: bool,
 }
 
 /// Cost that arrived too late to fit in the window, so was not counted.
@@ -475,7 +477,7 @@ impl DemandWindow {
                 surge: true,
                 surge_ops: surge.ops,
                 surge_fall_noise: surge.fall_noise,
-                surge_fall: surge.fall,
+                surge_falling: surge.falling,
             },
             _ => estimate,
         }
@@ -496,7 +498,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
-                surge_fall: false,
+                surge_falling: false,
             },
         }
     }
@@ -536,7 +538,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
-                surge_fall: false,
+                surge_falling: false,
             }
         } else if self.reports[0] >= self.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
@@ -551,7 +553,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
-                surge_fall: false,
+                surge_falling: false,
             }
         } else {
             Estimate {
@@ -563,7 +565,7 @@ impl DemandWindow {
                 surge: false,
                 surge_ops: 0,
                 surge_fall_noise: 0.0,
-                surge_fall: false,
+                surge_falling: false,
             }
         }
     }

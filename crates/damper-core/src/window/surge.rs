@@ -50,8 +50,9 @@ pub(super) struct SurgeDemand {
     /// one by one crossed the margin back and forth, since the agents that
     /// had not answered yet still counted at the flood's rate.
     pub(super) fall_noise: f64,
-    /// Whether the reports brought the demand down rather than up.
-    pub(super) fall: bool,
+    /// Whether the reports brought the demand down rather than up, the
+    /// last of them within [`FALLING_FOR`].
+    pub(super) falling: bool,
 }
 
 /// A window's surge estimate while it stands.
@@ -84,7 +85,18 @@ pub(super) struct Surge {
     pushed_keep: f32,
     #[serde(default)]
     pushed_at: u64,
+    /// When the last early report moved it (nanoseconds): a fall whose
+    /// reports are still coming in may release the account any moment
+    /// ([`FALLING_FOR`]).
+    #[serde(default)]
+    moved_at: u64,
 }
+
+/// How long after its last early report a fall counts as still coming in
+/// (`SurgeDemand::falling`): the agents report a flood's end within a
+/// sub-window or two of each other (200–400 ms), so its answers come
+/// close together; once they stop, the estimate stands until its round.
+pub const FALLING_FOR: Duration = Duration::from_millis(300);
 
 impl Surge {
     /// The demand it estimates, cost per second, given the rounds' estimate
@@ -172,6 +184,7 @@ impl DemandWindow {
             .as_deref_mut()
             .and_then(|e| e.surge.as_mut())
             .expect("made above");
+        surge.moved_at = now.as_nanos();
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
         if rates.joined {
             surge.joined += rate;
@@ -199,7 +212,8 @@ impl DemandWindow {
                 demand: s.demand(rounds),
                 ops: if fall { 0 } else { s.ops },
                 fall_noise: if fall { s.answers_noise() } else { 0.0 },
-                fall,
+                falling: fall
+                    && now.as_nanos() <= s.moved_at.saturating_add(duration_nanos(FALLING_FOR)),
             }
         })
     }

@@ -569,7 +569,7 @@ impl Dictionaries {
 
     /// Room held over every agent run, against
     /// [`DictionaryLimits::max_total`]: the numbers (up to each
-    /// dictionary's highest) and [`DICTIONARY_ROOM`] for each dictionary.
+    /// dictionary's highest) and `DICTIONARY_ROOM` for each dictionary.
     pub fn total(&self) -> usize {
         self.total
     }

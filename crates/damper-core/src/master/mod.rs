@@ -833,19 +833,11 @@ fn verdict(
     }
 }
 
-/// The strongest factor under which a fall that early reports are
-/// bringing is rechecked soon (see `recheck_at`): demand within twice
-/// the limit, where the next answers may release the account. A flood
-/// that only steps down (30× to 3× the limit) stays suppressed until its
-/// rounds, and its agents asking every 100 ms meanwhile cost
-/// `step-overload` 22% more requests for nothing.
-pub const SOON_RECHECK_FACTOR: f64 = 0.5;
-
 /// When an agent given `factor` from `estimate` at `now` should ask
 /// again: when the round the estimate comes from should be whole, if it
 /// suppresses or is a first round; and while early reports are bringing
-/// a fall (the last within [`FALLING_FOR`](crate::window::FALLING_FOR))
-/// that still suppresses by at most [`SOON_RECHECK_FACTOR`], after
+/// a fall that still suppresses (the last within
+/// [`FALLING_FOR`](crate::window::FALLING_FOR)), after
 /// `policy.surge_recheck` at the latest. The release comes with the next
 /// answers and is pushed, but an agent that misses the push (a stream
 /// redialled; a push lost in the simulator) stayed suppressed until its
@@ -853,7 +845,8 @@ pub const SOON_RECHECK_FACTOR: f64 = 0.5;
 /// of 60, one agent of twenty still refusing. Once the reports stop, the
 /// estimate stands until its round, and so do the agents: a flood that
 /// stepped down to 1.5× its limit and stayed there, its 20 agents asking
-/// every 100 ms until the round, sent 50–90% more requests over its run.
+/// every 100 ms until the round, sent 50–90% more requests over its run
+/// (and `step-overload`, from 30× to 3×, 22% more).
 fn recheck_at(
     config: &MasterConfig,
     estimate: &Estimate,
@@ -863,7 +856,7 @@ fn recheck_at(
     let whole_by = estimate
         .whole_by
         .filter(|_| factor > 0.0 || estimate.first_round);
-    if estimate.surge_falling && factor > 0.0 && factor <= SOON_RECHECK_FACTOR {
+    if estimate.surge_falling && factor > 0.0 {
         let soon = now + config.policy.surge_recheck;
         Some(whole_by.map_or(soon, |at| at.min(soon)))
     } else {

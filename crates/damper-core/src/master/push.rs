@@ -236,7 +236,6 @@ pub fn push_reply(
 mod tests {
     use super::*;
     use crate::Pair;
-    use crate::master::SOON_RECHECK_FACTOR;
     use crate::window::FALLING_FOR;
     use crate::wire::{Report, SurgeRates};
 
@@ -392,36 +391,35 @@ mod tests {
     }
 
     /// An agent still suppressed by a fall that early reports are bringing
-    /// within twice the limit asks again within `policy.surge_recheck`:
-    /// the release comes with the next answers and is pushed, and one that
-    /// misses the push hears it from its next recheck rather than its
-    /// round. A flood that only stepped down further from the limit, or a
-    /// fall whose reports stopped coming ([`FALLING_FOR`]), is left to its
-    /// rounds.
+    /// asks again within `policy.surge_recheck`: the release comes with
+    /// the next answers and is pushed, and one that misses the push hears
+    /// it from its next recheck rather than its round. Once the fall's
+    /// reports stop coming ([`FALLING_FOR`]), it is left to its rounds.
     #[test]
-    fn a_fall_near_the_limit_is_rechecked_soon_and_a_step_down_is_not() {
+    fn a_fall_is_rechecked_soon_while_its_reports_come_in() {
         let mut m = held_by_rounds();
         let soon = m.config().policy.surge_recheck;
         // One agent falls from 2 500/s to 500/s: 3 000/s in all, 3× the
-        // limit, suppressed by 0.67.
-        assert!(early(&mut m, 30_300, 500.0, 2_500.0) > SOON_RECHECK_FACTOR);
-        let step = m.verdict(at(30_310), "acme", "messages").unwrap();
-        assert!(step.factor > SOON_RECHECK_FACTOR);
-        assert_eq!(step.recheck_at, None, "the round it leans on is whole");
-        // The other falls to 900/s: 1 400/s in all, still over the limit.
-        let f = early(&mut m, 30_400, 900.0, 2_500.0);
-        assert!(f > 0.0 && f <= SOON_RECHECK_FACTOR, "{f}");
-        let near = m.verdict(at(30_410), "acme", "messages").unwrap();
-        assert_eq!(near.factor, f);
-        assert_eq!(near.recheck_at, Some(at(30_410) + soon));
-        // No report since: it stands as it is until its round.
-        let ms = 30_400 + FALLING_FOR.as_millis() as u64;
+        // limit.
+        let f = early(&mut m, 30_300, 500.0, 2_500.0);
+        assert!(f > 0.5, "{f}");
+        let falling = m.verdict(at(30_310), "acme", "messages").unwrap();
+        assert_eq!(falling.factor, f);
+        assert_eq!(falling.recheck_at, Some(at(30_310) + soon));
+        // No report since: it stands as it is until its round (whole).
+        let ms = 30_300 + FALLING_FOR.as_millis() as u64;
         assert_eq!(
             m.verdict(at(ms), "acme", "messages").unwrap().recheck_at,
             Some(at(ms) + soon)
         );
         let stood = m.verdict(at(ms + 1), "acme", "messages").unwrap();
         assert_eq!((stood.factor, stood.recheck_at), (f, None));
+        // The other falls to 900/s, 1 400/s in all, still over the
+        // limit: asked again soon.
+        let f = early(&mut m, 30_700, 900.0, 2_500.0);
+        assert!(f > 0.0 && f < 0.5, "{f}");
+        let near = m.verdict(at(30_710), "acme", "messages").unwrap();
+        assert_eq!((near.factor, near.recheck_at), (f, Some(at(30_710) + soon)));
     }
 
     #[test]

@@ -336,6 +336,30 @@ mod tests {
         taken
     }
 
+    /// What the grid's scan closing the sub-window `[from, to)` reports.
+    fn scan(agent: &AgentState, from: u64, to: u64) -> Vec<SurgeRates> {
+        let mut taken = Vec::new();
+        agent.scan_surges(at(from), at(to), &rule(), |_, rates| {
+            taken.push(rates);
+            true
+        });
+        taken
+    }
+
+    /// An agent whose new account `flood` began at 3 000/s, was told to
+    /// its master 20 ms after the round first saw it (at 1 ms), and
+    /// suppressed by 0.6 at once.
+    fn told_and_suppressed() -> AgentState {
+        let agent = learned(AgentConfig::default());
+        traffic(&agent, "flood", 0, 1, 3);
+        assert_eq!(peek(&agent, 1), vec![]);
+        traffic(&agent, "flood", 1, 21, 3);
+        assert_eq!(peek(&agent, 21).len(), 1, "3 000/s, told");
+        let suppressed = Duration::from_secs(6);
+        agent.apply(at(21), "flood", "messages", 0.6, 1_000.0, suppressed);
+        agent
+    }
+
     /// A new account flooding at 3 000/s is reported 20 ms after the round
     /// first sees it, at its rate since then (the operations that created
     /// it left out), and told once more at twice that age when the rate
@@ -402,15 +426,8 @@ mod tests {
     /// close each sub-window, as the round's do.
     #[test]
     fn a_suppressed_young_pair_is_measured_on_for_more_than_a_sub_window() {
-        let agent = learned(AgentConfig::default());
-        let scan = |from: u64, to: u64| {
-            let mut taken = Vec::new();
-            agent.scan_surges(at(from), at(to), &rule(), |_, rates| {
-                taken.push(rates);
-                true
-            });
-            taken
-        };
+        let agent = told_and_suppressed();
+        let scan = |from: u64, to: u64| scan(&agent, from, to);
         let mut rng = SmallRng::seed_from_u64(4);
         let mut at_2_500 = |from: u64, to: u64| {
             for ms in from..to {
@@ -418,12 +435,6 @@ mod tests {
                 agent.check_batch(at(ms), "flood", "messages", 1, n, &mut rng);
             }
         };
-        traffic(&agent, "flood", 0, 1, 3);
-        assert_eq!(peek(&agent, 1), vec![]);
-        traffic(&agent, "flood", 1, 21, 3);
-        assert_eq!(peek(&agent, 21).len(), 1, "3 000/s, told");
-        let suppressed = Duration::from_secs(6);
-        agent.apply(at(21), "flood", "messages", 0.6, 1_000.0, suppressed);
         for (from, to) in [(21, 41), (41, 81), (81, 161)] {
             traffic(&agent, "flood", from, to, 3);
             assert_eq!(peek(&agent, to), vec![], "the same 3 000/s at {to} ms");
@@ -474,27 +485,13 @@ mod tests {
     /// master as the pair's rate).
     #[test]
     fn a_young_pair_whose_flood_stops_is_left_to_the_grid() {
-        let agent = learned(AgentConfig::default());
-        let scan = |from: u64, to: u64| {
-            let mut taken = Vec::new();
-            agent.scan_surges(at(from), at(to), &rule(), |_, rates| {
-                taken.push(rates);
-                true
-            });
-            taken
-        };
-        traffic(&agent, "flood", 0, 1, 3);
-        assert_eq!(peek(&agent, 1), vec![]);
-        traffic(&agent, "flood", 1, 21, 3);
-        assert_eq!(peek(&agent, 21).len(), 1);
-        let suppressed = Duration::from_secs(6);
-        agent.apply(at(21), "flood", "messages", 0.6, 1_000.0, suppressed);
+        let agent = told_and_suppressed();
         traffic(&agent, "flood", 21, 200, 3);
-        assert_eq!(scan(0, 200), vec![]);
+        assert_eq!(scan(&agent, 0, 200), vec![]);
         // It stops at 200 ms: the next sub-window is empty, and the young
         // pair's peek at 401 ms (its mean since its start: 1 500/s) tells
         // nothing.
-        assert_eq!(scan(200, 400), vec![]);
+        assert_eq!(scan(&agent, 200, 400), vec![]);
         assert_eq!(peek(&agent, 401), vec![]);
         assert_eq!(agent.young_due(), None);
     }
@@ -558,14 +555,7 @@ mod tests {
     fn the_sub_window_of_a_young_report_is_no_fall() {
         let agent = learned(AgentConfig::default());
         let mut rng = SmallRng::seed_from_u64(5);
-        let scan = |from: u64, to: u64| {
-            let mut taken = Vec::new();
-            agent.scan_surges(at(from), at(to), &rule(), |_, rates| {
-                taken.push(rates);
-                true
-            });
-            taken
-        };
+        let scan = |from: u64, to: u64| scan(&agent, from, to);
         agent.check(at(150), "flood", "messages", 1, &mut rng);
         assert_eq!(peek(&agent, 150), vec![]);
         traffic(&agent, "flood", 150, 170, 3);

@@ -136,7 +136,13 @@ impl ReplyBuilder {
     /// of its limit. `account` is called only when it is listed (the
     /// master moves the name out of the request).
     pub fn add(&mut self, op: usize, account: impl FnOnce() -> String, verdict: &Verdict) {
-        self.recheck_at = self.recheck_at.max(verdict.recheck_at);
+        // The soonest any pair asks for: a fall that may release any moment
+        // asks within 100 ms, and waiting for another pair's round would
+        // hold it (the others are asked early, and told again when).
+        self.recheck_at = match (self.recheck_at, verdict.recheck_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let entry = &mut self.ops[op];
         let near = utilisation(verdict);
         let near = if near >= self.near_share { near } else { 0.0 };

@@ -193,7 +193,9 @@ pub struct Reply {
     /// warn that its own differs.
     pub rollup_interval: Option<Duration>,
     /// Ask again, for the pairs marked `recheck`, this long after the
-    /// reply: they come from a round other agents are still reporting.
+    /// reply: they come from a round other agents are still reporting, or
+    /// from a fall early reports are still bringing. The soonest any of
+    /// them asks for; a pair asked too early is told again when.
     pub recheck_after: Option<Duration>,
     /// When the master process started (`None`: not said); agents rejoin a
     /// master that was down relative to it.

@@ -107,6 +107,34 @@ proptest! {
     }
 }
 
+/// A reply asks again as soon as its soonest pair wants: a fall that may
+/// release any moment (within 100 ms) is not held to another pair's
+/// round (500 ms), whichever comes first; both are marked.
+#[test]
+fn a_reply_asks_again_when_its_soonest_pair_wants() {
+    let config = config();
+    let suppressed = |account: &str, after_ms: u64| Verdict {
+        recheck_at: Some(NOW + Duration::from_millis(after_ms)),
+        ..verdict(&config, account, "messages", 3, 0.9).unwrap()
+    };
+    for order in [[100, 500], [500, 100]] {
+        let mut builder = ReplyBuilder::new(&config, ["messages"]);
+        builder.add(0, || "a".into(), &suppressed("a", order[0]));
+        builder.add(0, || "b".into(), &suppressed("b", order[1]));
+        builder.add(
+            0,
+            || "c".into(),
+            &verdict(&config, "c", "messages", 1, 0.9).unwrap(),
+        );
+        let reply = builder.finish(NOW, ReplyHeader::default());
+        assert_eq!(reply.recheck_after, Some(Duration::from_millis(100)));
+        assert_eq!(
+            reply.rechecks().collect::<Vec<_>>(),
+            [Pair::new("a", "messages"), Pair::new("b", "messages")]
+        );
+    }
+}
+
 #[test]
 fn a_reply_lists_only_what_differs_and_asks_for_rechecks() {
     let config = config();

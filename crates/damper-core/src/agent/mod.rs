@@ -106,7 +106,7 @@ pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };
 use table::{PairTable, Pinned};
-pub use young::{MAX_YOUNG, YOUNG_PEEK_AFTER};
+pub use young::{MAX_YOUNG, YOUNG_PEEK_AFTER, YOUNG_SPAN};
 
 /// Settings of the agent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

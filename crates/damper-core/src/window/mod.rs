@@ -104,11 +104,11 @@ pub struct Estimate {
     /// a flood of costly operations at twice what it is one time in
     /// twenty.
     pub surge_fall_noise: f64,
-    /// With `surge`: whether early reports are bringing the demand down (a
-    /// flood ending), the last of them within
-    /// [`FALLING_FOR`]. An agent still suppressed by
-    /// such an estimate is told to ask again soon: the release may come
-    /// with the next reports, and a push of it can be missed.
+    /// With `surge`: whether early reports are bringing the demand down
+    /// (a flood ending), the last of them within [`FALLING_FOR`]. An agent
+    /// still suppressed by such an estimate is told to ask again soon: the
+    /// release may come with the next reports, and a push of it can be
+    /// missed.
     pub surge_falling: bool,
 }
 

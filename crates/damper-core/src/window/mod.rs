@@ -112,6 +112,19 @@ pub struct Estimate {
     pub surge_falling: bool,
 }
 
+impl Estimate {
+    /// An estimate from whole or partial rounds (or sub-intervals), no
+    /// early reports in it: every `surge` field says none.
+    fn of_rounds(rates: Rates, whole_by: Option<Nanos>, first_round: bool) -> Estimate {
+        Estimate {
+            rates,
+            whole_by,
+            first_round,
+            ..Estimate::default()
+        }
+    }
+}
+
 /// Cost that arrived too late to fit in the window, so was not counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
@@ -487,19 +500,14 @@ impl DemandWindow {
     fn round_estimate(&self, cfg: &WindowConfig, now: Nanos) -> Estimate {
         match cfg.estimator {
             EstimatorKind::LatestRound => self.latest_round(cfg, now),
-            EstimatorKind::AblyMma => Estimate {
-                // A window without sub-intervals does not fit this config
-                // and is never handed one ([`fits`](Self::fits)).
-                rates: self
-                    .sub_intervals()
+            // A window without sub-intervals does not fit this config and
+            // is never handed one ([`fits`](Self::fits)).
+            EstimatorKind::AblyMma => Estimate::of_rounds(
+                self.sub_intervals()
                     .map_or_else(Rates::default, |s| s.ably_mma(cfg, now)),
-                whole_by: None,
-                first_round: false,
-                surge: false,
-                surge_ops: 0,
-                surge_fall_noise: 0.0,
-                surge_falling: false,
-            },
+                None,
+                false,
+            ),
         }
     }
 
@@ -531,42 +539,26 @@ impl DemandWindow {
             // No round before this one: how many reports make it whole is
             // unknown, so it counts as whole with each report, and is marked
             // as a first round.
-            Estimate {
-                rates: self.rates[0].into(),
-                whole_by: (now < whole_by).then_some(whole_by),
-                first_round: true,
-                surge: false,
-                surge_ops: 0,
-                surge_fall_noise: 0.0,
-                surge_falling: false,
-            }
+            Estimate::of_rounds(
+                self.rates[0].into(),
+                (now < whole_by).then_some(whole_by),
+                true,
+            )
         } else if self.reports[0] >= self.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
             // by which any report of it could arrive. A report lost on the
             // way (its counts come with the agent's next one) must not keep
             // the round before, a deluge's say, in force once its drop
             // shows.
-            Estimate {
-                rates: self.rates[0].into(),
-                whole_by: None,
-                first_round: false,
-                surge: false,
-                surge_ops: 0,
-                surge_fall_noise: 0.0,
-                surge_falling: false,
-            }
+            Estimate::of_rounds(self.rates[0].into(), None, false)
         } else {
-            Estimate {
-                rates: Rates::from(self.rates[0]).max(self.rates[1].into()),
+            Estimate::of_rounds(
+                Rates::from(self.rates[0]).max(self.rates[1].into()),
                 // Ask again when it should be whole; if it is not by then
                 // (a report lost), when it counts as whole regardless.
-                whole_by: Some(if now < whole_by { whole_by } else { past_due }),
-                first_round: false,
-                surge: false,
-                surge_ops: 0,
-                surge_fall_noise: 0.0,
-                surge_falling: false,
-            }
+                Some(if now < whole_by { whole_by } else { past_due }),
+                false,
+            )
         }
     }
 

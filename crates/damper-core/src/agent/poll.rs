@@ -86,8 +86,7 @@ impl AgentState {
                 let total = entry.attempted_total();
                 let current =
                     u64::from((total as u32).wrapping_sub(entry.surge_total.load(Relaxed)));
-                let last = f64::from(f32::from_bits(entry.window_rate.load(Relaxed)));
-                let last = (last * window.as_secs_f64()).round() as u64;
+                let last = (entry.last_window_rate() * window.as_secs_f64()).round() as u64;
                 polled.push(Polled {
                     op,
                     account: account.as_str().into(),

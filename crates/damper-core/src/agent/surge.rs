@@ -439,7 +439,7 @@ impl AgentState {
                     rate,
                     entry.surge_noise.load(Relaxed),
                     scale,
-                    f64::from(f32::from_bits(entry.window_rate.load(Relaxed))),
+                    entry.last_window_rate(),
                 ),
             };
             if young {
@@ -575,6 +575,12 @@ impl Entry {
     pub(super) fn told_early(&self, rate: f32, round: u16) {
         self.surge_rate.store(rate.to_bits(), Relaxed);
         self.surge_round.store(round, Relaxed);
+    }
+
+    /// The rate over the last sub-window the scans closed, cost per
+    /// second (0 before the first).
+    pub(super) fn last_window_rate(&self) -> f64 {
+        f64::from(f32::from_bits(self.window_rate.load(Relaxed)))
     }
 
     /// The cost of one operation as the scans learnt it (see [`Quantum`]):

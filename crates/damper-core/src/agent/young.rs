@@ -269,9 +269,8 @@ const STEADY_SHARE: f64 = 0.25;
 /// within [`STEADY_SHARE`] of it or four times the noise of counting its
 /// operations, whichever is more.
 fn holds_steady(entry: &super::entry::Entry, mean: f64, window: Duration) -> bool {
-    let last = f64::from(f32::from_bits(entry.window_rate.load(Relaxed)));
     let noise = counting_noise(entry.op_cost(), mean, window.as_secs_f64());
-    (last - mean).abs() <= (STEADY_SHARE * mean).max(4.0 * noise)
+    (entry.last_window_rate() - mean).abs() <= (STEADY_SHARE * mean).max(4.0 * noise)
 }
 
 /// When the earliest of `young` is due a peek.

@@ -66,6 +66,9 @@ struct Overrides {
     /// Overrides the scenario's `cluster.pace`: true or false.
     #[arg(long, value_name = "BOOL")]
     pace: Option<bool>,
+    /// Overrides the scenario's `cluster.freeze_sparse`: true or false.
+    #[arg(long, value_name = "BOOL")]
+    freeze_sparse: Option<bool>,
     /// Overrides the scenario's `cluster.young_peeks`: true or false.
     #[arg(long, value_name = "BOOL")]
     young_peeks: Option<bool>,
@@ -108,6 +111,9 @@ fn load(path: &Path, overrides: &Overrides) -> anyhow::Result<Scenario> {
     }
     if let Some(on) = overrides.pace {
         scenario = scenario.with_pace(on);
+    }
+    if let Some(on) = overrides.freeze_sparse {
+        scenario = scenario.with_freeze_sparse(on);
     }
     if let Some(on) = overrides.young_peeks {
         scenario = scenario.with_young_peeks(on);

@@ -112,6 +112,12 @@ pub struct ClusterSection {
     /// what it attempts now. `false` keeps the share of what is attempted,
     /// as before pacing existed.
     pub pace: bool,
+    /// Frozen admission for sparse paced pairs (default true; only with
+    /// pacing): a paced pair that expects at most three operations a
+    /// sub-window decides them all by one probability set from its credit
+    /// at the sub-window's start. `false` moves the probability after each
+    /// operation, as before.
+    pub freeze_sparse: bool,
     /// Young peeks on the agents (default true; only with fast onset, and
     /// only with a `step_ms` that divides 20, so a new pair's first 20 ms
     /// are measured over whole steps): a pair a check creates is
@@ -153,6 +159,7 @@ impl Default for ClusterSection {
             push: true,
             low_noise: true,
             pace: true,
+            freeze_sparse: true,
             young_peeks: true,
             sparse_hints: true,
             account_numbers: true,
@@ -454,6 +461,14 @@ impl Scenario {
     pub fn with_pace(&self, on: bool) -> Scenario {
         let mut s = self.clone();
         s.cluster.pace = on;
+        s
+    }
+
+    /// The scenario with frozen admission for sparse paced pairs on or
+    /// off on every agent.
+    pub fn with_freeze_sparse(&self, on: bool) -> Scenario {
+        let mut s = self.clone();
+        s.cluster.freeze_sparse = on;
         s
     }
 

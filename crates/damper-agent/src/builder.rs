@@ -72,6 +72,7 @@ pub struct AgentBuilder {
     account_numbers: bool,
     low_noise: bool,
     pace: bool,
+    freeze_sparse: bool,
     sparse_hints: bool,
     local_window: Duration,
     forget_after: Duration,
@@ -136,6 +137,7 @@ impl Default for AgentBuilder {
             account_numbers: true,
             low_noise: true,
             pace: true,
+            freeze_sparse: true,
             sparse_hints: true,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
@@ -232,6 +234,17 @@ impl AgentBuilder {
         self
     }
 
+    /// Frozen admission for sparse paced pairs (default on): a paced pair
+    /// that expects at most a few operations a sub-window decides them all
+    /// by one probability set from its credit at the sub-window's start,
+    /// so a costly account spread thin over many agents swings less from
+    /// one 6-s bucket to the next (`docs/design.md`). Needs pacing. Off
+    /// only to compare.
+    pub fn freeze_sparse(mut self, on: bool) -> Self {
+        self.freeze_sparse = on;
+        self
+    }
+
     /// Sparse hints (default on): a pair of sparse costly operations that
     /// saw more of them than chance allows, too few for this agent alone
     /// to call a surge, is hinted to its master, which polls every agent
@@ -314,6 +327,7 @@ impl AgentBuilder {
         config.fast_onset = self.fast_onset;
         config.low_noise = self.low_noise;
         config.pace = self.pace;
+        config.freeze_sparse = self.freeze_sparse;
         config.sparse_hints = self.sparse_hints;
         // A pair `check` creates is young: the round peeks at it from the
         // moment the driver, woken here, shows it to the round.

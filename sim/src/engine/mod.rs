@@ -209,6 +209,7 @@ impl<M: Masters> Sim<M> {
                 agent_config.fast_onset = scenario.cluster.fast_onset;
                 agent_config.low_noise = scenario.cluster.low_noise;
                 agent_config.pace = scenario.cluster.pace;
+                agent_config.freeze_sparse = scenario.cluster.freeze_sparse;
                 agent_config.sparse_hints = scenario.cluster.sparse_hints;
                 // Young pairs are measured over 20 ms: only steps that
                 // divide it measure them (see `wake_young`).

@@ -104,6 +104,28 @@ pub(super) fn decide(credit: &AtomicI64, keep: f64, cost: u64, draw: u32) -> boo
     admit
 }
 
+/// Decides one operation of `cost` by the frozen probability `p` (see
+/// `frozen`) when a share `keep` is to be kept, with the uniform 32-bit
+/// draw `draw`, and moves the credit as [`decide`] does, so the next
+/// sub-window's probability repays what this one strayed by.
+#[inline]
+pub(super) fn decide_frozen(credit: &AtomicI64, keep: f64, p: f64, cost: u64, draw: u32) -> bool {
+    if cost > MAX_CREDITED_COST {
+        return independent(keep, draw);
+    }
+    let admit = independent(p, draw);
+    let cost = cost as i64;
+    let keep_fp = (keep * SCALE + 0.5) as i64;
+    let gain = keep_fp * cost - if admit { cost << SHIFT } else { 0 };
+    credit.fetch_add(gain, Relaxed);
+    admit
+}
+
+/// A credit, in cost.
+pub(super) fn credit_of(credit: &AtomicI64) -> f64 {
+    credit.load(Relaxed) as f64 * (1.0 / SCALE)
+}
+
 /// Moves a credit that followed `keep·attempted` over some span to follow
 /// `target` instead (what the pair should have admitted in it), then keeps
 /// it within the band where decisions still depend on it, for operations

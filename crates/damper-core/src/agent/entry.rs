@@ -10,6 +10,7 @@ use std::sync::atomic::{
 
 use rand::Rng;
 
+use super::frozen::{word_factor, word_frozen};
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -126,8 +127,11 @@ impl OpInfo {
 /// What [`Entry::in_force`] finds.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct InForce {
-    /// The master's factor, as stored (0 once expired).
+    /// The master's factor, as the local guard's is stored (`f32` bits; 0
+    /// once expired).
     pub(super) master: u32,
+    /// The frozen admission probability that comes with it, if any.
+    pub(super) frozen: Option<f64>,
     /// The local guard's factor, as stored.
     pub(super) local: u32,
     /// The limit the local guard enforces, cost per second (0: none).
@@ -152,8 +156,10 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(super) struct Entry {
-    /// The master's factor (`f32` bits: 24 bits of precision are plenty
-    /// for a share, and two factors fit where one `u64` did).
+    /// The master's factor, in fixed point in the high 24 bits (plenty
+    /// for a share, and two factors fit where one `u64` did), and a sparse
+    /// paced pair's frozen admission probability in the low 8, which the
+    /// factor's every store clears (see [`frozen`](super::frozen)).
     pub(super) master_factor: AtomicU32,
     /// The local guard's factor (`f32` bits).
     pub(super) local_factor: AtomicU32,
@@ -334,7 +340,7 @@ impl Entry {
         // factor stored before it, never an older one.
         let expires = self.master_expires.load(Acquire);
         let (limit, shadow) = limit_of(self.limit.load(Relaxed));
-        let (master, limit, utilisation) = if now < expires {
+        let (word, limit, utilisation) = if now < expires {
             (
                 self.master_factor.load(Relaxed),
                 limit,
@@ -352,6 +358,7 @@ impl Entry {
             // it enforces is only known while the master is.
             (0, 0.0, None)
         };
+        let master = word_factor(word);
         let local = if limit > 0.0 {
             self.local_guard(now, limit, master == 0, config)
         } else {
@@ -359,6 +366,7 @@ impl Entry {
         };
         InForce {
             master,
+            frozen: word_frozen(word),
             local,
             limit,
             shadow,
@@ -374,20 +382,31 @@ impl Entry {
     }
 
     /// Whether one operation of `cost` is admitted under the factor (as
-    /// stored) `bits`: always with no factor, never under a factor of 1,
-    /// and otherwise by the [`admission`] rule (or, with `low_noise` off,
-    /// an independent draw).
+    /// stored) `bits`, the greater of those `in_force` found: always with
+    /// no factor, never under a factor of 1, and otherwise by the
+    /// [`admission`] rule (by the frozen probability while the master's
+    /// factor applies with one, see [`frozen`](super::frozen); with
+    /// `low_noise` off, by an independent draw).
     #[inline]
-    fn admits<R: Rng + ?Sized>(&self, bits: u32, cost: u64, rng: &mut R, low_noise: bool) -> bool {
+    fn admits<R: Rng + ?Sized>(
+        &self,
+        bits: u32,
+        in_force: &InForce,
+        cost: u64,
+        rng: &mut R,
+        low_noise: bool,
+    ) -> bool {
         if bits == 0 {
             return true;
         }
         let keep = 1.0 - factor_of(bits);
         let draw = rng.next_u32();
-        if low_noise {
-            keep > 0.0 && admission::decide(&self.credit, keep, cost, draw)
-        } else {
-            admission::independent(keep, draw)
+        if !low_noise {
+            return admission::independent(keep, draw);
+        }
+        match in_force.frozen.filter(|_| bits == in_force.master) {
+            Some(p) => keep > 0.0 && admission::decide_frozen(&self.credit, keep, p, cost, draw),
+            None => keep > 0.0 && admission::decide(&self.credit, keep, cost, draw),
         }
     }
 
@@ -400,15 +419,17 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> Decision {
+        let in_force = self.in_force(now.as_nanos(), config);
         let InForce {
             master,
             local,
             limit,
             shadow,
             utilisation,
-        } = self.in_force(now.as_nanos(), config);
+            ..
+        } = in_force;
         let bits = master.max(local);
-        if self.admits(bits, cost, rng, config.low_noise) {
+        if self.admits(bits, &in_force, cost, rng, config.low_noise) {
             return Decision::Admit(Admitted {
                 would_reject: None,
                 utilisation,
@@ -447,12 +468,13 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> u64 {
+        let in_force = self.in_force(now.as_nanos(), config);
         let InForce {
             master,
             local,
             shadow,
             ..
-        } = self.in_force(now.as_nanos(), config);
+        } = in_force;
         let bits = master.max(local);
         if bits == 0 {
             return n;
@@ -460,12 +482,12 @@ impl Entry {
         if shadow {
             // Drawn all the same, so the admission credit moves as it would.
             (0..n).for_each(|_| {
-                self.admits(bits, cost, rng, config.low_noise);
+                self.admits(bits, &in_force, cost, rng, config.low_noise);
             });
             return n;
         }
         (0..n)
-            .filter(|_| self.admits(bits, cost, rng, config.low_noise))
+            .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
             .count() as u64
     }
 
@@ -541,15 +563,27 @@ impl Entry {
         t
     }
 
-    /// The master's factor in force at `now`, as stored: 0 once it
-    /// expired (or before any master answered).
+    /// The master's factor in force at `now`, as the local guard's is
+    /// stored (`f32` bits): 0 once it expired (or before any master
+    /// answered).
     pub(super) fn master_factor_at(&self, now: Nanos) -> u32 {
+        word_factor(self.master_word_at(now))
+    }
+
+    /// The master's word (see [`frozen`](super::frozen)) in force at
+    /// `now`: 0 once it expired (or before any master answered).
+    pub(super) fn master_word_at(&self, now: Nanos) -> u32 {
         // Acquire pairs with `apply`'s Release, as in `factors`.
         if now.as_nanos() < self.master_expires.load(Acquire) {
             self.master_factor.load(Relaxed)
         } else {
             0
         }
+    }
+
+    /// Whether the master's factor, expired or not, is above 0.
+    pub(super) fn master_suppressed(&self) -> bool {
+        word_factor(self.master_factor.load(Relaxed)) != 0
     }
 
     /// Whether the scans' flag `flag` is set.

@@ -53,6 +53,8 @@
 //!   out before it is made over.
 //! - `drain`: taking counts for a rollup, and putting back what failed.
 //! - `forget`: forgetting idle pairs.
+//! - `frozen`: a sparse paced pair's admission probability, set for a
+//!   whole sub-window from its credit.
 //! - `hint`: sparse hints, what one agent can say of a flood of costly
 //!   operations too thin on it to call ([`HINT_ALPHA`]).
 //! - `join`: telling a pair's new master, when the ring moved it between
@@ -74,6 +76,7 @@ mod admission;
 mod drain;
 mod entry;
 mod forget;
+mod frozen;
 mod hint;
 mod join;
 mod pace;
@@ -97,8 +100,9 @@ use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
-use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
+use entry::{Entry, OpInfo, RETIRED, factor_of, limit_bits};
 pub use hint::{FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, poisson_tail};
+pub use frozen::FROZEN_MAX_OPS;
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};
@@ -149,6 +153,14 @@ pub struct AgentConfig {
     /// Needs `low_noise`, and fast onset's scans, which do it. Off only to
     /// measure the difference. Default on.
     pub pace: bool,
+    /// Whether a paced pair that expects at most
+    /// [`FROZEN_MAX_OPS`] operations a sub-window decides them all by one
+    /// probability, set at the sub-window's start from its credit, rather
+    /// than moving its probability after each: a costly account spread
+    /// thin over many agents then swings by a third less from one 6-s
+    /// bucket to the next (see `frozen` and `docs/design.md`). Needs
+    /// `pace`. Off only to measure the difference. Default on.
+    pub freeze_sparse: bool,
     /// Whether a pair `check` creates is young: measured on its own from
     /// the moment the round sees it and reported as soon as it proves a
     /// surge, between the sub-window grid's scans (see
@@ -176,6 +188,7 @@ impl Default for AgentConfig {
             fast_onset: true,
             low_noise: true,
             pace: true,
+            freeze_sparse: true,
             young_peeks: true,
             sparse_hints: true,
         }
@@ -644,7 +657,7 @@ impl AgentState {
         entry.utilisation.store(utilisation.to_bits(), Relaxed);
         entry
             .master_factor
-            .store(factor_bits(verdict.factor), Relaxed);
+            .store(frozen::master_word(verdict.factor), Relaxed);
         entry.unpace(verdict.factor);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)
@@ -795,7 +808,7 @@ impl AgentState {
             let expires = entry.master_expires.load(Acquire);
             if expires != 0
                 && now.as_nanos() >= expires
-                && entry.master_factor.load(Relaxed) != 0
+                && entry.master_suppressed()
                 && entry.expiry_counted.swap(expires as u32, Relaxed) != expires as u32
             {
                 lapsed += 1;

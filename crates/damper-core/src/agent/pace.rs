@@ -38,6 +38,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::admission;
 use super::entry::{Entry, PACED, factor_of};
+use super::frozen::word_factor;
 use crate::time::Nanos;
 
 /// The least master's factor under which a pair is paced, from the
@@ -57,9 +58,11 @@ impl Entry {
     /// it may keep of `told`, the rate (cost per second) this agent's last
     /// rollup told the master (`None` while the master holds an early
     /// report's instead); clears its credit if no factor is in force.
-    /// Scanner only.
-    pub(super) fn pace(&self, now: Nanos, told: Option<f32>, secs: f64, cost: u32) {
-        let master = self.master_factor_at(now);
+    /// With `freeze`, a sparse paced pair's next sub-window is decided by
+    /// a frozen probability (see [`frozen`](super::frozen)). Scanner only.
+    pub(super) fn pace(&self, now: Nanos, told: Option<f32>, secs: f64, cost: u32, freeze: bool) {
+        let word = self.master_word_at(now);
+        let master = word_factor(word);
         let local = self.local_factor.load(Relaxed);
         if master == 0 && local == 0 {
             admission::clear(&self.credit);
@@ -79,9 +82,11 @@ impl Entry {
         // part of its length only: pacing it whole would admit up to a
         // sub-window's pace more, on every agent at once.
         let Some(told) = told.filter(|_| was_paced) else {
+            self.thaw();
             return;
         };
-        let target = keep * f64::from(told) * secs;
+        let expected = f64::from(told) * secs;
+        let target = keep * expected;
         admission::retarget(
             &self.credit,
             keep,
@@ -90,6 +95,11 @@ impl Entry {
             self.one(),
             PACE_SLACK * target,
         );
+        if freeze {
+            self.freeze(word, keep, expected, self.one());
+        } else {
+            self.thaw();
+        }
     }
 
     /// A master's new `factor` has come: if it is too mild to pace by,

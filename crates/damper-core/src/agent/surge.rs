@@ -401,7 +401,13 @@ impl AgentState {
                 entry.set_scanned(YOUNG_REPORTED, false);
             }
             if pass == Pass::Close && self.config.low_noise && self.config.pace {
-                entry.pace(now, (!surged).then_some(baseline), secs, cost);
+                entry.pace(
+                    now,
+                    (!surged).then_some(baseline),
+                    secs,
+                    cost,
+                    self.config.freeze_sparse,
+                );
             }
             // Nothing in this sub-window nor the last two, and no noise left
             // to decay: nothing can change, and nothing can surge (a fall
@@ -447,7 +453,7 @@ impl AgentState {
             }
             // Rises follow up this round's early report; falls, any
             // report, of a pair its master suppresses.
-            let suppressed = entry.master_factor.load(Relaxed) > 0;
+            let suppressed = entry.master_suppressed();
             let follow_up = suppressed && (surged || rate < f64::from(baseline));
             let noise = OnceCell::new();
             let noise = || {

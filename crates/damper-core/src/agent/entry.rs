@@ -130,8 +130,9 @@ pub(super) struct InForce {
     /// The master's factor, as the local guard's is stored (`f32` bits; 0
     /// once expired).
     pub(super) master: u32,
-    /// The frozen admission probability that comes with it, if any.
-    pub(super) frozen: Option<f64>,
+    /// The master's word it came in, with any frozen admission
+    /// probability (see [`frozen`](super::frozen)); 0 once expired.
+    pub(super) word: u32,
     /// The local guard's factor, as stored.
     pub(super) local: u32,
     /// The limit the local guard enforces, cost per second (0: none).
@@ -156,10 +157,11 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 #[repr(C, align(64))]
 #[derive(Default)]
 pub(super) struct Entry {
-    /// The master's factor, in fixed point in the high 24 bits (plenty
-    /// for a share, and two factors fit where one `u64` did), and a sparse
-    /// paced pair's frozen admission probability in the low 8, which the
-    /// factor's every store clears (see [`frozen`](super::frozen)).
+    /// The master's factor (`f32` bits: 24 bits of precision are plenty
+    /// for a share, and two factors fit where one `u64` did); while a
+    /// sparse paced pair is frozen, with its admission probability in the
+    /// bits a factor in `[0.5, 1)` does not need, which the factor's every
+    /// store clears (see [`frozen`](super::frozen)).
     pub(super) master_factor: AtomicU32,
     /// The local guard's factor (`f32` bits).
     pub(super) local_factor: AtomicU32,
@@ -334,7 +336,9 @@ impl Entry {
 
     /// What is in force for this pair at `now`: the factors, the limit,
     /// whether it is in shadow, and the utilisation the master said.
-    #[inline]
+    // Always inlined: out of line, as the compiler chose once the frozen
+    // word came with the factor, `check_reject` measured 20–40% slower.
+    #[inline(always)]
     pub(super) fn in_force(&self, now: u64, config: &AgentConfig) -> InForce {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // factor stored before it, never an older one.
@@ -366,7 +370,7 @@ impl Entry {
         };
         InForce {
             master,
-            frozen: word_frozen(word),
+            word,
             local,
             limit,
             shadow,
@@ -404,7 +408,8 @@ impl Entry {
         if !low_noise {
             return admission::independent(keep, draw);
         }
-        match in_force.frozen.filter(|_| bits == in_force.master) {
+        let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
+        match frozen {
             Some(p) => keep > 0.0 && admission::decide_frozen(&self.credit, keep, p, cost, draw),
             None => keep > 0.0 && admission::decide(&self.credit, keep, cost, draw),
         }

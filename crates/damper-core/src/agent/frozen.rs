@@ -19,8 +19,9 @@
 //! ```
 //!
 //! nearly all of the credit repaid in one sub-window (`A` against `A + c`:
-//! the `c` keeps a pair whose operations did not come from overshooting),
-//! and every operation in the sub-window is decided by `p`, whoever sends
+//! the `c` damps the correction of a pair that expects about one operation,
+//! which would otherwise swing from refusing everything to admitting
+//! everything and back), and every operation in the sub-window is decided by `p`, whoever sends
 //! it, in whatever order. The credit is still moved by every decision, so
 //! the next sub-window's `p` repays exactly what this one strayed by, and
 //! nothing is lost or gained over a round. Since no decision moves the
@@ -36,9 +37,14 @@
 //! frozen probability cannot), so pairs denser than [`FROZEN_MAX_OPS`]
 //! keep it.
 //!
-//! Stored in the master's factor word (see `entry`): the factor in its high
-//! 24 bits, in fixed point, and the frozen probability in the low 8, 0 for
-//! none. A new factor from the master replaces the word and so clears the
+//! Stored in the master's factor word (see `entry`), which otherwise holds
+//! the factor's `f32` bits. Every factor that can be paced lies in
+//! `[0.5, 1)`, where an `f32`'s sign and exponent are the same (`0x3F0…`):
+//! a frozen word keeps the factor's 23-bit mantissa, exact, sets its top
+//! bit to say it is frozen, and holds the probability in the 8 bits
+//! between. A word without the flag is read exactly as before, so a pair
+//! that is not frozen costs `check` nothing more than a test of one bit.
+//! A new factor from the master replaces the word and so clears the
 //! probability with it; a scan sets it by compare-and-swap on the word it
 //! read, so it never outlives the factor it was set for.
 
@@ -52,50 +58,43 @@ use super::entry::Entry;
 /// frozen probability: above it the credit rule is the quieter.
 pub const FROZEN_MAX_OPS: f64 = 3.0;
 
-/// Bits of the master's word that hold the frozen probability.
-const P_BITS: u32 = 8;
-const P_MASK: u32 = (1 << P_BITS) - 1;
-/// The probability's steps: codes `1..=P_STEPS + 1` stand for
-/// `0, 1/P_STEPS, …, 1`; 0 for none. A step's rounding (at most 0.2%)
-/// is repaid by the credit in the next sub-window, like any other stray.
-const P_STEPS: f64 = (P_MASK - 1) as f64;
-/// The factor's steps over `[0, 1]`, a power of two so that a factor an
-/// `f32` holds exactly (0.75, 0.5) comes back exactly: 2^23, in the
-/// word's high 24 bits; any other is rounded by at most 6·10⁻⁸, an
-/// `f32`'s own rounding near 1.
-const FACTOR_STEPS: f64 = (1u32 << 23) as f64;
+/// The flag of a frozen word: an `f32` factor's sign bit, never set in a
+/// factor (stored clamped to `[0, 1]`).
+const FROZEN: u32 = 1 << 31;
+/// An `f32`'s mantissa: what a frozen word keeps of its factor.
+const MANTISSA: u32 = (1 << 23) - 1;
+/// The sign and exponent of every `f32` in `[0.5, 1)`.
+const HALF_TO_ONE: u32 = 126 << 23;
+/// Where the probability sits in a frozen word: the 8 exponent bits.
+const P_SHIFT: u32 = 23;
+/// The probability's steps: code `k` in `0..=255` stands for `k / 255`. A
+/// step's rounding (at most 0.2%) is repaid by the credit in the next
+/// sub-window, like any other stray.
+const P_STEPS: f64 = 255.0;
 
-/// The master's word for `factor`, with no frozen probability: the factor
-/// clamped to `[0, 1]`, NaN as 0.
-pub(super) fn master_word(factor: f64) -> u32 {
-    if factor.is_nan() {
-        return 0;
-    }
-    ((factor.clamp(0.0, 1.0) * FACTOR_STEPS).round() as u32) << P_BITS
-}
-
-/// The factor a master's word holds, as the entry's other factors are
-/// stored (`f32` bits; see `entry::factor_bits`).
+/// The factor a master's word holds, as stored (`f32` bits; see
+/// `entry::factor_bits`): the word itself unless it is frozen.
 #[inline]
 pub(super) fn word_factor(word: u32) -> u32 {
-    let steps = word >> P_BITS;
-    if steps == 0 {
-        return 0;
+    if word & FROZEN == 0 {
+        word
+    } else {
+        HALF_TO_ONE | (word & MANTISSA)
     }
-    (steps as f32 * (1.0 / FACTOR_STEPS as f32)).to_bits()
 }
 
 /// The frozen probability a master's word holds, if any.
 #[inline]
 pub(super) fn word_frozen(word: u32) -> Option<f64> {
-    let code = word & P_MASK;
-    (code != 0).then(|| f64::from(code - 1) * (1.0 / P_STEPS))
+    (word & FROZEN != 0).then(|| f64::from((word >> P_SHIFT) & 0xFF) * (1.0 / P_STEPS))
 }
 
-/// `word` with the frozen probability `p` (clamped to `[0, 1]`).
-fn with_frozen(word: u32, p: f64) -> u32 {
-    let code = (p.clamp(0.0, 1.0) * P_STEPS).round() as u32 + 1;
-    (word & !P_MASK) | code
+/// The frozen word for the factor (as stored) `bits`, which must lie in
+/// `[0.5, 1)`, with the probability `p` (clamped to `[0, 1]`).
+fn frozen_word(bits: u32, p: f64) -> u32 {
+    debug_assert_eq!(bits & !MANTISSA, HALF_TO_ONE);
+    let code = (p.clamp(0.0, 1.0) * P_STEPS).round() as u32;
+    FROZEN | (code << P_SHIFT) | (bits & MANTISSA)
 }
 
 impl Entry {
@@ -110,9 +109,15 @@ impl Entry {
             self.thaw();
             return;
         }
+        let bits = word_factor(word);
+        if bits & !MANTISSA != HALF_TO_ONE {
+            // Outside [0.5, 1): not a factor the pace runs under.
+            self.thaw();
+            return;
+        }
         let e = admission::credit_of(&self.credit);
         let p = keep + e / (expected + one);
-        let frozen = with_frozen(word, p);
+        let frozen = frozen_word(bits, p);
         if frozen != word {
             let _ = self
                 .master_factor
@@ -124,8 +129,11 @@ impl Entry {
     /// credit rule again. Scanner only (a new factor clears it by
     /// replacing the word).
     pub(super) fn thaw(&self) {
-        if self.master_factor.load(Relaxed) & P_MASK != 0 {
-            self.master_factor.fetch_and(!P_MASK, Relaxed);
+        let word = self.master_factor.load(Relaxed);
+        if word & FROZEN != 0 {
+            let _ = self
+                .master_factor
+                .compare_exchange(word, word_factor(word), Relaxed, Relaxed);
         }
     }
 }
@@ -159,7 +167,14 @@ mod tests {
 
     /// The master's verdict at `ms`: 0.8, for 10 s.
     fn suppress(state: &AgentState, ms: u64) {
-        state.apply(at(ms), "acme", "messages", 0.8, 1_000.0, Duration::from_secs(10));
+        state.apply(
+            at(ms),
+            "acme",
+            "messages",
+            0.8,
+            1_000.0,
+            Duration::from_secs(10),
+        );
     }
 
     /// `ops` checks in the middle of the sub-window from `from` ms, and
@@ -172,7 +187,11 @@ mod tests {
         rng: &mut SmallRng,
     ) -> u64 {
         let admitted = (0..ops)
-            .filter(|_| state.check(at(from + 100), "acme", "messages", 1, rng).is_admit())
+            .filter(|_| {
+                state
+                    .check(at(from + 100), "acme", "messages", 1, rng)
+                    .is_admit()
+            })
             .count() as u64;
         state.scan_surges(at(from), at(from + 200), rule, |_, _| false);
         admitted
@@ -196,7 +215,11 @@ mod tests {
     fn a_sparse_paced_pair_decides_a_sub_window_by_one_probability() {
         let (state, rule, mut rng) = told_then_suppressed(5);
         sub_window(&state, &rule, 2_000, 1, &mut rng);
-        assert_eq!(word_frozen(word_and_credit(&state).0), None, "not paced yet");
+        assert_eq!(
+            word_frozen(word_and_credit(&state).0),
+            None,
+            "not paced yet"
+        );
         for window in 11..40 {
             sub_window(&state, &rule, window * 200, 1, &mut rng);
             let (word, e) = word_and_credit(&state);
@@ -239,7 +262,10 @@ mod tests {
         for p in 0..2 {
             let share = kept[p] as f64 / tried[p] as f64 / 0.2;
             let noise = 4.0 * (0.8 / (tried[p] as f64 * 0.2)).sqrt();
-            assert!((share - 1.0).abs() <= 0.05 + noise, "publisher {p}: {share:.3}");
+            assert!(
+                (share - 1.0).abs() <= 0.05 + noise,
+                "publisher {p}: {share:.3}"
+            );
         }
     }
 
@@ -264,27 +290,24 @@ mod tests {
         assert!((195..=205).contains(&admitted), "{admitted}");
     }
 
-    /// A factor survives the word to within its step, and a frozen
-    /// probability leaves it alone.
+    /// A frozen word keeps its factor exactly and its probability to
+    /// within half a step; a factor's own bits are never read as frozen.
     #[test]
     fn the_word_keeps_the_factor_and_the_probability_apart() {
-        for factor in [0.0, 1e-6, 0.25, 0.5, 0.8, 0.9, 0.999, 1.0] {
-            let word = master_word(factor);
-            assert_eq!(word_frozen(word), None);
+        use crate::agent::entry::factor_bits;
+        for factor in [0.5, 0.6, 0.75, 0.8, 0.9, 0.999, 0.999_999_9] {
+            let bits = factor_bits(factor);
+            assert_eq!((word_factor(bits), word_frozen(bits)), (bits, None));
             for p in [0.0, 0.2, 0.5, 1.0] {
-                let frozen = with_frozen(word, p);
-                assert_eq!(word_factor(frozen), word_factor(word));
+                let frozen = frozen_word(bits, p);
+                assert_eq!(word_factor(frozen), bits, "{factor}");
                 let back = word_frozen(frozen).unwrap();
                 assert!((back - p).abs() <= 0.5 / P_STEPS, "{p} → {back}");
             }
-            let back = f64::from(f32::from_bits(word_factor(word)));
-            assert!((back - factor).abs() <= 6e-8, "{factor} → {back}");
-            if f64::from(factor as f32) == factor {
-                assert_eq!(back, factor);
-            }
         }
-        assert_eq!(master_word(f64::NAN), 0);
-        assert_eq!(master_word(-1.0), 0);
-        assert_eq!(word_factor(master_word(2.0)), 1.0f32.to_bits());
+        for factor in [0.0, 1e-6, 0.25, 0.499, 1.0] {
+            let bits = factor_bits(factor);
+            assert_eq!((word_factor(bits), word_frozen(bits)), (bits, None));
+        }
     }
 }

@@ -100,9 +100,9 @@ use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
-use entry::{Entry, OpInfo, RETIRED, factor_of, limit_bits};
-pub use hint::{FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, poisson_tail};
+use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
+pub use hint::{FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, poisson_tail};
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};
@@ -657,7 +657,7 @@ impl AgentState {
         entry.utilisation.store(utilisation.to_bits(), Relaxed);
         entry
             .master_factor
-            .store(frozen::master_word(verdict.factor), Relaxed);
+            .store(factor_bits(verdict.factor), Relaxed);
         entry.unpace(verdict.factor);
         // Release: a check that sees this expiry sees the values above.
         // (Replies are applied by one task, so stores do not interleave.)

@@ -86,9 +86,18 @@ pub(super) fn independent(keep: f64, draw: u32) -> bool {
 
 /// Decides one operation of `cost` against `credit` (fixed point) when a
 /// share `keep` in `(0, 1)` is to be kept, with the uniform 32-bit draw
-/// `draw`, and moves the credit. One load and one `fetch_add`.
+/// `draw`, and moves the credit. One load and one `fetch_add`; with a
+/// `frozen` probability (see `frozen`) the draw is against it, no load,
+/// and the credit moves all the same, so the next sub-window's
+/// probability repays what this one strayed by.
 #[inline]
-pub(super) fn decide(credit: &AtomicI64, keep: f64, cost: u64, draw: u32) -> bool {
+pub(super) fn decide(
+    credit: &AtomicI64,
+    keep: f64,
+    frozen: Option<f64>,
+    cost: u64,
+    draw: u32,
+) -> bool {
     if cost > MAX_CREDITED_COST {
         return independent(keep, draw);
     }
@@ -96,25 +105,10 @@ pub(super) fn decide(credit: &AtomicI64, keep: f64, cost: u64, draw: u32) -> boo
     // Signed conversions: one instruction each, where `u64 as f64` is a
     // branchy sequence on x86-64. In range: `cost <= 2^34`, `keep_fp < 2^24`.
     let cost = cost as i64;
-    let e = credit.load(Relaxed) as f64 * (1.0 / SCALE);
-    let admit = admits(keep, e, cost as f64, u);
-    let keep_fp = (keep * SCALE + 0.5) as i64;
-    let gain = keep_fp * cost - if admit { cost << SHIFT } else { 0 };
-    credit.fetch_add(gain, Relaxed);
-    admit
-}
-
-/// Decides one operation of `cost` by the frozen probability `p` (see
-/// `frozen`) when a share `keep` is to be kept, with the uniform 32-bit
-/// draw `draw`, and moves the credit as [`decide`] does, so the next
-/// sub-window's probability repays what this one strayed by.
-#[inline]
-pub(super) fn decide_frozen(credit: &AtomicI64, keep: f64, p: f64, cost: u64, draw: u32) -> bool {
-    if cost > MAX_CREDITED_COST {
-        return independent(keep, draw);
-    }
-    let admit = independent(p, draw);
-    let cost = cost as i64;
+    let admit = match frozen {
+        Some(p) => u < p,
+        None => admits(keep, credit_of(credit), cost as f64, u),
+    };
     let keep_fp = (keep * SCALE + 0.5) as i64;
     let gain = keep_fp * cost - if admit { cost << SHIFT } else { 0 };
     credit.fetch_add(gain, Relaxed);
@@ -122,6 +116,7 @@ pub(super) fn decide_frozen(credit: &AtomicI64, keep: f64, p: f64, cost: u64, dr
 }
 
 /// A credit, in cost.
+#[inline]
 pub(super) fn credit_of(credit: &AtomicI64) -> f64 {
     credit.load(Relaxed) as f64 * (1.0 / SCALE)
 }
@@ -142,7 +137,7 @@ pub(super) fn retarget(
     one: f64,
     slack: f64,
 ) {
-    let old = credit.load(Relaxed) as f64 * (1.0 / SCALE);
+    let old = credit_of(credit);
     let low = -keep * ADMISSION_BAND * one - one - slack;
     let high = (1.0 - keep) * ADMISSION_BAND * one + slack;
     let new = (old + target - keep * attempted).clamp(low, high);
@@ -164,11 +159,6 @@ mod tests {
     use proptest::prelude::*;
     use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
-    /// The credit, in cost.
-    fn credit_cost(credit: &AtomicI64) -> f64 {
-        credit.load(Relaxed) as f64 / SCALE
-    }
-
     /// Runs `costs` through one credit at `keep`; returns the admitted
     /// cost per publisher (the index in `costs`' tuples) and the attempted.
     fn run(keep: f64, ops: &[(usize, u64)], seed: u64) -> (Vec<f64>, Vec<f64>, f64) {
@@ -179,7 +169,7 @@ mod tests {
         let mut worst: f64 = 0.0;
         let (mut kept, mut tried) = (0.0, 0.0);
         for &(p, cost) in ops {
-            let yes = decide(&credit, keep, cost, rng.random());
+            let yes = decide(&credit, keep, None, cost, rng.random());
             attempted[p] += cost as f64;
             tried += cost as f64;
             if yes {
@@ -249,7 +239,7 @@ mod tests {
             let mut rng = SmallRng::seed_from_u64(3);
             let mut kept = [0u64; 2];
             for i in 0..200_000 {
-                if decide(&credit, 0.5, 1, rng.random()) {
+                if decide(&credit, 0.5, None, 1, rng.random()) {
                     kept[i % 2] += 1;
                 }
             }
@@ -273,7 +263,7 @@ mod tests {
                 let credit = AtomicI64::new(0);
                 let mut rng = SmallRng::seed_from_u64(seed);
                 (0..n)
-                    .filter(|_| decide(&credit, keep, 51, rng.random()))
+                    .filter(|_| decide(&credit, keep, None, 51, rng.random()))
                     .count() as f64
                     * 51.0
             })
@@ -301,7 +291,7 @@ mod tests {
                     s.spawn(move || {
                         let mut rng = SmallRng::seed_from_u64(t);
                         (0..50_000)
-                            .filter(|_| decide(credit, 0.3, 7, rng.random()))
+                            .filter(|_| decide(credit, 0.3, None, 7, rng.random()))
                             .count() as u64
                             * 7
                     })
@@ -315,7 +305,7 @@ mod tests {
             credit.load(Relaxed),
             keep_fp * attempted - ((admitted as i64) << SHIFT)
         );
-        assert!(credit_cost(&credit).abs() <= credit_bound(7.0) * 4.0);
+        assert!(credit_of(&credit).abs() <= credit_bound(7.0) * 4.0);
     }
 
     /// A cost past the credited range is an independent draw and leaves
@@ -325,7 +315,7 @@ mod tests {
         let credit = AtomicI64::new(0);
         let mut rng = SmallRng::seed_from_u64(1);
         let kept = (0..10_000)
-            .filter(|_| decide(&credit, 0.25, u64::MAX / 4, rng.random()))
+            .filter(|_| decide(&credit, 0.25, None, u64::MAX / 4, rng.random()))
             .count();
         assert_eq!(credit.load(Relaxed), 0);
         assert!((2_200..2_800).contains(&kept), "{kept}");

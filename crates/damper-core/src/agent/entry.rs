@@ -409,10 +409,7 @@ impl Entry {
             return admission::independent(keep, draw);
         }
         let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
-        match frozen {
-            Some(p) => keep > 0.0 && admission::decide_frozen(&self.credit, keep, p, cost, draw),
-            None => keep > 0.0 && admission::decide(&self.credit, keep, cost, draw),
-        }
+        keep > 0.0 && admission::decide(&self.credit, keep, frozen, cost, draw)
     }
 
     /// The decision for one operation of `cost`; the caller counts it.

@@ -87,16 +87,17 @@ impl Entry {
         };
         let expected = f64::from(told) * secs;
         let target = keep * expected;
+        let one = self.one();
         admission::retarget(
             &self.credit,
             keep,
             target,
             f64::from(cost),
-            self.one(),
+            one,
             PACE_SLACK * target,
         );
         if freeze {
-            self.freeze(word, keep, expected, self.one());
+            self.freeze(word, keep, expected, one);
         } else {
             self.thaw();
         }

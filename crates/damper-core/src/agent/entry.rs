@@ -460,8 +460,14 @@ impl Entry {
         }
     }
 
-    /// How many of `n` operations of `cost` at the same instant are
-    /// admitted: the same as `n` calls of `decide`, one after another.
+    /// Decides the first of `n` operations of `cost` at the same instant
+    /// and those after it that one-by-one checks would decide under what
+    /// it found in force: all of them, unless the local guard's window
+    /// would close early within the batch (see
+    /// [`ops_in_force`](Self::ops_in_force)). Returns how many it decided
+    /// and how many of those were admitted, the same as that many calls of
+    /// `decide`, one after another. The caller counts them before deciding
+    /// the rest, as the checks would have.
     pub(super) fn decide_batch<R: Rng + ?Sized>(
         &self,
         now: Nanos,
@@ -469,8 +475,9 @@ impl Entry {
         n: u64,
         rng: &mut R,
         config: &AgentConfig,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let in_force = self.in_force(now.as_nanos(), config);
+        let n = self.ops_in_force(now.as_nanos(), &in_force, cost, n, config);
         let InForce {
             master,
             local,
@@ -479,18 +486,58 @@ impl Entry {
         } = in_force;
         let bits = master.max(local);
         if bits == 0 {
-            return n;
+            return (n, n);
         }
         if shadow {
             // Drawn all the same, so the admission credit moves as it would.
             (0..n).for_each(|_| {
                 self.admits(bits, &in_force, cost, rng, config.low_noise);
             });
+            return (n, n);
+        }
+        let admitted = (0..n)
+            .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
+            .count() as u64;
+        (n, admitted)
+    }
+
+    /// Of `n` operations of `cost` at `now`, the first of which found
+    /// `in_force`, how many one-by-one checks decide under it: up to the
+    /// one whose check closes the local guard's window early (`local_guard`),
+    /// once the ones before it have used the window's allowance. Only with
+    /// no master factor, a limit for the guard, and a window that the first
+    /// check did not just close (the checks after it, at the same instant,
+    /// find no time elapsed and close none). A deluge's first batch on
+    /// one agent is then admitted up to the allowance, as a node's checks
+    /// would be, not whole.
+    fn ops_in_force(
+        &self,
+        now: u64,
+        in_force: &InForce,
+        cost: u64,
+        n: u64,
+        config: &AgentConfig,
+    ) -> u64 {
+        let start = self.local_start.load(Relaxed);
+        if n <= 1 || in_force.master != 0 || in_force.limit <= 0.0 || start >= now {
             return n;
         }
-        (0..n)
-            .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
-            .count() as u64
+        let allowance = in_force.limit * (duration_nanos(config.local_window) as f64 / 1e9);
+        let used = self
+            .attempted_total()
+            .wrapping_sub(self.local_base.load(Relaxed));
+        // The first operation after the first whose check sees more than
+        // the allowance used: `used + j × cost > allowance`.
+        let over = |j: u64| used.wrapping_add(j.wrapping_mul(cost)) as f64 > allowance;
+        let room = ((allowance - used as f64) / cost as f64).max(0.0);
+        let mut j = (room.floor() as u64).clamp(1, n);
+        while j > 1 && over(j - 1) {
+            j -= 1;
+        }
+        while j < n && !over(j) {
+            j += 1;
+        }
+        j
     }
 
     /// The counter a decision adds to.

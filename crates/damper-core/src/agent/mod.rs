@@ -557,8 +557,10 @@ impl AgentState {
 
     /// Decides `n` operations of `cost` each by `account` on `op`, all at
     /// `now`, and counts them: exactly as `n` calls of [`check`](Self::check)
-    /// at the same instant would, one after another, with the
-    /// counters touched once. Returns how many were admitted. For replaying
+    /// at the same instant would, one after another, with the counters
+    /// touched once for each stretch decided under the same state (one,
+    /// unless the local guard's window closes early within the batch).
+    /// Returns how many were admitted. For replaying
     /// traffic in bulk (the simulator); the same edge cases as `check`.
     pub fn check_batch<R: Rng + ?Sized>(
         &self,
@@ -577,19 +579,24 @@ impl AgentState {
             return n;
         };
         entry.seed_quantum(cost);
-        let admitted = entry.decide_batch(now, cost, n, rng, &self.config);
-        for (yes, count) in [(true, admitted), (false, n - admitted)] {
-            if count != 0 {
-                self.count(
-                    now,
-                    account,
-                    op,
-                    entry,
-                    yes,
-                    cost.wrapping_mul(count),
-                    &pinned,
-                );
+        let (mut left, mut admitted) = (n, 0);
+        while left > 0 {
+            let (decided, yes) = entry.decide_batch(now, cost, left, rng, &self.config);
+            for (admit, count) in [(true, yes), (false, decided - yes)] {
+                if count != 0 {
+                    self.count(
+                        now,
+                        account,
+                        op,
+                        entry,
+                        admit,
+                        cost.wrapping_mul(count),
+                        &pinned,
+                    );
+                }
             }
+            admitted += yes;
+            left -= decided;
         }
         admitted
     }

@@ -686,6 +686,86 @@ fn a_batch_decides_like_single_checks() {
     );
 }
 
+/// A deluge's first batch on one agent: one-by-one checks at one instant
+/// are admitted until the local guard's window has used its allowance
+/// (250 of a 1 000/s limit over 250 ms), and the check after that closes
+/// the window early; a batch must stop there too, not admit all 1 000.
+#[test]
+fn a_batch_closes_the_local_guard_early_where_single_checks_do() {
+    let run = |batch: bool| {
+        let agent = AgentState::new(AgentConfig::default());
+        let mut rng = SmallRng::seed_from_u64(9);
+        // A master answered with no suppression: the guard knows the limit.
+        agent.apply(t(0), "acme", "messages", 0.0, 1_000.0, Duration::from_secs(60));
+        for ms in [10, 60, 110] {
+            agent.check(t(ms), "acme", "messages", 1, &mut rng);
+        }
+        if batch {
+            agent.check_batch(t(150), "acme", "messages", 2, 1_000, &mut rng)
+        } else {
+            (0..1_000)
+                .filter(|_| agent.check(t(150), "acme", "messages", 2, &mut rng).is_admit())
+                .count() as u64
+        }
+    };
+    let (batch, singles) = (run(true), run(false));
+    assert_eq!(batch, singles, "a batch decides as single checks do");
+    // 3 of the allowance used before, so 124 operations of cost 2 are
+    // admitted until 251 is past it; the next closes the window: 251 over
+    // 150 ms is 1 673/s, a factor of 1 − 1 000 / 1 673 = 0.40 for the 876
+    // left, about 524 of them admitted. Before, the batch admitted all.
+    assert!((600..700).contains(&batch), "the early close within the batch: {batch}");
+}
+
+proptest! {
+    /// Whatever is in force (no master yet and the op's default limit, a
+    /// master's factor or none, a window just begun or nearly done), a
+    /// batch admits and counts exactly what one-by-one checks at the same
+    /// instant do, with the same draws.
+    #[test]
+    fn a_batch_is_single_checks_at_one_instant(
+        factor in prop_oneof![Just(0.0f64), 0.0f64..0.9],
+        limit in 10.0f64..5_000.0,
+        answered in any::<bool>(),
+        before in 0u64..400,
+        at_ms in 1u64..600,
+        cost in 1u64..60,
+        n in 1u64..3_000,
+    ) {
+        let run = |batch: bool| {
+            let agent = AgentState::new(AgentConfig::default());
+            let mut reply = Reply::default();
+            reply.ops.push(crate::wire::OpVerdicts {
+                op: "messages".into(),
+                listed: Vec::new(),
+                unlisted: Some(crate::wire::Unlisted {
+                    limit,
+                    valid_for: Duration::from_secs(6),
+                    shadow: false,
+                }),
+                overrides: Vec::new(),
+            });
+            agent.learn_op_limits(&reply);
+            let mut rng = SmallRng::seed_from_u64(3);
+            if answered {
+                agent.apply(t(0), "acme", "messages", factor, limit, Duration::from_secs(60));
+            }
+            for _ in 0..before {
+                agent.check(t(0), "acme", "messages", 1, &mut rng);
+            }
+            let admitted = if batch {
+                agent.check_batch(t(at_ms), "acme", "messages", cost, n, &mut rng)
+            } else {
+                (0..n)
+                    .filter(|_| agent.check(t(at_ms), "acme", "messages", cost, &mut rng).is_admit())
+                    .count() as u64
+            };
+            (admitted, drained(&agent)[0].2.admitted)
+        };
+        prop_assert_eq!(run(true), run(false));
+    }
+}
+
 #[test]
 fn drains_route_to_owners_in_a_fixed_order_and_carry_over_is_bounded() {
     let agent = AgentState::new(AgentConfig::default());

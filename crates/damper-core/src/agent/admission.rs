@@ -115,6 +115,42 @@ pub(super) fn decide(
     admit
 }
 
+/// Decides `n` operations of `cost` in a row, as `n` calls of [`decide`]
+/// with the draws `draw()` gives would, one after another, and returns how
+/// many were admitted. The credit is read once and moved once, by the sum
+/// of the moves: what the calls would leave, with no locked add per
+/// operation (the simulator's batches; a concurrent check's update in
+/// between is kept, and seen by the next batch rather than this one).
+#[inline]
+pub(super) fn decide_many(
+    credit: &AtomicI64,
+    keep: f64,
+    frozen: Option<f64>,
+    cost: u64,
+    n: u64,
+    mut draw: impl FnMut() -> u32,
+) -> u64 {
+    if cost > MAX_CREDITED_COST {
+        return (0..n).filter(|_| independent(keep, draw())).count() as u64;
+    }
+    let cost = cost as i64;
+    let keep_fp = (keep * SCALE + 0.5) as i64;
+    let start = credit.load(Relaxed);
+    let mut local = start;
+    let mut admitted = 0;
+    for _ in 0..n {
+        let u = f64::from(draw()) * (1.0 / 4_294_967_296.0);
+        let admit = match frozen {
+            Some(p) => u < p,
+            None => admits(keep, local as f64 * (1.0 / SCALE), cost as f64, u),
+        };
+        local += keep_fp * cost - if admit { cost << SHIFT } else { 0 };
+        admitted += u64::from(admit);
+    }
+    credit.fetch_add(local - start, Relaxed);
+    admitted
+}
+
 /// A credit, in cost.
 #[inline]
 pub(super) fn credit_of(credit: &AtomicI64) -> f64 {
@@ -183,6 +219,30 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A run decided in one call takes the same decisions, with the
+        /// same draws, and leaves the same credit as one call per operation.
+        #[test]
+        fn many_decisions_at_once_are_single_decisions_in_a_row(
+            keep in 0.001f64..0.999,
+            frozen in proptest::option::of(0.0f64..=1.0),
+            start in -2_000i64..2_000,
+            cost in prop_oneof![1u64..=60, Just(MAX_CREDITED_COST + 1)],
+            n in 0u64..3_000,
+            seed in any::<u64>(),
+        ) {
+            let (one, many) = (AtomicI64::new(start << SHIFT), AtomicI64::new(start << SHIFT));
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let draws: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+            let singly = draws
+                .iter()
+                .filter(|&&d| decide(&one, keep, frozen, cost, d))
+                .count() as u64;
+            let mut next = draws.iter().copied();
+            let at_once = decide_many(&many, keep, frozen, cost, n, || next.next().unwrap());
+            prop_assert_eq!(at_once, singly);
+            prop_assert_eq!(many.load(Relaxed), one.load(Relaxed));
+        }
 
         /// However many operations, of whatever costs (up to a maximum),
         /// the admitted cost is `keep` times the attempted within the

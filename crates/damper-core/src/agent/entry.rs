@@ -495,9 +495,18 @@ impl Entry {
             });
             return (n, n);
         }
-        let admitted = (0..n)
-            .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
-            .count() as u64;
+        let keep = 1.0 - factor_of(bits);
+        if !config.low_noise || keep <= 0.0 {
+            let admitted = (0..n)
+                .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
+                .count() as u64;
+            return (n, admitted);
+        }
+        // What `admits` decides one by one, the credit held in a register.
+        let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
+        let admitted = admission::decide_many(&self.credit, keep, frozen, cost, n, || {
+            rng.next_u32()
+        });
         (n, admitted)
     }
 

@@ -139,14 +139,11 @@ impl AgentState {
             }
             let span = now.since(pair.start);
             let cost = entry.attempted_total().saturating_sub(pair.base);
-            let quantum = u64::from(entry.op_cost());
             let rates = SurgeRates {
                 rate: (cost as f64 / span.as_secs_f64().max(1e-9)) as f32,
                 baseline,
                 surged,
-                ops: cost
-                    .checked_div(quantum)
-                    .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
+                ops: super::surge::ops_in(cost, entry.op_cost()),
                 ..SurgeRates::default()
             };
             if !report(Pair::new(&pair.account, &pair.op), rates) {

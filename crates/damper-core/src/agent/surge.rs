@@ -517,6 +517,7 @@ impl AgentState {
                 rate: rate as f32,
                 baseline,
                 surged,
+                ops: rise_ops(rate, baseline, u64::from(cost), entry.op_cost()),
                 ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
@@ -525,6 +526,27 @@ impl AgentState {
             }
         }
         taken
+    }
+}
+
+/// How many operations of `quantum` each (0: not known) a measured `cost`
+/// holds: 0 when unknown.
+pub(super) fn ops_in(cost: u64, quantum: u32) -> u32 {
+    cost.checked_div(u64::from(quantum))
+        .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32)
+}
+
+/// What an early report of `rate` against `baseline` says it counted: the
+/// operations of its `cost` for a rise, so the master weighs a jump summed
+/// from a few sub-windows by their Poisson noise before it suppresses on
+/// it (two agents that a 0.95× account moved onto read 19% high over
+/// their first peek one time in forty, and the jump stood until its round
+/// after next); 0 for a fall, which the master weighs otherwise.
+pub(super) fn rise_ops(rate: f64, baseline: f32, cost: u64, quantum: u32) -> u32 {
+    if rate > f64::from(baseline) {
+        ops_in(cost, quantum)
+    } else {
+        0
     }
 }
 
@@ -784,6 +806,7 @@ mod tests {
         assert_eq!(*end, 10_200);
         assert_eq!(rates.rate, 0.0);
         assert!((1_990.0..2_030.0).contains(&rates.baseline), "{rates:?}");
+        assert_eq!(rates.ops, 0, "a fall counts nothing");
     }
 
     /// A suppressed flood that stops 40 ms into a sub-window leaves it a
@@ -989,6 +1012,9 @@ mod tests {
         };
         assert_eq!(first.rate, 2_500.0);
         assert!(!first.surged);
+        // What it counted: 250 operations of cost 1, whose Poisson noise the
+        // master weighs before it suppresses on them.
+        assert_eq!(first.ops, 250);
         // The master's answer suppresses it (1 000/s against 2 500/s so far).
         state.apply(
             at(4_105),

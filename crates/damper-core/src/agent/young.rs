@@ -199,7 +199,8 @@ impl AgentState {
                 return false;
             };
             let secs = age.as_secs_f64();
-            let rate = entry.attempted_total().wrapping_sub(base) as f64 / secs;
+            let cost = entry.attempted_total().wrapping_sub(base);
+            let rate = cost as f64 / secs;
             if grown && !holds_steady(entry, rate, rule.window()) {
                 // Its traffic moved since: its mean since its start lags,
                 // and the grid's scans judge the change.
@@ -232,6 +233,7 @@ impl AgentState {
                 baseline,
                 surged,
                 joined: false,
+                ops: super::surge::rise_ops(rate, baseline, cost, entry.op_cost()),
                 ..SurgeRates::default()
             };
             // Not taken: its master is busy with another early report.
@@ -386,6 +388,7 @@ mod tests {
         assert_eq!(account, "flood");
         assert_eq!(rates.rate, 3_000.0, "60 in 20 ms; the first 500 left out");
         assert_eq!((rates.baseline, rates.surged), (0.0, false));
+        assert_eq!(rates.ops, 60, "what it counted, for the master to weigh");
         // Measured over 40 ms at 2 000/s since: 100 in 40 ms, 2 500/s, a
         // follow-up of what it said.
         assert_eq!(agent.young_due(), Some(at(41)));

@@ -30,6 +30,39 @@ fn round(m: &mut MasterState, end_ms: u64, rate: f64) -> f64 {
     m.ingest(at(end_ms + 5), &report).unwrap().unwrap().factor
 }
 
+/// Traffic that moves onto two agents just under the limit (950/s from ten
+/// agents before): their first early reports read high by chance, 590/s
+/// each where 475 is true, 1 180 together. Weighed by the operations the
+/// rises counted (59 each: 3 standard deviations of 118 is 28%), the jump
+/// is within its noise and nothing is suppressed; uncounted, as early
+/// reports were until they said, the fixed margin (1.15×) let it suppress
+/// a 0.95× account until its round after next.
+#[test]
+fn a_jump_within_the_noise_of_the_operations_it_counted_does_not_suppress() {
+    let factor = |ops: u32| {
+        let mut m = master("latest-round");
+        for end in (2_000..=10_000).step_by(2_000) {
+            for _ in 0..10 {
+                round(&mut m, end, 95.0);
+            }
+        }
+        let rates = SurgeRates {
+            rate: 590.0,
+            ops,
+            ..SurgeRates::default()
+        };
+        let mut last = None;
+        for (agent, ms) in [("a", 10_110), ("b", 10_112)] {
+            last = m
+                .surge(at(ms), at(10_100), agent, Pair::new("acme", "messages"), rates)
+                .unwrap();
+        }
+        last.unwrap().factor
+    };
+    assert_eq!(factor(59), 0.0, "counted: within its noise");
+    assert!(factor(0) > 0.1, "uncounted: past the fixed margin");
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

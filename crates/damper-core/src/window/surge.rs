@@ -73,9 +73,9 @@ pub(super) struct Surge {
     /// (so chance spikes of a sparse account cannot pile up in it for
     /// ever); a surge that outlasts it is in the rounds by then.
     round: u64,
-    /// How many operations the reports counted that said (a poll's
-    /// answers), each agent's first report only: later ones measure the
-    /// same operations again over longer spans.
+    /// How many operations the reports counted that said (a rise's early
+    /// reports, a poll's answers), each agent's first report only: later
+    /// ones measure the same operations again over longer spans.
     #[serde(default)]
     ops: u32,
     /// The share kept (`1 − factor`) of the last verdict pushed for this

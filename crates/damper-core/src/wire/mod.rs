@@ -176,10 +176,11 @@ pub struct SurgeRates {
     /// say they take hints ([`Reply::takes_hints`]).
     pub hint: bool,
     /// How many operations `rate` was measured over, when the agent knows
-    /// what one costs (0: not known, or not counted): a sparse hint's
-    /// evidence, and a poll's answer's, whose Poisson noise (`1 / √ops`)
-    /// the master weighs before it suppresses on a few dozen operations
-    /// summed over many agents.
+    /// what one costs (0: not known, not counted, or a fall): a sparse
+    /// hint's evidence, a poll's answer's and a rise's, whose Poisson noise
+    /// (`1 / √ops`) the master weighs before it suppresses on a few dozen
+    /// operations summed over many agents, or on a jump two agents read
+    /// high by chance over their first peeks.
     pub ops: u32,
 }
 

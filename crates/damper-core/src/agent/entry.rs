@@ -11,6 +11,7 @@ use std::sync::atomic::{
 use rand::Rng;
 
 use super::frozen::{word_factor, word_frozen};
+use super::guard;
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -339,7 +340,7 @@ impl Entry {
     // Always inlined: out of line, as the compiler chose once the frozen
     // word came with the factor, `check_reject` measured 20–40% slower.
     #[inline(always)]
-    pub(super) fn in_force(&self, now: u64, config: &AgentConfig) -> InForce {
+    pub(super) fn in_force(&self, now: u64, cost: u64, config: &AgentConfig) -> InForce {
         // Acquire pairs with `apply`'s Release: a valid expiry comes with the
         // factor stored before it, never an older one.
         let expires = self.master_expires.load(Acquire);
@@ -364,7 +365,7 @@ impl Entry {
         };
         let master = word_factor(word);
         let local = if limit > 0.0 {
-            self.local_guard(now, limit, master == 0, config)
+            self.local_guard(now, limit, master == 0, cost, config)
         } else {
             0
         };
@@ -421,7 +422,7 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> Decision {
-        let in_force = self.in_force(now.as_nanos(), config);
+        let in_force = self.in_force(now.as_nanos(), cost, config);
         let InForce {
             master,
             local,
@@ -476,7 +477,7 @@ impl Entry {
         rng: &mut R,
         config: &AgentConfig,
     ) -> (u64, u64) {
-        let in_force = self.in_force(now.as_nanos(), config);
+        let in_force = self.in_force(now.as_nanos(), cost, config);
         let n = self.ops_in_force(now.as_nanos(), &in_force, cost, n, config);
         let InForce {
             master,
@@ -504,16 +505,16 @@ impl Entry {
         }
         // What `admits` decides one by one, the credit held in a register.
         let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
-        let admitted = admission::decide_many(&self.credit, keep, frozen, cost, n, || {
-            rng.next_u32()
-        });
+        let admitted =
+            admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32());
         (n, admitted)
     }
 
     /// Of `n` operations of `cost` at `now`, the first of which found
     /// `in_force`, how many one-by-one checks decide under it: up to the
     /// one whose check closes the local guard's window early (`local_guard`),
-    /// once the ones before it have used the window's allowance. Only with
+    /// once the ones before it have used the window's allowance and made
+    /// it confidently over the limit. Only with
     /// no master factor, a limit for the guard, and a window that the first
     /// check did not just close (the checks after it, at the same instant,
     /// find no time elapsed and close none). A deluge's first batch on
@@ -531,14 +532,22 @@ impl Entry {
         if n <= 1 || in_force.master != 0 || in_force.limit <= 0.0 || start >= now {
             return n;
         }
-        let allowance = in_force.limit * (duration_nanos(config.local_window) as f64 / 1e9);
+        let (limit, window) = (
+            in_force.limit,
+            duration_nanos(config.local_window) as f64 / 1e9,
+        );
+        let secs = now.saturating_sub(start) as f64 / 1e9;
         let used = self
             .attempted_total()
             .wrapping_sub(self.local_base.load(Relaxed));
-        // The first operation after the first whose check sees more than
-        // the allowance used: `used + j × cost > allowance`.
-        let over = |j: u64| used.wrapping_add(j.wrapping_mul(cost)) as f64 > allowance;
-        let room = ((allowance - used as f64) / cost as f64).max(0.0);
+        // The first operation after the first whose check finds the window
+        // closing early with `used + j × cost` attempted in it.
+        let over = |j: u64| {
+            let used = used.wrapping_add(j.wrapping_mul(cost)) as f64;
+            guard::closes_early(used, secs, limit, window, cost)
+        };
+        let least = guard::least_closing(secs, limit, window, cost);
+        let room = ((least - used as f64) / cost as f64).max(0.0);
         let mut j = (room.floor() as u64).clamp(1, n);
         while j > 1 && over(j - 1) {
             j -= 1;
@@ -577,22 +586,25 @@ impl Entry {
 
     /// The local guard's factor (as stored). Once per `local_window` one caller wins
     /// the right to measure this agent's demand over the window that ended
-    /// and to set the factor that brings that demand down to the limit.
+    /// and to set the factor that brings that demand down to the limit,
+    /// when that demand is confidently over it (see [`guard`](super::guard):
+    /// `cost`, the operation being decided, stands for what one costs).
     ///
     /// While the master does not suppress the pair (`early`), a window
     /// closes early once this agent alone has attempted more than the
-    /// limit allows over a whole window: a deluge on one agent (100× the
-    /// account's limit) is then measured within milliseconds, not at the
-    /// window's end, and that agent's rate alone proves the account is
-    /// over its limit, whatever the others do. (Under a master's factor the
-    /// windows run whole: a suppressed pair's every check would otherwise
-    /// close one.)
+    /// limit allows over a whole window, confidently over the limit: a
+    /// deluge on one agent (100× the account's limit) is then measured
+    /// within milliseconds, not at the window's end, and that agent's rate
+    /// alone proves the account is over its limit, whatever the others do.
+    /// (Under a master's factor the windows run whole: a suppressed pair's
+    /// every check would otherwise close one.)
     #[inline]
     pub(super) fn local_guard(
         &self,
         now: u64,
         limit: f64,
         early: bool,
+        cost: u64,
         config: &AgentConfig,
     ) -> u32 {
         let start = self.local_start.load(Relaxed);
@@ -601,7 +613,7 @@ impl Entry {
         // `elapsed == 0`: nothing to measure over (a zero local window, or a
         // clock that did not move), and no rate to divide by.
         if elapsed == 0
-            || (elapsed < window && !(early && self.over_window_allowance(limit, window)))
+            || (elapsed < window && !(early && self.closes_early(limit, window, elapsed, cost)))
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)
@@ -611,9 +623,10 @@ impl Entry {
         }
         let total = self.attempted_total();
         let base = self.local_base.swap(total, Relaxed);
-        let rate = total.wrapping_sub(base) as f64 / (elapsed as f64 / 1e9);
-        let t = if rate > limit {
-            factor_bits(1.0 - limit / rate)
+        let used = total.wrapping_sub(base) as f64;
+        let secs = elapsed as f64 / 1e9;
+        let t = if guard::confidently_over(used, secs, limit, cost) {
+            factor_bits(1.0 - limit / (used / secs))
         } else {
             0
         };
@@ -693,15 +706,22 @@ impl Entry {
         }
     }
 
-    /// Whether the cost attempted in the local guard's current window is
-    /// already more than `limit` allows over a whole window of `window`
-    /// nanoseconds. Reads only the check's own cache line.
+    /// Whether the local guard's current window, `elapsed` nanoseconds of
+    /// the `window` old, closes early ([`guard::closes_early`]): past what
+    /// `limit` allows over a whole window, and confidently far over the
+    /// limit. Reads only the check's own cache line.
     #[inline]
-    fn over_window_allowance(&self, limit: f64, window: u64) -> bool {
+    fn closes_early(&self, limit: f64, window: u64, elapsed: u64, cost: u64) -> bool {
         let used = self
             .attempted_total()
             .wrapping_sub(self.local_base.load(Relaxed));
-        used as f64 > limit * (window as f64 / 1e9)
+        guard::closes_early(
+            used as f64,
+            elapsed as f64 / 1e9,
+            limit,
+            window as f64 / 1e9,
+            cost,
+        )
     }
 }
 

@@ -55,6 +55,8 @@
 //! - `forget`: forgetting idle pairs.
 //! - `frozen`: a sparse paced pair's admission probability, set for a
 //!   whole sub-window from its credit.
+//! - `guard`: when the local guard's window proves the account over its
+//!   limit: confidently, by the window's counting noise.
 //! - `hint`: sparse hints, what one agent can say of a flood of costly
 //!   operations too thin on it to call ([`HINT_ALPHA`]).
 //! - `join`: telling a pair's new master, when the ring moved it between
@@ -77,6 +79,7 @@ mod drain;
 mod entry;
 mod forget;
 mod frozen;
+mod guard;
 mod hint;
 mod join;
 mod pace;

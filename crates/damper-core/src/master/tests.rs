@@ -54,7 +54,13 @@ fn a_jump_within_the_noise_of_the_operations_it_counted_does_not_suppress() {
         let mut last = None;
         for (agent, ms) in [("a", 10_110), ("b", 10_112)] {
             last = m
-                .surge(at(ms), at(10_100), agent, Pair::new("acme", "messages"), rates)
+                .surge(
+                    at(ms),
+                    at(10_100),
+                    agent,
+                    Pair::new("acme", "messages"),
+                    rates,
+                )
                 .unwrap();
         }
         last.unwrap().factor

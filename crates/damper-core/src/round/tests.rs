@@ -585,6 +585,11 @@ fn a_failed_rollup_rechecks_its_suppressed_pairs_once_more_at_most() {
 /// op's default is refused by the local guard under the default only until
 /// its master says its limit: the scan that sees the guard refuse a pair no
 /// master has answered for asks at once, with a query that counts nothing.
+/// (A pair the guard can tell is over its default with confidence is
+/// dense enough to be reported as a surge too, which its master answers;
+/// the ask is the scan's, for whatever that answer missed. Until the guard
+/// weighed its windows' noise, sparse costly traffic at 1.5× the default's
+/// room was refused too, and asked without a surge.)
 #[test]
 fn a_pair_guarded_under_its_ops_default_asks_its_master_for_its_own_limit() {
     let state = AgentState::new(AgentConfig::default());
@@ -596,26 +601,21 @@ fn a_pair_guarded_under_its_ops_default_asks_its_master_for_its_own_limit() {
     // hello's reply could not name it.
     let config = "[limits]\nmessages = 1000\n\"messages/flood\" = 100000";
     m.set_config(MasterConfig::from_toml(config).unwrap());
-    // 30 publishes a second of cost 101 on this agent: over the default
-    // (with its room of 2×), far under its own, and too few per
-    // sub-window to be a surge.
+    // 4 000 operations a second on this agent: twice the default with its
+    // room of 2×, far under its own limit.
     let mut rng = SmallRng::seed_from_u64(1);
     let mut now = at(10);
     let mut sent = Vec::new();
     let mut next_check = now;
     while now < at(900) {
         if now >= next_check {
-            state.check(now, "flood", "messages", 101, &mut rng);
-            next_check = next_check + Duration::from_micros(33_333);
+            state.check(now, "flood", "messages", 1, &mut rng);
+            next_check = next_check + Duration::from_micros(250);
         }
         now = r.poll_timeout().unwrap().min(next_check);
         r.handle_timeout(now, &state);
         sent.extend(answer_all(&mut r, &state, &mut m, now));
     }
-    assert!(
-        sent.iter().all(|t| !matches!(t.message, Message::Surge(_))),
-        "{sent:?}"
-    );
     let asked = sent.iter().any(|t| match &t.message {
         Message::Recheck(q) => q.pairs().any(|p| p == Pair::new("flood", "messages")),
         _ => false,

@@ -613,7 +613,27 @@ impl Entry {
         // `elapsed == 0`: nothing to measure over (a zero local window, or a
         // clock that did not move), and no rate to divide by.
         if elapsed == 0
-            || (elapsed < window && !(early && self.closes_early(limit, window, elapsed, cost)))
+            || (elapsed < window && !(early && self.over_window_allowance(limit, window)))
+        {
+            return self.local_factor.load(Relaxed);
+        }
+        self.close_local_window(start, now, limit, cost, elapsed < window)
+    }
+
+    /// The local guard's window that began at `start` is over at `now`, or
+    /// past its allowance `early`: closes it unless an early close's rate
+    /// is no deluge (see [`guard`](super::guard)), and sets the factor
+    /// when its rate is confidently over `limit`. Out of line: once a
+    /// window per pair, where every check runs the rest of the guard.
+    #[cold]
+    #[inline(never)]
+    fn close_local_window(&self, start: u64, now: u64, limit: f64, cost: u64, early: bool) -> u32 {
+        let secs = now.saturating_sub(start) as f64 / 1e9;
+        let used = || {
+            self.attempted_total()
+                .wrapping_sub(self.local_base.load(Relaxed)) as f64
+        };
+        if (early && !guard::confidently_over(used(), secs, guard::EARLY_CLOSE_RATIO * limit, cost))
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)
@@ -624,7 +644,6 @@ impl Entry {
         let total = self.attempted_total();
         let base = self.local_base.swap(total, Relaxed);
         let used = total.wrapping_sub(base) as f64;
-        let secs = elapsed as f64 / 1e9;
         let t = if guard::confidently_over(used, secs, limit, cost) {
             factor_bits(1.0 - limit / (used / secs))
         } else {
@@ -706,22 +725,16 @@ impl Entry {
         }
     }
 
-    /// Whether the local guard's current window, `elapsed` nanoseconds of
-    /// the `window` old, closes early ([`guard::closes_early`]): past what
-    /// `limit` allows over a whole window, and confidently far over the
-    /// limit. Reads only the check's own cache line.
+    /// Whether the cost attempted in the local guard's current window is
+    /// already more than `limit` allows over a whole window of `window`
+    /// nanoseconds: then it may close early, if its rate is a deluge's
+    /// ([`guard::closes_early`]). Reads only the check's own cache line.
     #[inline]
-    fn closes_early(&self, limit: f64, window: u64, elapsed: u64, cost: u64) -> bool {
+    fn over_window_allowance(&self, limit: f64, window: u64) -> bool {
         let used = self
             .attempted_total()
             .wrapping_sub(self.local_base.load(Relaxed));
-        guard::closes_early(
-            used as f64,
-            elapsed as f64 / 1e9,
-            limit,
-            window as f64 / 1e9,
-            cost,
-        )
+        used as f64 > limit * (window as f64 / 1e9)
     }
 }
 

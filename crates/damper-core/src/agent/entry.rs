@@ -541,18 +541,15 @@ impl Entry {
             .attempted_total()
             .wrapping_sub(self.local_base.load(Relaxed));
         // The first operation after the first whose check finds the window
-        // closing early with `used + j × cost` attempted in it.
-        let over = |j: u64| {
+        // closing early with `used + j × cost` attempted in it: none before
+        // the allowance is spent, then one by one, as the checks would.
+        let closes = |j: u64| {
             let used = used.wrapping_add(j.wrapping_mul(cost)) as f64;
             guard::closes_early(used, secs, limit, window, cost)
         };
-        let least = guard::least_closing(secs, limit, window, cost);
-        let room = ((least - used as f64) / cost as f64).max(0.0);
-        let mut j = (room.floor() as u64).clamp(1, n);
-        while j > 1 && over(j - 1) {
-            j -= 1;
-        }
-        while j < n && !over(j) {
+        let spent = ((limit * window - used as f64) / cost as f64).max(0.0);
+        let mut j = (spent.floor() as u64).clamp(1, n);
+        while j < n && !closes(j) {
             j += 1;
         }
         j

@@ -15,9 +15,11 @@
 //! standard deviations of its counting noise above the limit: `n`
 //! operations of cost `c` over `t` seconds read `n·c/t ± √n·c/t`, and the
 //! cost of the operation being decided stands for `c` (no cache line
-//! beyond the check's own is read). A deluge of cost-1 operations passes
-//! at its first early close; one of costly operations (a publish to 1 000
-//! subscribers costs 1 001) waits for about 17 of them.
+//! beyond the check's own is read); a window of fewer than 50 operations
+//! is weighed by its Poisson tail instead, which the normal law misjudges.
+//! A deluge of cost-1 operations passes at its first early close; one of
+//! costly operations (a publish to 1 000 subscribers costs 1 001, a
+//! hundred a second) within about six of them.
 //!
 //! A window closes early (before its `local_window` is up) only for a
 //! deluge: past a whole window's allowance, and confidently over
@@ -28,6 +30,8 @@
 //! deviations, and the next window refused a quarter: 11% of its
 //! operations in all. A moderate overload is measured over whole windows.
 
+use super::hint::poisson_tail;
+
 /// How many standard deviations of its counting noise a window's rate must
 /// stand above the limit for the guard to refuse: at 0.99× of the limit,
 /// with about 250 operations a window, one window in 10^5 reads that high
@@ -35,20 +39,43 @@
 /// three would be one every seven minutes.
 pub(super) const GUARD_SIGMAS: f64 = 4.0;
 
+/// The same, as the chance of a Poisson count at least that high: what a
+/// window of few operations is weighed by, where the normal law is far
+/// off (3 operations where 0.06 were due are as unlikely as 4σ).
+const GUARD_ALPHA: f64 = 3.17e-5;
+
+/// Counts below this many operations are weighed by their Poisson tail,
+/// larger ones by the normal law.
+const EXACT_BELOW: f64 = 50.0;
+
 /// How many times the limit a window must confidently read to close
 /// early: a deluge is far above it, bursts of traffic under the limit are
 /// not.
 pub(super) const EARLY_CLOSE_RATIO: f64 = 2.0;
 
 /// Whether `used` cost attempted over `secs` seconds, by operations of
-/// about `cost` each, is over `limit` cost per second by more than
-/// [`GUARD_SIGMAS`] standard deviations of its count.
+/// about `cost` each, is over `limit` cost per second beyond chance: a
+/// count that high, were the rate `limit`, would come less often than
+/// [`GUARD_SIGMAS`] standard deviations of the normal law.
+///
+/// A window begins with the operation whose check opened it, which is no
+/// chance arrival within it: it is not counted. (Counted, a costly account
+/// at 0.95× of its limit from one node, one operation of 1 001 a second,
+/// had a second within a few milliseconds of a window's first now and
+/// then, and was refused an operation every few minutes.)
 pub(super) fn confidently_over(used: f64, secs: f64, limit: f64, cost: u64) -> bool {
-    if secs <= 0.0 {
+    let cost = cost.max(1) as f64;
+    let used = used - cost;
+    let due = limit * secs;
+    if secs <= 0.0 || used <= due {
         return false;
     }
-    let noise = (used * cost as f64).sqrt();
-    used - GUARD_SIGMAS * noise > limit * secs
+    let ops = used / cost;
+    if ops < EXACT_BELOW {
+        poisson_tail(due / cost, ops as u32) <= GUARD_ALPHA
+    } else {
+        used - due > GUARD_SIGMAS * (due * cost).sqrt()
+    }
 }
 
 /// Whether a window `secs` old that has seen `used` cost closes early:
@@ -56,16 +83,6 @@ pub(super) fn confidently_over(used: f64, secs: f64, limit: f64, cost: u64) -> b
 /// confidently over [`EARLY_CLOSE_RATIO`] times the limit.
 pub(super) fn closes_early(used: f64, secs: f64, limit: f64, window_secs: f64, cost: u64) -> bool {
     used > limit * window_secs && confidently_over(used, secs, EARLY_CLOSE_RATIO * limit, cost)
-}
-
-/// About the least cost at which a window `secs` old closes early
-/// ([`closes_early`]): where to start looking for the operation of a batch
-/// that closes it. Solves `x² − k·√c·x − limit·secs = 0` for `x = √used`.
-pub(super) fn least_closing(secs: f64, limit: f64, window_secs: f64, cost: u64) -> f64 {
-    let k = GUARD_SIGMAS * (cost as f64).sqrt();
-    let over = EARLY_CLOSE_RATIO * limit * secs.max(0.0);
-    let root = (k + (k * k + 4.0 * over).sqrt()) / 2.0;
-    (root * root).max(limit * window_secs)
 }
 
 #[cfg(test)]
@@ -78,10 +95,13 @@ mod tests {
         assert!(!confidently_over(275.0, 0.25, 1_000.0, 1));
         // A deluge's first early close: 251 over 100 ms.
         assert!(confidently_over(251.0, 0.1, 1_000.0, 1));
-        // Costly operations (1 001 each) at 100 a second: one is nothing,
-        // seventeen are proof.
-        assert!(!confidently_over(1_001.0, 0.01, 1_000.0, 1_001));
-        assert!(confidently_over(17.0 * 1_001.0, 0.17, 1_000.0, 1_001));
+        // Costly operations (1 001 each) at 100 a second against 2 000/s:
+        // three are chance, six are proof (the first opened the window;
+        // 0.1 more were due).
+        assert!(!confidently_over(3.0 * 1_001.0, 0.03, 2_000.0, 1_001));
+        assert!(confidently_over(6.0 * 1_001.0, 0.05, 2_000.0, 1_001));
+        // Five operations of 51 in a window where 4.9 were due: chance.
+        assert!(!confidently_over(5.0 * 51.0, 0.25, 1_000.0, 51));
         assert!(!confidently_over(1.0, 0.0, 1_000.0, 1));
     }
 
@@ -97,12 +117,23 @@ mod tests {
         assert!(!closes_early(249.0, 0.01, 1_000.0, 0.25, 1));
     }
 
+    /// Over counts small and large, more cost over the same span is never
+    /// less proof: the batch and the checks one by one agree on where a
+    /// window closes.
     #[test]
-    fn the_least_closing_cost_closes_and_a_little_less_does_not() {
-        for (secs, limit, cost) in [(0.1, 1_000.0, 1), (0.2, 1_000.0, 51), (0.01, 50.0, 1_001)] {
-            let least = least_closing(secs, limit, 0.25, cost);
-            assert!(closes_early(least * 1.001 + 1.0, secs, limit, 0.25, cost));
-            assert!(!closes_early(least * 0.999 - 1.0, secs, limit, 0.25, cost));
+    fn confidence_grows_with_the_count() {
+        for (secs, limit, cost) in [
+            (0.1, 1_000.0, 1),
+            (0.25, 1_000.0, 51),
+            (0.05, 2_000.0, 1_001),
+        ] {
+            let mut was = false;
+            for ops in 1..400u32 {
+                let is = confidently_over(f64::from(ops) * cost as f64, secs, limit, cost);
+                assert!(is || !was, "{secs} {limit} {cost}: {ops}");
+                was = is;
+            }
+            assert!(was);
         }
     }
 }

@@ -322,15 +322,16 @@ fn local_guard_stays_out_of_the_way_under_the_limit() {
     }
 }
 
-/// An account that keeps to 0.95× of its limit from one node, Poisson or
-/// in bursts of 95 every 100 ms: its 250-ms windows read over the limit by
-/// chance one time in five, or by a burst's timing, and the guard refused
-/// 0.8% and 11% of it; weighed by their counting noise,
+/// An account that keeps to 0.95× of its limit from one node, Poisson, in
+/// bursts of 95 every 100 ms, or in operations of cost 1 001: its 250-ms
+/// windows read over the limit by chance one time in five, by a burst's
+/// timing, or by one operation spending a window's allowance, and the
+/// guard refused 0.8%, 11% and a third of it; weighed by their counting noise,
 /// and closing early only for a deluge, they refuse nothing. A 1.5×
 /// overload from the same node is still refused, over whole windows.
 #[test]
 fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
-    let refused = |arrivals: &dyn Fn(u64) -> u64, seconds: u64| {
+    let refused_of = |arrivals: &dyn Fn(u64) -> u64, seconds: u64, cost: u64| {
         let agent = AgentState::new(AgentConfig::default());
         let mut rng = SmallRng::seed_from_u64(11);
         agent.apply(
@@ -345,7 +346,7 @@ fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
         for ms in 0..seconds * 1_000 {
             for _ in 0..arrivals(ms) {
                 if !agent
-                    .check(t(ms), "acme", "messages", 1, &mut rng)
+                    .check(t(ms), "acme", "messages", cost, &mut rng)
                     .is_admit()
                 {
                     refused += 1;
@@ -354,6 +355,7 @@ fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
         }
         refused
     };
+    let refused = |arrivals: &dyn Fn(u64) -> u64, seconds: u64| refused_of(arrivals, seconds, 1);
     // Poisson at 950/s, 1-ms steps: draws from a fixed sequence.
     let mut draws = SmallRng::seed_from_u64(3);
     let poisson: Vec<u64> = (0..60_000)
@@ -375,6 +377,18 @@ fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
         refused(&|ms| u64::from(ms % 100 == 0) * 95, 60),
         0,
         "bursts at 0.95×"
+    );
+    // Publishes to 1 000 subscribers (cost 1 001), 0.95 a second: a window
+    // holds one or none, and one alone spent the window's allowance; the
+    // guard refused a third of them (94 of these 275).
+    let costly: Vec<u64> = (0..300_000)
+        .map(|_| u64::from(draws.random::<f64>() < 0.95e-3))
+        .collect();
+    let sent: u64 = costly.iter().sum();
+    let refused_costly = refused_of(&|ms| costly[ms as usize], 300, 1_001);
+    assert_eq!(
+        refused_costly, 0,
+        "cost 1 001 at 0.95×: {refused_costly} of {sent}"
     );
     let over = refused(&|ms| u64::from(ms % 2 == 0) * 3, 20);
     assert!(

@@ -117,7 +117,7 @@ fn a_single_node_flood_is_caught_by_the_local_guard_within_a_second() {
     assert!(solo.reaction_s.unwrap() <= 1.0, "{solo:?}");
     // Each 10-ms step's thousand operations are decided as a node's
     // checks would be: the guard's window closes early within the first
-    // step of the deluge (679 over; 1 141 when a batch was decided whole).
+    // step of the deluge (607 over; 1 141 when a batch was decided whole).
     assert!(solo.onset_over_admitted.unwrap() < 900, "{solo:?}");
     assert!((0.95..=1.05).contains(&solo.steady_admitted_ratio.unwrap()));
     assert_eq!(account(&s, "calm").false_rejections, 0);

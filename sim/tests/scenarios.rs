@@ -420,14 +420,23 @@ fn traffic_that_moves_just_under_its_limit_is_never_refused() {
 }
 
 /// `near-limit-one-node`: accounts each on one node at 0.9×, 0.95× and
-/// 0.99× of their limits (cost 1, in the steps' bursts; and cost 51 at
-/// 0.95×) are refused nothing, where the local guard, reading each 250-ms
-/// window plainly, refused about 80, 630, 2 000 and 15 000 cost of them
-/// (13% of the costly one); the one at 1.5× is still held at its limit.
+/// 0.99× of their limits (cost 1, in the steps' bursts; cost 51 at 0.95×;
+/// limits of 100 and 10 a second at 0.95×) are refused nothing, where the
+/// local guard, reading each 250-ms window plainly, refused about 80, 630,
+/// 2 000 and 15 000 cost of the first four (13% of the costly one), and
+/// 5% and 17% of the small ones; the one at 1.5× is still held at its
+/// limit.
 #[test]
 fn accounts_on_one_node_just_under_their_limits_are_never_refused() {
     let (_, s) = simulate(scenario("near-limit-one-node"));
-    for name in ["one-90", "one-95", "one-99", "costly-95"] {
+    for name in [
+        "one-90",
+        "one-95",
+        "one-99",
+        "costly-95",
+        "small-95",
+        "tiny-95",
+    ] {
         let a = account(&s, name);
         assert_eq!(a.admitted, a.attempted, "{a:?}");
     }

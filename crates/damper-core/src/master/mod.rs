@@ -749,19 +749,41 @@ pub const SURGE_MARGIN: f64 = 1.15;
 
 /// How many standard deviations of its Poisson noise a surge estimate
 /// summed from counted operations (a poll's answers: a few dozen costly
-/// operations over many agents) must stand above the limit to suppress.
+/// operations over many agents; a rise's early reports) must stand above
+/// the limit to suppress.
 pub const POLL_SIGMAS: f64 = 3.0;
 
-/// How far above the limit a surge estimate must be to suppress:
-/// [`SURGE_MARGIN`], or, when its first reports counted `ops` operations,
-/// [`POLL_SIGMAS`] of their noise if that is more (30 operations: 1.55×),
-/// so a poll that chance set off on an account near its limit, whose
-/// answers sum a few dozen operations, does not suppress it.
-pub fn surge_margin(ops: u32) -> f64 {
-    if ops == 0 {
-        return SURGE_MARGIN;
+/// The same, as the chance of a Poisson count at least that high, for
+/// counts too small for the normal law (a new pair's first report of nine
+/// operations, say).
+const POLL_ALPHA: f64 = 1.35e-3;
+
+/// Counts below this many operations are weighed by their Poisson tail.
+const EXACT_BELOW: u32 = 50;
+
+/// Whether a surge estimate of `demand` whose first reports counted `ops`
+/// operations (0: not counted) stands above `limit`: past [`SURGE_MARGIN`],
+/// and, counted, past chance: were the rate the limit, its reports would
+/// have counted `ops × limit / demand`, and a count of `ops` must be
+/// [`POLL_SIGMAS`] standard deviations above that (its Poisson tail below
+/// 50 operations). So a poll that chance set off on an account near its
+/// limit, whose answers sum a few dozen operations, does not suppress it
+/// (80 operations: 1.40×), nor does a new pair of costly operations whose
+/// first sub-window held nine where four were due (2.3×: its first
+/// report's own count, weighed by itself, allowed 2.0×).
+pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
+    if demand <= limit * SURGE_MARGIN {
+        return false;
     }
-    SURGE_MARGIN.max(1.0 + POLL_SIGMAS / f64::from(ops).sqrt())
+    if ops == 0 {
+        return true;
+    }
+    let due = f64::from(ops) * limit / demand;
+    if ops < EXACT_BELOW {
+        crate::agent::poisson_tail(due, ops) <= POLL_ALPHA
+    } else {
+        f64::from(ops) - due > POLL_SIGMAS * due.sqrt()
+    }
 }
 
 /// How far over its limit a round's demand must be to suppress before the
@@ -801,7 +823,7 @@ fn verdict(
     // the flood's suppression until the answers' next reports).
     let demand = estimate.rates.demand;
     if estimate.surge
-        && (demand <= limit.get() * surge_margin(estimate.surge_ops)
+        && (!surge_proven(demand, limit.get(), estimate.surge_ops)
             || demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get())
     {
         estimate.rates.demand = demand.min(limit.get());

@@ -41,7 +41,7 @@ pub(super) struct SurgeDemand {
     pub(super) demand: f64,
     /// For a rise, the operations its first reports counted (0: not said,
     /// or a fall): a rise summed from few operations waits for more
-    /// before it suppresses (`master::surge_margin`).
+    /// before it suppresses (`master::surge_proven`).
     pub(super) ops: u32,
     /// For a fall, the chance spread of the part of the demand its counted
     /// answers make up ([`Surge::answers_noise`]); 0 for a rise. A fall is

@@ -173,8 +173,16 @@ fn answers_of_few_operations_over_the_limit_by_their_noise_do_not_suppress() {
     // Within its margin, the estimate reads as the limit.
     let v = v.unwrap();
     assert_eq!((v.factor, v.rates.demand), (0.0, L), "{v:?}");
-    assert!(crate::master::surge_margin(80) > 1.3);
-    assert_eq!(crate::master::surge_margin(0), crate::master::SURGE_MARGIN);
+    use crate::master::surge_proven;
+    assert!(!surge_proven(1.3 * L, L, 80));
+    assert!(surge_proven(1.5 * L, L, 80));
+    // Uncounted: the fixed margin alone.
+    assert!(surge_proven(1.2 * L, L, 0));
+    assert!(!surge_proven(1.1 * L, L, 0));
+    // A new pair's first report: nine operations where four were due is
+    // chance; twenty is not.
+    assert!(!surge_proven(2.3 * L, L, 9));
+    assert!(surge_proven(5.0 * L, L, 20));
 }
 
 #[test]

@@ -22,6 +22,15 @@ fn drained_at(agent: &AgentState, now: Nanos) -> Vec<(String, String, Delta)> {
     out
 }
 
+/// An agent whose master answered for `acme` on `messages` with no
+/// suppression under a limit of 1 000/s, valid for `valid_for`: its local
+/// guard knows the limit.
+fn answered_under_1000(valid_for: Duration) -> AgentState {
+    let agent = AgentState::new(AgentConfig::default());
+    agent.apply(t(0), "acme", "messages", 0.0, 1_000.0, valid_for);
+    agent
+}
+
 #[test]
 fn unknown_pairs_are_admitted_and_counted() {
     let agent = AgentState::new(AgentConfig::default());
@@ -264,17 +273,9 @@ fn bad_factors_from_a_reply_are_clamped() {
 
 #[test]
 fn local_guard_catches_a_single_node_flood_within_a_fraction_of_a_second() {
-    let agent = AgentState::new(AgentConfig::default());
-    let mut rng = SmallRng::seed_from_u64(9);
     // The master knows the limit (1000/s) but has not seen the flood yet.
-    agent.apply(
-        t(0),
-        "acme",
-        "messages",
-        0.0,
-        1_000.0,
-        Duration::from_secs(60),
-    );
+    let agent = answered_under_1000(Duration::from_secs(60));
+    let mut rng = SmallRng::seed_from_u64(9);
     // 10 000 ops/s, one every 100 µs, for 2 s.
     let mut per_window = [(0u32, 0u32); 8];
     for i in 0..20_000u64 {
@@ -332,16 +333,8 @@ fn local_guard_stays_out_of_the_way_under_the_limit() {
 #[test]
 fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
     let refused_of = |arrivals: &dyn Fn(u64) -> u64, seconds: u64, cost: u64| {
-        let agent = AgentState::new(AgentConfig::default());
+        let agent = answered_under_1000(Duration::from_secs(3_600));
         let mut rng = SmallRng::seed_from_u64(11);
-        agent.apply(
-            t(0),
-            "acme",
-            "messages",
-            0.0,
-            1_000.0,
-            Duration::from_secs(3_600),
-        );
         let mut refused = 0;
         for ms in 0..seconds * 1_000 {
             for _ in 0..arrivals(ms) {
@@ -769,17 +762,9 @@ fn a_batch_decides_like_single_checks() {
 #[test]
 fn a_batch_closes_the_local_guard_early_where_single_checks_do() {
     let run = |batch: bool| {
-        let agent = AgentState::new(AgentConfig::default());
-        let mut rng = SmallRng::seed_from_u64(9);
         // A master answered with no suppression: the guard knows the limit.
-        agent.apply(
-            t(0),
-            "acme",
-            "messages",
-            0.0,
-            1_000.0,
-            Duration::from_secs(60),
-        );
+        let agent = answered_under_1000(Duration::from_secs(60));
+        let mut rng = SmallRng::seed_from_u64(9);
         for ms in [10, 60, 110] {
             agent.check(t(ms), "acme", "messages", 1, &mut rng);
         }

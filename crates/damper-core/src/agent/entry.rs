@@ -614,23 +614,26 @@ impl Entry {
         {
             return self.local_factor.load(Relaxed);
         }
-        self.close_local_window(start, now, limit, cost, elapsed < window)
+        self.close_local_window(start, now, limit, cost, window)
     }
 
     /// The local guard's window that began at `start` is over at `now`, or
-    /// past its allowance `early`: closes it unless an early close's rate
-    /// is no deluge (see [`guard`](super::guard)), and sets the factor
-    /// when its rate is confidently over `limit`. Out of line: once a
-    /// window per pair, where every check runs the rest of the guard.
+    /// past its allowance before its `window` is up: closes it unless an
+    /// early close's rate is no deluge ([`guard::closes_early`]), and sets
+    /// the factor when its rate is confidently over `limit`. Out of line:
+    /// once a window per pair, where every check runs the rest of the
+    /// guard.
     #[cold]
     #[inline(never)]
-    fn close_local_window(&self, start: u64, now: u64, limit: f64, cost: u64, early: bool) -> u32 {
-        let secs = now.saturating_sub(start) as f64 / 1e9;
+    fn close_local_window(&self, start: u64, now: u64, limit: f64, cost: u64, window: u64) -> u32 {
+        let elapsed = now.saturating_sub(start);
+        let secs = elapsed as f64 / 1e9;
         let used = || {
             self.attempted_total()
                 .wrapping_sub(self.local_base.load(Relaxed)) as f64
         };
-        if (early && !guard::confidently_over(used(), secs, guard::EARLY_CLOSE_RATIO * limit, cost))
+        let window_secs = window as f64 / 1e9;
+        if (elapsed < window && !guard::closes_early(used(), secs, limit, window_secs, cost))
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)

@@ -78,10 +78,21 @@ pub(super) fn confidently_over(used: f64, secs: f64, limit: f64, cost: u64) -> b
     }
 }
 
+/// The least share of a window an early close's count is weighed over. A
+/// count is a rate only over a span: two operations a microsecond apart
+/// are one client's burst, not proof of a rate, yet weighed over that
+/// microsecond a burst of two publishes to 1 000 subscribers would read as
+/// unlikely as any deluge, and the guard would refuse the account's next
+/// window. A deluge of them (a hundred a second) takes about this long to
+/// prove anyway.
+const EARLY_SPAN_SHARE: f64 = 0.25;
+
 /// Whether a window `secs` old that has seen `used` cost closes early:
 /// past the allowance of a whole window (`window_secs` at `limit`) and
-/// confidently over [`EARLY_CLOSE_RATIO`] times the limit.
+/// confidently over [`EARLY_CLOSE_RATIO`] times the limit, the count
+/// weighed over at least [`EARLY_SPAN_SHARE`] of the window.
 pub(super) fn closes_early(used: f64, secs: f64, limit: f64, window_secs: f64, cost: u64) -> bool {
+    let secs = secs.max(EARLY_SPAN_SHARE * window_secs);
     used > limit * window_secs && confidently_over(used, secs, EARLY_CLOSE_RATIO * limit, cost)
 }
 
@@ -103,6 +114,14 @@ mod tests {
         // Five operations of 51 in a window where 4.9 were due: chance.
         assert!(!confidently_over(5.0 * 51.0, 0.25, 1_000.0, 51));
         assert!(!confidently_over(1.0, 0.0, 1_000.0, 1));
+    }
+
+    #[test]
+    fn a_burst_of_costly_operations_is_no_deluge() {
+        // Two publishes to 1 000 subscribers a microsecond apart.
+        assert!(!closes_early(2_002.0, 1e-6, 1_000.0, 0.25, 1_001));
+        // A hundred a second for 60 ms: six, a deluge.
+        assert!(closes_early(6_006.0, 0.06, 1_000.0, 0.25, 1_001));
     }
 
     #[test]

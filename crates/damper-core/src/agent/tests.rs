@@ -383,6 +383,24 @@ fn local_guard_refuses_nothing_of_an_account_just_under_its_limit() {
         refused_costly, 0,
         "cost 1 001 at 0.95×: {refused_costly} of {sent}"
     );
+    // The same in threes a microsecond apart, one three every 3.16 s (a
+    // client that publishes three at once): weighed over those
+    // microseconds, three read as a deluge.
+    let agent = answered_under_1000(Duration::from_secs(3_600));
+    let mut rng = SmallRng::seed_from_u64(12);
+    let mut threes_refused = 0;
+    for ms in (0..300_000u64).step_by(3_160) {
+        for us in 0..3 {
+            let at = t(ms) + Duration::from_micros(us);
+            if !agent
+                .check(at, "acme", "messages", 1_001, &mut rng)
+                .is_admit()
+            {
+                threes_refused += 1;
+            }
+        }
+    }
+    assert_eq!(threes_refused, 0, "cost 1 001 at 0.95×, in threes");
     let over = refused(&|ms| u64::from(ms % 2 == 0) * 3, 20);
     assert!(
         (8_000..12_000).contains(&over),

@@ -144,6 +144,16 @@ pub(super) struct InForce {
     pub(super) utilisation: Option<f32>,
 }
 
+impl InForce {
+    /// The frozen admission probability the master's word holds, when
+    /// `bits`, the factor deciding, is the master's (see
+    /// [`frozen`](super::frozen)).
+    #[inline]
+    fn frozen(&self, bits: u32) -> Option<f64> {
+        word_frozen(self.word).filter(|_| bits == self.master)
+    }
+}
+
 // Two cache lines: the check's, and the drains' and scans'.
 const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 
@@ -409,8 +419,7 @@ impl Entry {
         if !low_noise {
             return admission::independent(keep, draw);
         }
-        let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
-        keep > 0.0 && admission::decide(&self.credit, keep, frozen, cost, draw)
+        keep > 0.0 && admission::decide(&self.credit, keep, in_force.frozen(bits), cost, draw)
     }
 
     /// The decision for one operation of `cost`; the caller counts it.
@@ -504,7 +513,7 @@ impl Entry {
             return (n, admitted);
         }
         // What `admits` decides one by one, the credit held in a register.
-        let frozen = word_frozen(in_force.word).filter(|_| bits == in_force.master);
+        let frozen = in_force.frozen(bits);
         let admitted =
             admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32());
         (n, admitted)
@@ -537,9 +546,7 @@ impl Entry {
             duration_nanos(config.local_window) as f64 / 1e9,
         );
         let secs = now.saturating_sub(start) as f64 / 1e9;
-        let used = self
-            .attempted_total()
-            .wrapping_sub(self.local_base.load(Relaxed));
+        let used = self.window_used();
         // The first operation after the first whose check finds the window
         // closing early with `used + j × cost` attempted in it: none before
         // the allowance is spent, then one by one, as the checks would.
@@ -628,12 +635,9 @@ impl Entry {
     fn close_local_window(&self, start: u64, now: u64, limit: f64, cost: u64, window: u64) -> u32 {
         let elapsed = now.saturating_sub(start);
         let secs = elapsed as f64 / 1e9;
-        let used = || {
-            self.attempted_total()
-                .wrapping_sub(self.local_base.load(Relaxed)) as f64
-        };
         let window_secs = window as f64 / 1e9;
-        if (elapsed < window && !guard::closes_early(used(), secs, limit, window_secs, cost))
+        if (elapsed < window
+            && !guard::closes_early(self.window_used() as f64, secs, limit, window_secs, cost))
             || self
                 .local_start
                 .compare_exchange(start, now, Relaxed, Relaxed)
@@ -731,10 +735,14 @@ impl Entry {
     /// ([`guard::closes_early`]). Reads only the check's own cache line.
     #[inline]
     fn over_window_allowance(&self, limit: f64, window: u64) -> bool {
-        let used = self
-            .attempted_total()
-            .wrapping_sub(self.local_base.load(Relaxed));
-        used as f64 > limit * (window as f64 / 1e9)
+        self.window_used() as f64 > limit * (window as f64 / 1e9)
+    }
+
+    /// The cost attempted in the local guard's current window.
+    #[inline]
+    fn window_used(&self) -> u64 {
+        self.attempted_total()
+            .wrapping_sub(self.local_base.load(Relaxed))
     }
 }
 

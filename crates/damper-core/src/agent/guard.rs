@@ -16,7 +16,8 @@
 //! operations of cost `c` over `t` seconds read `n·c/t ± √n·c/t`, and the
 //! cost of the operation being decided stands for `c` (no cache line
 //! beyond the check's own is read); a window of fewer than 50 operations
-//! is weighed by its Poisson tail instead, which the normal law misjudges.
+//! is weighed by its Poisson tail instead (`hint::beyond_chance`), which
+//! the normal law misjudges.
 //! A deluge of cost-1 operations passes at its first early close; one of
 //! costly operations (a publish to 1 000 subscribers costs 1 001, a
 //! hundred a second) within about six of them.
@@ -30,7 +31,7 @@
 //! deviations, and the next window refused a quarter: 11% of its
 //! operations in all. A moderate overload is measured over whole windows.
 
-use super::hint::poisson_tail;
+use super::hint::beyond_chance;
 
 /// How many standard deviations of its counting noise a window's rate must
 /// stand above the limit for the guard to refuse: at 0.99× of the limit,
@@ -43,10 +44,6 @@ pub(super) const GUARD_SIGMAS: f64 = 4.0;
 /// window of few operations is weighed by, where the normal law is far
 /// off (3 operations where 0.06 were due are as unlikely as 4σ).
 const GUARD_ALPHA: f64 = 3.17e-5;
-
-/// Counts below this many operations are weighed by their Poisson tail,
-/// larger ones by the normal law.
-const EXACT_BELOW: f64 = 50.0;
 
 /// How many times the limit a window must confidently read to close
 /// early: a deluge is far above it, bursts of traffic under the limit are
@@ -65,17 +62,13 @@ pub(super) const EARLY_CLOSE_RATIO: f64 = 2.0;
 /// then, and was refused an operation every few minutes.)
 pub(super) fn confidently_over(used: f64, secs: f64, limit: f64, cost: u64) -> bool {
     let cost = cost.max(1) as f64;
-    let used = used - cost;
-    let due = limit * secs;
-    if secs <= 0.0 || used <= due {
-        return false;
-    }
-    let ops = used / cost;
-    if ops < EXACT_BELOW {
-        poisson_tail(due / cost, ops as u32) <= GUARD_ALPHA
-    } else {
-        used - due > GUARD_SIGMAS * (due * cost).sqrt()
-    }
+    secs > 0.0
+        && beyond_chance(
+            (used - cost) / cost,
+            limit * secs / cost,
+            GUARD_SIGMAS,
+            GUARD_ALPHA,
+        )
 }
 
 /// The least share of a window an early close's count is weighed over. A

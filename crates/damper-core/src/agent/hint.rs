@@ -84,6 +84,27 @@ pub const HINT_NEW_SHARE: f64 = 1.0 / 16.0;
 /// than its count says, and hinted by the tail alone.
 const HINT_NOISE_SIGMAS: f64 = 2.0;
 
+/// Counts below this many operations are weighed by their Poisson tail
+/// ([`beyond_chance`]), larger ones by the normal law.
+const EXACT_BELOW: f64 = 50.0;
+
+/// Whether a count of `ops` operations, where a Poisson count of mean
+/// `due` was expected, is more than chance: its Poisson tail at most
+/// `alpha` below [`EXACT_BELOW`] operations (where the normal law misjudges
+/// small counts), else `sigmas` standard deviations (`√due`) above `due`.
+/// The local guard's windows and the master's counted surges both weigh
+/// their counts by it.
+pub fn beyond_chance(ops: f64, due: f64, sigmas: f64, alpha: f64) -> bool {
+    if ops <= due {
+        return false;
+    }
+    if ops < EXACT_BELOW {
+        poisson_tail(due, ops as u32) <= alpha
+    } else {
+        ops - due > sigmas * due.sqrt()
+    }
+}
+
 /// `P(N ≥ n)` for `N` a Poisson count of mean `mu`.
 pub fn poisson_tail(mu: f64, n: u32) -> f64 {
     if n == 0 {

@@ -105,7 +105,9 @@ use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
-pub use hint::{FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, poisson_tail};
+pub use hint::{
+    FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, beyond_chance, poisson_tail,
+};
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};

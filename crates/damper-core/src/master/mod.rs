@@ -758,9 +758,6 @@ pub const POLL_SIGMAS: f64 = 3.0;
 /// operations, say).
 const POLL_ALPHA: f64 = 1.35e-3;
 
-/// Counts below this many operations are weighed by their Poisson tail.
-const EXACT_BELOW: u32 = 50;
-
 /// Whether a surge estimate of `demand` whose first reports counted `ops`
 /// operations (0: not counted) stands above `limit`: past [`SURGE_MARGIN`],
 /// and, counted, past chance: were the rate the limit, its reports would
@@ -778,12 +775,8 @@ pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
     if ops == 0 {
         return true;
     }
-    let due = f64::from(ops) * limit / demand;
-    if ops < EXACT_BELOW {
-        crate::agent::poisson_tail(due, ops) <= POLL_ALPHA
-    } else {
-        f64::from(ops) - due > POLL_SIGMAS * due.sqrt()
-    }
+    let ops = f64::from(ops);
+    crate::agent::beyond_chance(ops, ops * limit / demand, POLL_SIGMAS, POLL_ALPHA)
 }
 
 /// How far over its limit a round's demand must be to suppress before the

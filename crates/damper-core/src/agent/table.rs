@@ -25,10 +25,10 @@
 //!   places (a pointer, not a copy). So a check never counts into a slot
 //!   made over for a stranger; one that found a pair just before its
 //!   removal counts into the emptied entry and sees the retired mark (see
-//!   `forget`). The one lock a known key's check can meet: the check
-//!   that lets go of the last hold on an ended generation (after a forget
-//!   pass, a new chunk or a new op) takes the grace lock once, briefly, to
-//!   free what waited for it.
+//!   `forget`). A check never ends a generation itself, so it takes no
+//!   lock and frees nothing: the writer keeps every generation it
+//!   replaced until no reader holds it, and its next insert, removal pass
+//!   or new generation ends the ones let go (see [`Writer::sweep`]).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::hash::BuildHasher;
@@ -152,13 +152,6 @@ struct Generation {
     places: Arc<[AtomicU64]>,
     chunks: Arc<[Chunk]>,
     ops: Arc<[Arc<str>]>,
-    grace: Arc<Mutex<Grace>>,
-}
-
-impl Drop for Generation {
-    fn drop(&mut self) {
-        lock(&self.grace).ended(self.number);
-    }
 }
 
 /// Which generations readers may still hold, and the positions waiting for
@@ -199,6 +192,30 @@ struct Writer {
     chunks: Arc<[Chunk]>,
     /// Every op's name, by number, for the next generation.
     ops: Arc<[Arc<str>]>,
+    /// The generations replaced since, until no reader holds them: the
+    /// writer ends them, so the reader that lets go of one last neither
+    /// locks nor frees.
+    retired: Vec<Arc<Generation>>,
+    /// The generations readers may still hold, and what waits for them.
+    grace: Grace,
+}
+
+impl Writer {
+    /// Ends the replaced generations no reader holds any more, freeing
+    /// their positions and index. A reader's hold is an `Arc` (arc-swap
+    /// pays its readers' debts on the swap that replaced it): the writer's
+    /// is the last one when `get_mut` finds it alone, which orders this
+    /// after every reader's release of it.
+    fn sweep(&mut self) {
+        let Writer { retired, grace, .. } = self;
+        retired.retain_mut(|generation| {
+            let Some(alone) = Arc::get_mut(generation) else {
+                return true;
+            };
+            grace.ended(alone.number);
+            false
+        });
+    }
 }
 
 /// See the module docs.
@@ -210,7 +227,6 @@ pub(super) struct PairTable {
     ops: Box<[OnceLock<OpChunk>]>,
     hasher: RandomState,
     current: ArcSwap<Generation>,
-    grace: Arc<Mutex<Grace>>,
     writer: Mutex<Writer>,
     /// Pairs in the table.
     live: AtomicUsize,
@@ -279,21 +295,19 @@ fn place(places: &[AtomicU64], start: u32, word: u64) -> bool {
 
 impl PairTable {
     pub(super) fn new() -> PairTable {
-        let grace = Arc::new(Mutex::new(Grace::default()));
-        lock(&grace).live.insert(0);
+        let mut grace = Grace::default();
+        grace.live.insert(0);
         let first = Generation {
             number: 0,
             places: empty_places(MIN_PLACES),
             chunks: Arc::new([]),
             ops: Arc::new([]),
-            grace: grace.clone(),
         };
         PairTable {
             spans: (0..SPANS).map(|_| OnceLock::new()).collect(),
             ops: (0..MAX_OPS / OPS_CHUNK).map(|_| OnceLock::new()).collect(),
             hasher: RandomState::default(),
             current: ArcSwap::from_pointee(first),
-            grace,
             writer: Mutex::new(Writer {
                 next_generation: 1,
                 made: 0,
@@ -301,6 +315,8 @@ impl PairTable {
                 removed: Vec::new(),
                 chunks: Arc::new([]),
                 ops: Arc::new([]),
+                retired: Vec::new(),
+                grace,
             }),
             live: AtomicUsize::new(0),
             made: AtomicU32::new(0),
@@ -389,10 +405,14 @@ impl PairTable {
     }
 
     /// Ends the current generation: positions removed in it wait for
-    /// every reader that holds it, or an older one.
+    /// every reader that holds it, or an older one. Ends, too, the
+    /// generations replaced before that readers have let go of since (a
+    /// forget pass comes every interval: what they hold, an outgrown index
+    /// for one, is not kept longer).
     pub(super) fn end_generation(&self) {
         let mut writer = lock(&self.writer);
         if writer.removed.is_empty() {
+            writer.sweep();
             return;
         }
         let removed = std::mem::take(&mut writer.removed);
@@ -400,23 +420,24 @@ impl PairTable {
             let current = self.current.load();
             (current.places.clone(), current.number)
         };
-        lock(&self.grace).waiting.push_back((number, removed));
+        writer.grace.waiting.push_back((number, removed));
         self.install(&mut writer, places);
     }
 
     /// Makes `places` the current index, as a new generation (writer
-    /// only; the grace lock not held, as the old generation may end here).
+    /// only).
     fn install(&self, writer: &mut Writer, places: Arc<[AtomicU64]>) {
         let number = writer.next_generation;
         writer.next_generation += 1;
-        lock(&self.grace).live.insert(number);
-        self.current.store(Arc::new(Generation {
+        writer.grace.live.insert(number);
+        let replaced = self.current.swap(Arc::new(Generation {
             number,
             places,
             chunks: writer.chunks.clone(),
             ops: writer.ops.clone(),
-            grace: self.grace.clone(),
         }));
+        writer.retired.push(replaced);
+        writer.sweep();
     }
 
     /// A new index for the pairs in `old` and one more (writer only).
@@ -436,7 +457,8 @@ impl PairTable {
     /// A position for a new pair: a forgotten pair's whose grace ended,
     /// or a new one (writer only). `None` when the table is full.
     fn new_pos(&self, writer: &mut Writer) -> Option<Pos> {
-        if let Some(pos) = lock(&self.grace).free.pop() {
+        writer.sweep();
+        if let Some(pos) = writer.grace.free.pop() {
             return Some(pos);
         }
         let mut pos = writer.made;
@@ -798,6 +820,48 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, ["b", "c", "d"]);
+    }
+
+    /// The reader that lets go of the last hold on a replaced generation
+    /// does not end it: that would take the writer's lock (and free the
+    /// generation) on a check's path. The writer ends it at its next
+    /// insert or pass, and the position it held back is reused then.
+    #[test]
+    fn a_reader_letting_go_of_an_ended_generation_takes_no_lock() {
+        let table = PairTable::new();
+        let op = table.number_op("op".into()).unwrap();
+        insert(&table, "a", op);
+        insert(&table, "b", op);
+        let reader = table.pin();
+        assert!(reader.get(&table.name("a", "op")).is_some());
+        {
+            let pinned = table.pin();
+            let pair = pinned
+                .pairs()
+                .find(|p| p.account().as_str() == "a")
+                .unwrap();
+            pinned.remove(pair);
+        }
+        table.end_generation();
+        // The writer's lock held elsewhere: the reader still lets go.
+        let writer = lock(&table.writer);
+        let (done, let_go) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                drop(reader);
+                done.send(()).unwrap();
+            });
+            let waited = let_go.recv_timeout(std::time::Duration::from_secs(20));
+            assert!(waited.is_ok(), "the reader waited for a lock to let go");
+        });
+        // The replaced generation is the writer's to end, not yet ended.
+        assert!(!writer.retired.is_empty());
+        assert!(writer.grace.free.is_empty());
+        drop(writer);
+        table.end_generation();
+        let writer = lock(&table.writer);
+        assert!(writer.retired.is_empty(), "let go of, it is ended");
+        assert_eq!(writer.grace.free.len(), 1, "and a's position is free");
     }
 
     /// A chunk holds 1 023 slots (its allocation, with the `Arc`'s

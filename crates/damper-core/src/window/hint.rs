@@ -9,10 +9,11 @@
 //! one operation per sub-window leaves now and then). A flood spread over
 //! many agents makes most of them hint within a few hundred milliseconds
 //! of its onset, and of its end. So the tally counts the distinct agents
-//! that hinted one way within [`HINT_SPAN`] of the first, and polls when
+//! that hinted one way within the last [`HINT_SPAN`] (a span that slides:
+//! hints 300 ms before a burst of them count with it), and polls when
 //! they are more than the pair's agents would give by chance once in ten
 //! thousand such spans ([`hints_needed`]: for rises, two for a handful of
-//! agents, three for forty; for falls, five for twenty, seven for forty,
+//! agents, three for forty; for falls, six for twenty, eight for forty,
 //! and none past about a hundred agents, where the rounds release). A
 //! rise polls only when the hinters' rates, were every agent of the pair
 //! at them, would be over its limit; a fall only while the pair is
@@ -39,11 +40,14 @@ pub const HINT_SPAN: Duration = Duration::from_millis(500);
 const HINT_CHANCE_RATE: f64 = 2e-3;
 
 /// Chance fall hints per agent per second of a suppressed pair, an upper
-/// bound: a run of empty sub-windows that its rate gives once in a hundred
+/// bound: a run of empty sub-windows that its rate gives once in fifty
 /// (`damper_core::agent::FALL_ALPHA`) starts about 0.6 times a second at
-/// one operation per sub-window, and is that long once in a hundred: 1.3
-/// times a minute, fewer for sparser pairs.
-const FALL_CHANCE_RATE: f64 = 0.04;
+/// one operation per sub-window, and is that long (four sub-windows) once
+/// in 55: 0.011 a second by that model, 0.047 measured in `costly-flood`
+/// (its agents' told rates are a round's counts, some of them low), and
+/// fewer for sparser pairs. Tied to the agents' threshold, with room over
+/// what was measured.
+const FALL_CHANCE_RATE: f64 = 3.0 * crate::agent::FALL_ALPHA;
 
 /// How rarely hints may come together by chance and poll, per span.
 const POLL_CHANCE: f64 = 1e-4;
@@ -55,15 +59,16 @@ const DISTINCT: usize = 12;
 /// The hints of one pair within a span, while it stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Hints {
-    /// When the first hint of the span came.
-    first: Nanos,
-    /// Whether the span's hints are of falls (else rises).
+    /// Whether the tally's hints are of falls (else rises).
     fall: bool,
-    /// The agents that hinted in the span (each a hash of its id; 0 is
-    /// none), so one agent's repeats count once.
+    /// The agents that hinted within the span (each a hash of its id; 0
+    /// is none), so one agent's repeats count once.
     agents: [u32; DISTINCT],
-    /// The sum of their hinted rates, cost per second.
-    rates: f32,
+    /// When each of them last hinted: a hint counts until [`HINT_SPAN`]
+    /// after it.
+    at: [Nanos; DISTINCT],
+    /// The rate each of them last hinted, cost per second.
+    rates: [f32; DISTINCT],
     /// No poll on rises, and on falls, before these: the last one is at
     /// most an interval old.
     rise_polled_until: Nanos,
@@ -136,32 +141,21 @@ impl DemandWindow {
         if now < polled_until {
             return false;
         }
-        if now.since(hints.first) > HINT_SPAN || hints.fall != hint.fall {
-            *hints = Hints {
-                first: now,
-                fall: hint.fall,
-                agents: [0; DISTINCT],
-                rates: 0.0,
-                ..*hints
-            };
+        if hints.fall != hint.fall {
+            hints.agents = [0; DISTINCT];
+            hints.fall = hint.fall;
         }
-        // 0 marks an empty place.
-        let agent = hint.agent.max(1);
-        if !hints.agents.contains(&agent)
-            && let Some(free) = hints.agents.iter_mut().find(|a| **a == 0)
-        {
-            *free = agent;
-            hints.rates += hint.rate.max(0.0) as f32;
-        }
+        hints.take(now, hint);
         let distinct = hints.agents.iter().filter(|a| **a != 0).count();
         let enough = needed.is_some_and(|n| distinct >= n);
         let poll = if hint.fall {
             enough && suppressed && known
         } else {
+            let rates = hints.rates_sum();
             let extrapolated = if known {
-                f64::from(hints.rates) / distinct as f64 * f64::from(agents)
+                rates / distinct as f64 * f64::from(agents)
             } else {
-                f64::from(hints.rates)
+                rates
             };
             enough && extrapolated > limit
         };
@@ -175,8 +169,44 @@ impl DemandWindow {
             hints.rise_polled_until = until;
         }
         hints.agents = [0; DISTINCT];
-        hints.rates = 0.0;
         true
+    }
+}
+
+impl Hints {
+    /// Counts `hint`, taken at `now`, after letting go of the hints more
+    /// than [`HINT_SPAN`] old: an agent already counted is counted again
+    /// from now, at its new rate; a new one takes a free place (past
+    /// [`DISTINCT`] agents, the tally is full: enough for any poll it
+    /// can tell apart).
+    fn take(&mut self, now: Nanos, hint: HintFrom) {
+        for (agent, at) in self.agents.iter_mut().zip(&self.at) {
+            if now.since(*at) > HINT_SPAN {
+                *agent = 0;
+            }
+        }
+        // 0 marks an empty place.
+        let agent = hint.agent.max(1);
+        let place = match self.agents.iter().position(|a| *a == agent) {
+            Some(place) => place,
+            None => match self.agents.iter().position(|a| *a == 0) {
+                Some(free) => free,
+                None => return,
+            },
+        };
+        self.agents[place] = agent;
+        self.at[place] = now;
+        self.rates[place] = hint.rate.max(0.0) as f32;
+    }
+
+    /// The rates the agents counted hinted, summed.
+    fn rates_sum(&self) -> f64 {
+        self.agents
+            .iter()
+            .zip(&self.rates)
+            .filter(|(agent, _)| **agent != 0)
+            .map(|(_, rate)| f64::from(*rate))
+            .sum()
     }
 }
 
@@ -194,13 +224,14 @@ mod tests {
     }
 
     #[test]
-    fn forty_agents_poll_at_three_rises_or_seven_falls_and_larger_fleets_need_more() {
+    fn forty_agents_poll_at_three_rises_or_eight_falls_and_larger_fleets_need_more() {
         assert_eq!(hints_needed(0, false), Some(2));
         assert_eq!(hints_needed(5, false), Some(2));
         assert_eq!(hints_needed(40, false), Some(3));
         assert_eq!(hints_needed(1_000, false), Some(7));
-        assert_eq!(hints_needed(20, true), Some(5));
-        assert_eq!(hints_needed(40, true), Some(7));
+        assert_eq!(hints_needed(20, true), Some(6));
+        assert_eq!(hints_needed(40, true), Some(8));
+        assert_eq!(hints_needed(100, true), Some(12));
         assert_eq!(hints_needed(1_000, true), None);
         assert_eq!(hints_needed(100_000, false), None);
     }
@@ -275,17 +306,52 @@ mod tests {
         }
     }
 
+    /// The span slides: hints count with those of the last [`HINT_SPAN`],
+    /// wherever a burst of them begins, and an old one stops counting.
+    #[test]
+    fn hints_count_with_those_of_the_last_span() {
+        let c = cfg();
+        // Forty agents: eight falls needed.
+        let mut w = window(40);
+        // Two early hints, then a burst 400 ms later: they count together
+        // (a span from the first hint would end before the burst).
+        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_050), fall(2), 1_000.0, true));
+        for agent in 3..=7 {
+            assert!(!w.hint(&c, ms(4_400), fall(agent), 1_000.0, true));
+        }
+        assert!(w.hint(&c, ms(4_450), fall(8), 1_000.0, true));
+        // Hints more than the span apart never add up.
+        let mut w = window(40);
+        for agent in 1..=20 {
+            let t = 4_000 + 600 * u64::from(agent);
+            assert!(!w.hint(&c, ms(t), fall(agent), 1_000.0, true));
+        }
+        // An agent that hints again counts once, from its latest hint.
+        let mut w = window(40);
+        for agent in 1..=7 {
+            assert!(!w.hint(&c, ms(4_000), fall(agent), 1_000.0, true));
+        }
+        assert!(!w.hint(&c, ms(4_300), fall(1), 1_000.0, true));
+        // At 4 600 ms the hints of 4 000 are gone; agent 1's of 4 300 stays.
+        for agent in 8..=13 {
+            assert!(!w.hint(&c, ms(4_600), fall(agent), 1_000.0, true));
+        }
+        assert!(w.hint(&c, ms(4_600), fall(14), 1_000.0, true));
+    }
+
     #[test]
     fn falls_poll_a_suppressed_pair_when_enough_agents_hint_them() {
         let c = cfg();
-        // Four agents (three falls needed), the pair suppressed: polled at
-        // the third, once an interval; a rise poll is apart.
-        assert_eq!(hints_needed(4, true), Some(3));
+        // Four agents (four falls needed), the pair suppressed: polled at
+        // the fourth, once an interval; a rise poll is apart.
+        assert_eq!(hints_needed(4, true), Some(4));
         let mut w = window(4);
         assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, true));
         assert!(!w.hint(&c, ms(4_100), fall(2), 1_000.0, true));
-        assert!(w.hint(&c, ms(4_200), fall(3), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_300), fall(4), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_200), fall(3), 1_000.0, true));
+        assert!(w.hint(&c, ms(4_300), fall(4), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_350), fall(1), 1_000.0, true));
         assert!(!w.hint(&c, ms(4_400), rise(5, 900.0), 1_000.0, true));
         assert!(w.hint(&c, ms(4_400), rise(6, 900.0), 1_000.0, true));
         // Not suppressed: a fall is nothing to release.

@@ -56,10 +56,14 @@ pub const SPARSE_OPS: f64 = 2.0;
 
 /// How improbable a suppressed sparse pair's run of empty sub-windows must
 /// be at the rate its master holds for this agent to hint a fall: at one
-/// operation per sub-window, five in a row (a second). Each agent's chance
-/// fall hints come about once a minute during a flood, so its master needs
-/// several agents at once ([`crate::window::hints_needed`]).
-pub const FALL_ALPHA: f64 = 0.01;
+/// operation per sub-window, four in a row (0.8 s). Each agent's chance
+/// fall hints come about three times a minute during a flood (measured in
+/// `costly-flood`: 0.047 a second), so its master needs several agents at
+/// once ([`crate::window::hints_needed`]). At 0.01 (five in a row) a
+/// flood's end reached its last agent more than a second after it in 42
+/// of 160 seeds of `costly-flood` (median 0.95 s); at 0.02, in 17 (median
+/// 0.85 s), most of them a message to one agent lost.
+pub const FALL_ALPHA: f64 = 0.02;
 
 /// The fewest operations a hint stands on: fewer are chance on some agent
 /// of a large fleet all the time.
@@ -319,9 +323,9 @@ mod tests {
     #[test]
     fn a_suppressed_pairs_empty_run_too_long_for_its_rate_hints_a_fall() {
         let entry = costly();
-        // Told 255/s: one operation per 200-ms sub-window. Four empty in a
-        // row happen once in 55 runs; five, once in 150: a fall.
-        for _ in 0..4 {
+        // Told 255/s: one operation per 200-ms sub-window. Three empty in
+        // a row happen once in 20 runs; four, once in 55: a fall.
+        for _ in 0..3 {
             entry.note_empty(true);
         }
         assert_eq!(entry.sparse_fall_hint(255.0, 0.2), None);
@@ -340,7 +344,7 @@ mod tests {
         assert_eq!(entry.sparse_fall_hint(255.0, 0.2), None);
         assert!(!entry.scanned(HINTED));
         // Sparser (told 51/s, a fifth of an operation per sub-window): a
-        // run that unlikely is 23 sub-windows, more than the 15 the scans
+        // run that unlikely is 20 sub-windows, more than the 15 the scans
         // count; such a pair's end is its rounds'.
         let sparse = costly();
         for _ in 0..20 {

@@ -282,7 +282,7 @@ fn verdict_reply(factor: f64) -> Reply {
 
 /// A pair its master suppresses (five cost-51 operations a second, 255/s,
 /// against a limit of 100/s) whose traffic stops: after a run of empty
-/// sub-windows its rate makes unlikely (five, a second), a fall hint.
+/// sub-windows its rate makes unlikely (four, 0.8 s), a fall hint.
 #[test]
 fn a_suppressed_sparse_pair_that_goes_quiet_hints_its_fall() {
     let mut rig = Rig::with_limit(true, 100);
@@ -292,11 +292,11 @@ fn a_suppressed_sparse_pair_that_goes_quiet_hints_its_fall() {
     assert!(rig.state.factor(at(20_000), "costly", "messages").unwrap() > 0.3);
     let (hints, _) = rig.surges();
     assert!(hints.iter().all(|h| h.rate > h.baseline), "{hints:?}");
-    // The last operation at 19.85 s; the fifth empty sub-window closes
-    // at 21 s.
-    rig.run(20_950, &[]);
+    // The last operation at 19.85 s; the fourth empty sub-window closes
+    // at 20.8 s.
+    rig.run(20_750, &[]);
     assert!(rig.surges().0.iter().all(|h| h.rate > h.baseline));
-    rig.run(21_100, &[]);
+    rig.run(20_900, &[]);
     let (hints, _) = rig.surges();
     let falls: Vec<_> = hints.iter().filter(|h| h.rate < h.baseline).collect();
     assert_eq!(falls.len(), 1, "{hints:?}");

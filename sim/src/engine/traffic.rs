@@ -36,6 +36,8 @@ pub(super) struct Batch {
     agent: usize,
     item: usize,
     count: u64,
+    /// Its place in [`Slots`]' order, where its pair's hint is.
+    pos: u32,
 }
 
 /// Where each (item, agent of the item) stands in the order its batches
@@ -45,6 +47,10 @@ pub(super) struct Batch {
 pub(super) struct Slots {
     /// Every (item, agent) in decision order, its count 0 between steps.
     order: Vec<Batch>,
+    /// For each, where its pair was in the agent's table last (see
+    /// `AgentState::check_batch_at`): each step and each second's factor
+    /// read go to the slot directly, not through the hash and the index.
+    near: Vec<u32>,
     /// Item `i`'s agent `j` is at `order[at[first[i] + j]]`.
     at: Vec<u32>,
     first: Vec<usize>,
@@ -62,19 +68,27 @@ impl Slots {
         }
         keyed.sort_unstable();
         let mut at = vec![0; keyed.len()];
-        let order = keyed
+        let order: Vec<Batch> = keyed
             .iter()
             .enumerate()
             .map(|(pos, &((agent, _, item, _), flat))| {
-                at[flat] = u32::try_from(pos).expect("fewer than 2^32 (item, agent)s");
+                let pos = u32::try_from(pos).expect("fewer than 2^32 (item, agent)s");
+                at[flat] = pos;
                 Batch {
                     agent,
                     item,
                     count: 0,
+                    pos,
                 }
             })
             .collect();
-        Slots { order, at, first }
+        let near = vec![0; order.len()];
+        Slots {
+            order,
+            near,
+            at,
+            first,
+        }
     }
 
     fn file(&mut self, item: usize, j: usize, count: u64) {
@@ -85,13 +99,13 @@ impl Slots {
     /// Every (item, agent of the item)'s factor in force at `now` (0 when
     /// none), read in decision order into `into`; item `i`'s, in the order
     /// of its agents, are [`of_item`](Self::of_item).
-    fn factors(&self, agents: &[Agent], items: &[Item], now: Nanos, into: &mut Vec<f64>) {
+    fn factors(&mut self, agents: &[Agent], items: &[Item], now: Nanos, into: &mut Vec<f64>) {
         into.clear();
-        into.extend(self.order.iter().map(|slot| {
+        into.extend(self.order.iter().zip(&mut self.near).map(|(slot, near)| {
             let traffic = &items[slot.item].traffic;
             agents[slot.agent]
                 .state
-                .factor(now, &traffic.account, &traffic.op)
+                .factor_at(now, &traffic.account, &traffic.op, near)
                 .unwrap_or(0.0)
         }));
     }
@@ -243,13 +257,14 @@ impl<M: Masters> Sim<M> {
     fn decide_alone(&mut self, batch: Batch) {
         let item = &mut self.items[batch.item];
         let cost = item.traffic.cost;
-        let admitted = self.agents[batch.agent].state.check_batch(
+        let admitted = self.agents[batch.agent].state.check_batch_at(
             self.now,
             &item.traffic.account,
             &item.traffic.op,
             cost,
             batch.count,
             &mut self.rng,
+            &mut self.slots.near[batch.pos as usize],
         );
         item.attempted += batch.count * cost;
         item.admitted += admitted * cost;

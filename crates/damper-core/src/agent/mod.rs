@@ -576,11 +576,36 @@ impl AgentState {
         n: u64,
         rng: &mut R,
     ) -> u64 {
+        self.check_batch_at(now, account, op, cost, n, rng, &mut 0)
+    }
+
+    /// [`check_batch`](Self::check_batch), the pair looked up first where
+    /// `at` says it was (its position in the agent's table plus one; 0 for
+    /// none), and `at` left where it is: a caller that keeps one `at` per
+    /// pair it replays skips the hash and the index (as
+    /// [`MasterState::ingest_at`](crate::master::MasterState::ingest_at)
+    /// does on the master). Any `at` decides the same: a stale one is only
+    /// slower.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_batch_at<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        n: u64,
+        rng: &mut R,
+        at: &mut u32,
+    ) -> u64 {
         if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
             return n;
         }
         let pinned = self.pairs.pin();
-        let Some(entry) = self.traffic_entry(now, account, op, &pinned) else {
+        let found = match pinned.find_near(account, op, at) {
+            Some(entry) => Some(entry),
+            None => self.traffic_entry(now, account, op, &pinned),
+        };
+        let Some(entry) = found else {
             return n;
         };
         entry.seed_quantum(cost);
@@ -832,8 +857,14 @@ impl AgentState {
     /// The master's factor in force for an (account, op) at `now` (0 when
     /// expired), or `None` if the pair was never seen.
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
+        self.factor_at(now, account, op, &mut 0)
+    }
+
+    /// [`factor`](Self::factor), the pair looked up first where `at` says
+    /// it was (see [`check_batch_at`](Self::check_batch_at)).
+    pub fn factor_at(&self, now: Nanos, account: &str, op: &str, at: &mut u32) -> Option<f64> {
         let pinned = self.pairs.pin();
-        let entry = pinned.find(account, op)?;
+        let entry = pinned.find_near(account, op, at)?;
         Some(factor_of(entry.master_factor_at(now)))
     }
 

@@ -518,9 +518,26 @@ impl SlotName {
         if len != name.account.len() || self.hash_low.load(Relaxed) != name.hash as u32 {
             return false;
         }
+        self.holds(ops, len, name.account, name.op)
+    }
+
+    /// Whether this slot holds (`account`, `op`), without the hash: for a
+    /// lookup that starts from a position it was given. Its length is
+    /// read first (Acquire): 0 while the slot is vacant, else a pair's
+    /// whose name was written before it, never a mix of two names.
+    #[inline(always)]
+    fn named(&self, ops: &[Arc<str>], account: &str, op: &str) -> bool {
+        let len = usize::from(self.len.load(Acquire));
+        len == account.len() && self.holds(ops, len, account, op)
+    }
+
+    /// Whether the slot, its length read as `len` (that of `account`),
+    /// holds `op` and `account`'s bytes.
+    #[inline(always)]
+    fn holds(&self, ops: &[Arc<str>], len: usize, account: &str, op: &str) -> bool {
         if ops
             .get(usize::from(self.op.load(Relaxed)))
-            .is_none_or(|op| !same_bytes(op.as_bytes(), name.op.as_bytes()))
+            .is_none_or(|known| !same_bytes(known.as_bytes(), op.as_bytes()))
         {
             return false;
         }
@@ -529,9 +546,9 @@ impl SlotName {
                 .long
                 .load()
                 .as_ref()
-                .is_some_and(|long| ***long == *name.account);
+                .is_some_and(|long| ***long == *account);
         }
-        let (words, tail) = name.account.as_bytes().as_chunks::<8>();
+        let (words, tail) = account.as_bytes().as_chunks::<8>();
         words
             .iter()
             .zip(&self.inline)
@@ -623,6 +640,27 @@ impl<'t> Pinned<'t> {
     #[inline(always)]
     pub(super) fn get(&self, name: &PairName<'_>) -> Option<&Entry> {
         Some(&self.generation.find(name)?.1.entry)
+    }
+
+    /// [`find`](Self::find), trying first the position `at` holds (plus
+    /// one; 0 for none), and leaving in `at` where it found the pair: a
+    /// caller that comes back to the same pairs over and over (the
+    /// simulator's steps) skips the hash and the index word, one cache
+    /// miss of two. A position is only a hint: the slot's name decides.
+    /// One taken out of the index before this hold may be made over for
+    /// another pair meanwhile, whose name reads whole or not at all (see
+    /// `SlotName::named`); one taken out during it waits for it.
+    #[inline]
+    pub(super) fn find_near(&self, account: &str, op: &str, at: &mut Pos) -> Option<&Entry> {
+        if let Some(pos) = at.checked_sub(1)
+            && let Some(slot) = self.generation.slot(pos)
+            && slot.name.named(&self.generation.ops, account, op)
+        {
+            return Some(&slot.entry);
+        }
+        let (pos, slot) = self.generation.find(&self.table.name(account, op))?;
+        *at = pos + 1;
+        Some(&slot.entry)
     }
 
     /// The entry of `name`, made by `make` if the table does not hold it
@@ -820,6 +858,63 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, ["b", "c", "d"]);
+    }
+
+    /// A position given as a hint finds its pair without the index, and a
+    /// wrong or stale one (another pair's, a vacant slot's, one past the
+    /// chunks) finds it through the index and says where it is.
+    #[test]
+    fn a_hinted_position_is_tried_first_and_corrected() {
+        let table = PairTable::new();
+        let op = table.number_op("op".into()).unwrap();
+        for i in 0..10 {
+            insert(&table, &format!("acct-{i}"), op);
+        }
+        let pinned = table.pin();
+        let want = pinned.find("acct-7", "op").unwrap() as *const Entry;
+        let mut at = 0;
+        assert_eq!(
+            pinned.find_near("acct-7", "op", &mut at).unwrap() as *const Entry,
+            want
+        );
+        let pos = at;
+        assert_ne!(pos, 0);
+        // The hint alone: right, and left as it is.
+        assert_eq!(
+            pinned.find_near("acct-7", "op", &mut at).unwrap() as *const Entry,
+            want
+        );
+        assert_eq!(at, pos);
+        // Another pair's position, one past every chunk, another op's.
+        for wrong in [1, 5_000_000] {
+            let mut at = wrong;
+            assert_eq!(
+                pinned.find_near("acct-7", "op", &mut at).unwrap() as *const Entry,
+                want
+            );
+            assert_eq!(at, pos);
+        }
+        let mut at = pos;
+        assert!(pinned.find_near("acct-7", "other", &mut at).is_none());
+        drop(pinned);
+        // Forgotten, its slot made over for a stranger: the hint finds the
+        // stranger's name, not the pair's.
+        {
+            let pinned = table.pin();
+            let pair = pinned
+                .pairs()
+                .find(|p| p.account().as_str() == "acct-7")
+                .unwrap();
+            pinned.remove(pair);
+        }
+        table.end_generation();
+        insert(&table, "stranger", op);
+        let pinned = table.pin();
+        let mut at = pos;
+        assert!(pinned.find_near("acct-7", "op", &mut at).is_none());
+        let mut at = pos;
+        let stranger = pinned.find_near("stranger", "op", &mut at).unwrap() as *const Entry;
+        assert_eq!(stranger, want, "the slot made over");
     }
 
     /// The reader that lets go of the last hold on a replaced generation

@@ -772,6 +772,43 @@ fn a_batch_decides_like_single_checks() {
     );
 }
 
+/// A batch given where its pair was (`check_batch_at`) decides as one
+/// given nothing, whatever the hint, and learns where the pair is: from
+/// none at first, then from wrong ones.
+#[test]
+fn a_batch_with_a_hint_decides_like_one_without() {
+    let (plain, hinted) = (
+        AgentState::new(AgentConfig::default()),
+        AgentState::new(AgentConfig::default()),
+    );
+    let (mut r1, mut r2) = (SmallRng::seed_from_u64(9), SmallRng::seed_from_u64(9));
+    for agent in [&plain, &hinted] {
+        agent.apply(t(0), "acme", "messages", 0.6, 1e12, Duration::from_secs(60));
+        agent.apply(
+            t(0),
+            "other",
+            "messages",
+            0.2,
+            1e12,
+            Duration::from_secs(60),
+        );
+    }
+    let mut at = 0;
+    for (i, hint) in [0, 0, 0, 2, 1_000_000, 0, 0].into_iter().enumerate() {
+        if hint != 0 {
+            at = hint;
+        }
+        let now = t(1 + i as u64);
+        let a = plain.check_batch(now, "acme", "messages", 3, 1_000, &mut r1);
+        let b = hinted.check_batch_at(now, "acme", "messages", 3, 1_000, &mut r2, &mut at);
+        assert_eq!(a, b, "step {i}");
+        assert_ne!(at, 0, "step {i}: the pair's place is learnt");
+        let f = hinted.factor_at(now, "acme", "messages", &mut at);
+        assert_eq!(f, plain.factor(now, "acme", "messages"));
+    }
+    assert_eq!(drained(&plain), drained(&hinted));
+}
+
 /// A deluge's first batch on one agent: one-by-one checks at one instant
 /// are admitted until the local guard's window has used its allowance
 /// (250 of a 1 000/s limit over 250 ms) and proves a deluge, and the check

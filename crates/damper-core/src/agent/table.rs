@@ -792,6 +792,20 @@ mod tests {
             .1
     }
 
+    /// Takes `account`'s pair out of the table, as a forget pass does,
+    /// and ends the generation.
+    fn forget(table: &PairTable, account: &str) {
+        {
+            let pinned = table.pin();
+            let pair = pinned
+                .pairs()
+                .find(|p| p.account().as_str() == account)
+                .unwrap();
+            pinned.remove(pair);
+        }
+        table.end_generation();
+    }
+
     #[test]
     fn pairs_are_found_after_the_index_grows() {
         let table = PairTable::new();
@@ -830,15 +844,7 @@ mod tests {
         insert(&table, "b", op);
         let reader = table.pin();
         let a = reader.get(&table.name("a", "op")).unwrap() as *const Entry;
-        {
-            let pinned = table.pin();
-            let pair = pinned
-                .pairs()
-                .find(|p| p.account().as_str() == "a")
-                .unwrap();
-            pinned.remove(pair);
-        }
-        table.end_generation();
+        forget(&table, "a");
         assert_eq!(table.len(), 1);
         assert!(table.pin().get(&table.name("a", "op")).is_none());
         // The reader from before the removal still holds "a"'s old slot:
@@ -899,15 +905,7 @@ mod tests {
         drop(pinned);
         // Forgotten, its slot made over for a stranger: the hint finds the
         // stranger's name, not the pair's.
-        {
-            let pinned = table.pin();
-            let pair = pinned
-                .pairs()
-                .find(|p| p.account().as_str() == "acct-7")
-                .unwrap();
-            pinned.remove(pair);
-        }
-        table.end_generation();
+        forget(&table, "acct-7");
         insert(&table, "stranger", op);
         let pinned = table.pin();
         let mut at = pos;
@@ -929,15 +927,7 @@ mod tests {
         insert(&table, "b", op);
         let reader = table.pin();
         assert!(reader.get(&table.name("a", "op")).is_some());
-        {
-            let pinned = table.pin();
-            let pair = pinned
-                .pairs()
-                .find(|p| p.account().as_str() == "a")
-                .unwrap();
-            pinned.remove(pair);
-        }
-        table.end_generation();
+        forget(&table, "a");
         // The writer's lock held elsewhere: the reader still lets go.
         let writer = lock(&table.writer);
         let (done, let_go) = std::sync::mpsc::channel();

@@ -518,7 +518,7 @@ impl SlotName {
         if len != name.account.len() || self.hash_low.load(Relaxed) != name.hash as u32 {
             return false;
         }
-        self.holds(ops, len, name.account, name.op)
+        self.holds(ops, name.account, name.op)
     }
 
     /// Whether this slot holds (`account`, `op`), without the hash: for a
@@ -528,20 +528,20 @@ impl SlotName {
     #[inline(always)]
     fn named(&self, ops: &[Arc<str>], account: &str, op: &str) -> bool {
         let len = usize::from(self.len.load(Acquire));
-        len == account.len() && self.holds(ops, len, account, op)
+        len == account.len() && self.holds(ops, account, op)
     }
 
-    /// Whether the slot, its length read as `len` (that of `account`),
-    /// holds `op` and `account`'s bytes.
+    /// Whether the slot, its length already read as `account`'s, holds
+    /// `op` and `account`'s bytes.
     #[inline(always)]
-    fn holds(&self, ops: &[Arc<str>], len: usize, account: &str, op: &str) -> bool {
+    fn holds(&self, ops: &[Arc<str>], account: &str, op: &str) -> bool {
         if ops
             .get(usize::from(self.op.load(Relaxed)))
             .is_none_or(|known| !same_bytes(known.as_bytes(), op.as_bytes()))
         {
             return false;
         }
-        if len > INLINE {
+        if account.len() > INLINE {
             return self
                 .long
                 .load()

@@ -680,6 +680,12 @@ impl Entry {
         word_factor(self.master_factor.load(Relaxed)) != 0
     }
 
+    /// The master's factor this pair holds, expired or not (for the scans'
+    /// tests of a pair they know suppressed).
+    pub(super) fn master_factor_held(&self) -> f64 {
+        factor_of(word_factor(self.master_factor.load(Relaxed)))
+    }
+
     /// Whether the scans' flag `flag` is set.
     pub(super) fn scanned(&self, flag: u8) -> bool {
         self.scan_flags.load(Relaxed) & flag != 0

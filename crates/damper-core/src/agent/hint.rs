@@ -55,15 +55,40 @@ pub const HINT_ALPHA: f64 = 1e-4;
 pub const SPARSE_OPS: f64 = 2.0;
 
 /// How improbable a suppressed sparse pair's run of empty sub-windows must
-/// be at the rate its master holds for this agent to hint a fall: at one
-/// operation per sub-window, four in a row (0.8 s). Each agent's chance
-/// fall hints come about three times a minute during a flood (measured in
-/// `costly-flood`: 0.047 a second), so its master needs several agents at
-/// once ([`crate::window::hints_needed`]). At 0.01 (five in a row) a
-/// flood's end reached its last agent more than a second after it in 42
-/// of 160 seeds of `costly-flood` (median 0.95 s); at 0.02, in 17 (median
-/// 0.85 s), most of them a message to one agent lost.
+/// be at the rate its master holds for this agent to hint a fall, under a
+/// mild factor (below [`DEEP_FALL_FROM`]): at one operation per
+/// sub-window, four in a row (0.8 s). Each agent's chance fall hints come
+/// about three times a minute during a flood (measured in `costly-flood`:
+/// 0.047 a second), so its master needs several agents at once
+/// ([`crate::window::hints_needed`]). At 0.01 (five in a row) a flood's end
+/// reached its last agent more than a second after it in 42 of 160 seeds
+/// of `costly-flood` (median 0.95 s); at 0.02, in 17 (median 0.85 s), most
+/// of them a message to one agent lost.
 pub const FALL_ALPHA: f64 = 0.02;
+
+/// [`FALL_ALPHA`] under a deep factor: at one operation per sub-window,
+/// three empty ones in a row (0.6 s). A deep factor is a flood's, whose
+/// end refuses most of what comes until it is released: `costly-flood`'s
+/// last agent was released more than a second after the flood in 1 of
+/// 160 seeds rather than 17 (median 0.75 s rather than 0.85), for two and
+/// a half times the chance hints while it floods (5% more RPCs then). A
+/// mild factor's late release refuses little, and its chance hints would
+/// cost traffic where nothing floods (`near-limit-small`'s account at
+/// 1.1× of its limit: 2% more RPCs), so it keeps the stricter test.
+pub const DEEP_FALL_ALPHA: f64 = 0.05;
+
+/// The master's factor from which a pair's fall is tested at
+/// [`DEEP_FALL_ALPHA`].
+pub const DEEP_FALL_FROM: f64 = 0.5;
+
+/// The fall test's chance per test for a pair under `factor`.
+pub fn fall_alpha(factor: f64) -> f64 {
+    if factor >= DEEP_FALL_FROM {
+        DEEP_FALL_ALPHA
+    } else {
+        FALL_ALPHA
+    }
+}
 
 /// The fewest operations a hint stands on: fewer are chance on some agent
 /// of a large fleet all the time.
@@ -213,11 +238,12 @@ impl Entry {
     /// This suppressed pair's sparse fall hint, against `told` (the rate
     /// its master holds for this agent, cost per second), over sub-windows
     /// of `window` seconds: when the run of sub-windows it closed empty is
-    /// one its rate gives at most [`FALL_ALPHA`] of the time (see the
-    /// module docs). Sparse pairs only; one whose evidence stands does not
+    /// one its rate gives at most [`fall_alpha`] of the time under its
+    /// master's factor (see the module docs). Sparse pairs only; one whose evidence stands does not
     /// hint again, and lets go of it once an operation comes. The caller
     /// sets [`HINTED`] when the hint is taken.
     pub(super) fn sparse_fall_hint(&self, told: f64, window: f64) -> Option<SurgeRates> {
+        let alpha = fall_alpha(self.master_factor_held());
         let quantum = f64::from(self.op_cost());
         if quantum == 0.0 || told <= 0.0 {
             return None;
@@ -227,7 +253,7 @@ impl Entry {
             return None;
         }
         let run = self.empty_run();
-        let evident = f64::from(run) * per_window >= (1.0 / FALL_ALPHA).ln();
+        let evident = f64::from(run) * per_window >= (1.0 / alpha).ln();
         if self.hint_stands(!evident) {
             return None;
         }

@@ -106,7 +106,8 @@ pub use admission::{ADMISSION_BAND, admits, credit_bound};
 use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
 pub use hint::{
-    FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE, SPARSE_OPS, beyond_chance, poisson_tail,
+    DEEP_FALL_ALPHA, DEEP_FALL_FROM, FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE,
+    SPARSE_OPS, beyond_chance, fall_alpha, poisson_tail,
 };
 pub use pace::{PACE_FROM, PACE_SLACK};
 pub use peek::Standing;

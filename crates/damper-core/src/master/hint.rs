@@ -56,11 +56,11 @@ impl MasterState {
         };
         // Only limited pairs are polled; an exempt one's limit is infinite.
         let limit = verdict.map_or(f64::INFINITY, |v| v.limit.get());
-        let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
+        let factor = verdict.map_or(0.0, |v| v.factor);
         let poll = limit.is_finite()
             && key
                 .window
-                .hint(&self.config.window, now, hint, limit, suppressed);
+                .hint(&self.config.window, now, hint, limit, factor);
         if poll && self.pushes.is_some() {
             let interval = crate::time::duration_nanos(self.config.window.rollup_interval).max(1);
             let this = now.as_nanos() / interval;

@@ -280,27 +280,60 @@ fn verdict_reply(factor: f64) -> Reply {
     }
 }
 
-/// A pair its master suppresses (five cost-51 operations a second, 255/s,
-/// against a limit of 100/s) whose traffic stops: after a run of empty
-/// sub-windows its rate makes unlikely (four, 0.8 s), a fall hint.
-#[test]
-fn a_suppressed_sparse_pair_that_goes_quiet_hints_its_fall() {
+/// A pair of cost-51 operations against a limit of 100/s: a quiet start,
+/// then one every `spacing_ms` from 10.05 s to 20 s, suppressed by then
+/// with a factor in `factors`; no hint of a fall yet.
+fn suppressed_until_20_s(spacing_ms: u64, factors: std::ops::Range<f64>) -> Rig {
     let mut rig = Rig::with_limit(true, 100);
     let mut ops: Vec<u64> = (0..5).map(|i| 300 + 2_000 * i).collect();
-    ops.extend((0..50).map(|i| 10_050 + 200 * i));
+    ops.extend(
+        (0..)
+            .map(|i| 10_050 + spacing_ms * i)
+            .take_while(|t| *t < 20_000),
+    );
     rig.run(20_000, &ops);
-    assert!(rig.state.factor(at(20_000), "costly", "messages").unwrap() > 0.3);
+    let factor = rig.state.factor(at(20_000), "costly", "messages").unwrap();
+    assert!(factors.contains(&factor), "{factor}");
     let (hints, _) = rig.surges();
     assert!(hints.iter().all(|h| h.rate > h.baseline), "{hints:?}");
-    // The last operation at 19.85 s; the fourth empty sub-window closes
-    // at 20.8 s.
-    rig.run(20_750, &[]);
+    rig
+}
+
+/// The fall hints `rig` sends by `until_ms`: none before `none_by_ms`.
+fn falls_by(rig: &mut Rig, none_by_ms: u64, until_ms: u64) -> Vec<SurgeRates> {
+    rig.run(none_by_ms, &[]);
     assert!(rig.surges().0.iter().all(|h| h.rate > h.baseline));
-    rig.run(20_900, &[]);
+    rig.run(until_ms, &[]);
     let (hints, _) = rig.surges();
-    let falls: Vec<_> = hints.iter().filter(|h| h.rate < h.baseline).collect();
-    assert_eq!(falls.len(), 1, "{hints:?}");
+    hints.into_iter().filter(|h| h.rate < h.baseline).collect()
+}
+
+/// A pair its master suppresses (five cost-51 operations a second, 255/s,
+/// against a limit of 100/s: a deep factor, over 0.5) whose traffic stops:
+/// after a run of empty sub-windows its rate makes unlikely (three, 0.6 s,
+/// under a deep factor), a fall hint.
+#[test]
+fn a_suppressed_sparse_pair_that_goes_quiet_hints_its_fall() {
+    let mut rig = suppressed_until_20_s(200, 0.5..1.0);
+    // The last operation at 19.85 s; the third empty sub-window closes
+    // at 20.6 s.
+    let falls = falls_by(&mut rig, 20_550, 20_700);
+    assert_eq!(falls.len(), 1, "{falls:?}");
     assert!(falls[0].baseline > 200.0, "{:?}", falls[0]);
+}
+
+/// The same under a mild factor (three operations a second, 153/s,
+/// against 100/s): its fall is tested at the stricter threshold, so the
+/// run of empty sub-windows it takes is longer (seven at its 0.6
+/// operations per sub-window, where a deep factor's test would take
+/// five).
+#[test]
+fn a_mildly_suppressed_pair_hints_its_fall_on_a_longer_run() {
+    let mut rig = suppressed_until_20_s(333, 0.2..0.5);
+    // The last operation at 19.707 s: the fifth empty sub-window closes
+    // at 20.8 s, the seventh at 21.2 s.
+    let falls = falls_by(&mut rig, 21_050, 21_300);
+    assert_eq!(falls.len(), 1, "{falls:?}");
 }
 
 /// A master that said it takes hints, replaced by one that predates them

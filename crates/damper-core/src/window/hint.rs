@@ -39,22 +39,29 @@ pub const HINT_SPAN: Duration = Duration::from_millis(500);
 /// 1.6 in 1 000 s).
 const HINT_CHANCE_RATE: f64 = 2e-3;
 
-/// Chance fall hints per agent per second of a suppressed pair, an upper
-/// bound: a run of empty sub-windows that its rate gives once in fifty
-/// (`damper_core::agent::FALL_ALPHA`) starts about 0.6 times a second at
-/// one operation per sub-window, and is that long (four sub-windows) once
-/// in 55: 0.011 a second by that model, 0.047 measured in `costly-flood`
-/// (its agents' told rates are a round's counts, some of them low), and
-/// fewer for sparser pairs. Tied to the agents' threshold, with room over
-/// what was measured.
-const FALL_CHANCE_RATE: f64 = 3.0 * crate::agent::FALL_ALPHA;
+/// Chance fall hints per agent per second of a suppressed pair under
+/// `factor`, an upper bound: a run of empty sub-windows that its rate
+/// gives once in fifty (`damper_core::agent::FALL_ALPHA`) starts about 0.6
+/// times a second at one operation per sub-window, and is that long (four
+/// sub-windows) once in 55: 0.011 a second by that model, 0.047 measured
+/// in `costly-flood` (its agents' told rates are a round's counts, some of
+/// them low), and fewer for sparser pairs; under a deep factor, whose test
+/// is looser (`DEEP_FALL_ALPHA`), 0.08 measured. Tied to the agents'
+/// threshold, with room over what was measured. An agent may still hold
+/// the factor before the master's last: the looser test is assumed a
+/// tenth of a factor early.
+fn fall_chance_rate(factor: f64) -> f64 {
+    3.0 * crate::agent::fall_alpha(factor + 0.1)
+}
 
 /// How rarely hints may come together by chance and poll, per span.
 const POLL_CHANCE: f64 = 1e-4;
 
-/// The most distinct agents a tally tells apart: past about a hundred
-/// agents on one pair, chance falls need more, and are left to the rounds.
-const DISTINCT: usize = 12;
+/// The most distinct agents a tally tells apart: past about 120 agents on
+/// one pair under a deep factor, or 200 under a mild one, chance falls
+/// need more, and are left to the rounds. (At 12, a deep factor's looser
+/// fall test would have left them to the rounds past 40 agents.)
+const DISTINCT: usize = 24;
 
 /// The hints of one pair within a span, while it stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -88,12 +95,12 @@ pub struct HintFrom {
 }
 
 /// How many distinct agents must hint one way within [`HINT_SPAN`] for a
-/// pair with `agents` agents: the least count their chance hints reach
+/// pair with `agents` agents under the master's `factor`: the least count their chance hints reach
 /// less than once in ten thousand spans, and at least two; `None` when
 /// that is more than a tally tells apart (falls of a pair of many agents).
-pub fn hints_needed(agents: u32, fall: bool) -> Option<usize> {
+pub fn hints_needed(agents: u32, fall: bool, factor: f64) -> Option<usize> {
     let per_agent = if fall {
-        FALL_CHANCE_RATE
+        fall_chance_rate(factor)
     } else {
         HINT_CHANCE_RATE
     };
@@ -105,7 +112,8 @@ pub fn hints_needed(agents: u32, fall: bool) -> Option<usize> {
 
 impl DemandWindow {
     /// Takes `hint` at `now`; returns whether the pair's agents should be
-    /// polled now, for a pair limited to `limit` and `suppressed` or not.
+    /// polled now, for a pair limited to `limit` under the master's
+    /// `factor` (suppressed when above 0).
     ///
     /// Polled when the distinct agents that hinted the same way within
     /// [`HINT_SPAN`] are more than chance ([`hints_needed`]) and:
@@ -123,11 +131,12 @@ impl DemandWindow {
         now: Nanos,
         hint: HintFrom,
         limit: f64,
-        suppressed: bool,
+        factor: f64,
     ) -> bool {
+        let suppressed = factor > 0.0;
         let known = self.reports[1] > 0;
         let agents = self.reports[0].max(self.reports[1]);
-        let needed = hints_needed(u32::from(agents), hint.fall);
+        let needed = hints_needed(u32::from(agents), hint.fall, factor);
         let hints = self
             .extras
             .get_or_insert_default()
@@ -224,16 +233,25 @@ mod tests {
     }
 
     #[test]
-    fn forty_agents_poll_at_three_rises_or_eight_falls_and_larger_fleets_need_more() {
-        assert_eq!(hints_needed(0, false), Some(2));
-        assert_eq!(hints_needed(5, false), Some(2));
-        assert_eq!(hints_needed(40, false), Some(3));
-        assert_eq!(hints_needed(1_000, false), Some(7));
-        assert_eq!(hints_needed(20, true), Some(6));
-        assert_eq!(hints_needed(40, true), Some(8));
-        assert_eq!(hints_needed(100, true), Some(12));
-        assert_eq!(hints_needed(1_000, true), None);
-        assert_eq!(hints_needed(100_000, false), None);
+    fn forty_agents_poll_at_three_rises_or_eight_falls_or_twelve_deep_ones_and_larger_fleets_need_more()
+     {
+        assert_eq!(hints_needed(0, false, 0.0), Some(2));
+        assert_eq!(hints_needed(5, false, 0.0), Some(2));
+        assert_eq!(hints_needed(40, false, 0.0), Some(3));
+        assert_eq!(hints_needed(1_000, false, 0.0), Some(7));
+        assert_eq!(hints_needed(20, true, 0.3), Some(6));
+        assert_eq!(hints_needed(40, true, 0.3), Some(8));
+        assert_eq!(hints_needed(100, true, 0.3), Some(12));
+        assert_eq!(hints_needed(200, true, 0.3), Some(18));
+        assert_eq!(hints_needed(1_000, true, 0.3), None);
+        assert_eq!(hints_needed(100_000, false, 0.0), None);
+        // Under a deep factor (and a tenth of one before it, which an
+        // agent may still hold), the agents' looser test hints more by
+        // chance: more must come together.
+        assert_eq!(hints_needed(40, true, 0.8), Some(12));
+        assert_eq!(hints_needed(40, true, 0.4), Some(12));
+        assert_eq!(hints_needed(100, true, 0.8), Some(21));
+        assert_eq!(hints_needed(200, true, 0.8), None);
     }
 
     fn rise(agent: u32, rate: f64) -> HintFrom {
@@ -260,7 +278,7 @@ mod tests {
         // Four agents: two hints poll.
         let (c, mut w) = (cfg(), window(4));
         let hint =
-            |w: &mut DemandWindow, t, agent| w.hint(&c, ms(t), rise(agent, 500.0), 1_000.0, false);
+            |w: &mut DemandWindow, t, agent| w.hint(&c, ms(t), rise(agent, 500.0), 1_000.0, 0.0);
         assert!(!hint(&mut w, 4_000, 7));
         // The same agent again counts once.
         assert!(!hint(&mut w, 4_100, 7));
@@ -283,19 +301,19 @@ mod tests {
         // 1 000/s (traffic that moved onto them).
         let mut w = window(4);
         for agent in 1..=4 {
-            assert!(!w.hint(&c, ms(4_000), rise(agent, 200.0), 1_000.0, false));
+            assert!(!w.hint(&c, ms(4_000), rise(agent, 200.0), 1_000.0, 0.0));
         }
         // At 300/s each, 1 200/s: over.
         let mut w = window(4);
-        assert!(!w.hint(&c, ms(4_000), rise(1, 300.0), 1_000.0, false));
-        assert!(w.hint(&c, ms(4_000), rise(2, 300.0), 1_000.0, false));
+        assert!(!w.hint(&c, ms(4_000), rise(1, 300.0), 1_000.0, 0.0));
+        assert!(w.hint(&c, ms(4_000), rise(2, 300.0), 1_000.0, 0.0));
         // A pair with no round before this one here: its agents are not
         // known, so the hinters' own rates must be over the limit.
         let mut w = DemandWindow::new(&c);
         for agent in 1..=3 {
-            assert!(!w.hint(&c, ms(0), rise(agent, 300.0), 1_000.0, false));
+            assert!(!w.hint(&c, ms(0), rise(agent, 300.0), 1_000.0, 0.0));
         }
-        assert!(w.hint(&c, ms(0), rise(4, 300.0), 1_000.0, false));
+        assert!(w.hint(&c, ms(0), rise(4, 300.0), 1_000.0, 0.0));
     }
 
     fn fall(agent: u32) -> HintFrom {
@@ -315,29 +333,29 @@ mod tests {
         let mut w = window(40);
         // Two early hints, then a burst 400 ms later: they count together
         // (a span from the first hint would end before the burst).
-        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_050), fall(2), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_050), fall(2), 1_000.0, 0.3));
         for agent in 3..=7 {
-            assert!(!w.hint(&c, ms(4_400), fall(agent), 1_000.0, true));
+            assert!(!w.hint(&c, ms(4_400), fall(agent), 1_000.0, 0.3));
         }
-        assert!(w.hint(&c, ms(4_450), fall(8), 1_000.0, true));
+        assert!(w.hint(&c, ms(4_450), fall(8), 1_000.0, 0.3));
         // Hints more than the span apart never add up.
         let mut w = window(40);
         for agent in 1..=20 {
             let t = 4_000 + 600 * u64::from(agent);
-            assert!(!w.hint(&c, ms(t), fall(agent), 1_000.0, true));
+            assert!(!w.hint(&c, ms(t), fall(agent), 1_000.0, 0.3));
         }
         // An agent that hints again counts once, from its latest hint.
         let mut w = window(40);
         for agent in 1..=7 {
-            assert!(!w.hint(&c, ms(4_000), fall(agent), 1_000.0, true));
+            assert!(!w.hint(&c, ms(4_000), fall(agent), 1_000.0, 0.3));
         }
-        assert!(!w.hint(&c, ms(4_300), fall(1), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_300), fall(1), 1_000.0, 0.3));
         // At 4 600 ms the hints of 4 000 are gone; agent 1's of 4 300 stays.
         for agent in 8..=13 {
-            assert!(!w.hint(&c, ms(4_600), fall(agent), 1_000.0, true));
+            assert!(!w.hint(&c, ms(4_600), fall(agent), 1_000.0, 0.3));
         }
-        assert!(w.hint(&c, ms(4_600), fall(14), 1_000.0, true));
+        assert!(w.hint(&c, ms(4_600), fall(14), 1_000.0, 0.3));
     }
 
     #[test]
@@ -345,24 +363,24 @@ mod tests {
         let c = cfg();
         // Four agents (four falls needed), the pair suppressed: polled at
         // the fourth, once an interval; a rise poll is apart.
-        assert_eq!(hints_needed(4, true), Some(4));
+        assert_eq!(hints_needed(4, true, 0.3), Some(4));
         let mut w = window(4);
-        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_100), fall(2), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_200), fall(3), 1_000.0, true));
-        assert!(w.hint(&c, ms(4_300), fall(4), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_350), fall(1), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_400), rise(5, 900.0), 1_000.0, true));
-        assert!(w.hint(&c, ms(4_400), rise(6, 900.0), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_100), fall(2), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_200), fall(3), 1_000.0, 0.3));
+        assert!(w.hint(&c, ms(4_300), fall(4), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_350), fall(1), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_400), rise(5, 900.0), 1_000.0, 0.3));
+        assert!(w.hint(&c, ms(4_400), rise(6, 900.0), 1_000.0, 0.3));
         // Not suppressed: a fall is nothing to release.
         let mut w = window(4);
         for agent in 1..=4 {
-            assert!(!w.hint(&c, ms(4_000), fall(agent), 1_000.0, false));
+            assert!(!w.hint(&c, ms(4_000), fall(agent), 1_000.0, 0.0));
         }
         // Rises and falls are not counted together.
         let mut w = window(4);
-        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_000), rise(2, 900.0), 1_000.0, true));
-        assert!(!w.hint(&c, ms(4_000), fall(3), 1_000.0, true));
+        assert!(!w.hint(&c, ms(4_000), fall(1), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_000), rise(2, 900.0), 1_000.0, 0.3));
+        assert!(!w.hint(&c, ms(4_000), fall(3), 1_000.0, 0.3));
     }
 }

@@ -176,8 +176,9 @@ struct Extras {
     /// surge at once. Not kept across a restart.
     surge: Option<surge::Surge>,
     /// The agents' sparse hints lately (`hint`): only windows of sparse
-    /// costly traffic get any. Not kept across a restart.
-    hints: Option<hint::Hints>,
+    /// costly traffic get any, so the tally (400 bytes) is a box of its
+    /// own. Not kept across a restart.
+    hints: Option<Box<hint::Hints>>,
 }
 
 /// A window as snapshots hold it: the layout from before the extras were

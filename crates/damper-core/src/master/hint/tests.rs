@@ -257,18 +257,18 @@ fn fall(m: &mut MasterState, ms: u64, agent: &str) {
     m.surge(at(ms), at(ms), agent, pair(), rates).unwrap();
 }
 
-/// The flood stops: eight agents' fall hints within half a second poll
-/// the pair; the answers, one by one, bring the estimate down past the
+/// The flood stops: twelve agents' fall hints within half a second poll
+/// the pair (under a deep factor, whose agents hint more by chance); the answers, one by one, bring the estimate down past the
 /// limit once, and that release is pushed once. A suppressed pair's fall
 /// hints alone (fewer agents, or the pair not suppressed) poll nothing.
 #[test]
 fn fall_hints_poll_a_suppressed_flood_and_the_answers_release_it_once() {
     let mut m = holding_a_flood();
-    for a in 0..7 {
+    for a in 0..11 {
         fall(&mut m, 30_300 + a * 20, &format!("agent-{a}"));
     }
-    assert_eq!(polls(&mut m), 0, "seven of forty may be chance");
-    fall(&mut m, 30_440, "agent-7");
+    assert_eq!(polls(&mut m), 0, "eleven of forty may be chance");
+    fall(&mut m, 30_440, "agent-11");
     assert_eq!(polls(&mut m), 1);
     let mut factors = Vec::new();
     for a in 0..40 {
@@ -316,7 +316,7 @@ fn fall_hints_of_a_pair_not_suppressed_poll_nothing() {
 /// root) and nothing from the rest. The factor then.
 fn after_fall_answers(counted: usize, per_agent: f32, ops_each: u32) -> f64 {
     let mut m = holding_a_flood();
-    for a in 0..8 {
+    for a in 0..12 {
         fall(&mut m, 30_300 + a * 20, &format!("agent-{a}"));
     }
     assert_eq!(polls(&mut m), 1);

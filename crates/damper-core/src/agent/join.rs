@@ -41,7 +41,7 @@ impl AgentState {
         for found in pinned.pairs() {
             let entry = found.entry();
             let (rate, _) = entry.told_rate(round);
-            let limited = match entry.scan_limit(found.op(), &op_limits) {
+            let limited = match entry.scan_limit(|| found.op(), &op_limits) {
                 Some(limit) => !limit.is_some_and(super::entry::is_unlimited),
                 None => false,
             };

@@ -195,7 +195,7 @@ impl AgentState {
             if grown && !measured_on {
                 return false;
             }
-            let Some(limit) = entry.scan_limit(&pair.op, &op_limits) else {
+            let Some(limit) = entry.scan_limit(|| &pair.op, &op_limits) else {
                 return false;
             };
             let secs = age.as_secs_f64();

@@ -1107,6 +1107,11 @@ impl AgentRound {
 
     /// Puts back on the ring the masters whose rejoin instant has come.
     fn rejoin(&mut self, now: Nanos) {
+        // Most timeouts: no member to bring back, and no list to make (it
+        // was 1% of the simulator's time, a string per master each time).
+        if !self.membership.rejoin_due(now) {
+            return;
+        }
         let before = self.live_members();
         if self.membership.tick(now) {
             for master in self.live_members() {

@@ -107,7 +107,7 @@ pub struct ClusterSection {
     /// independent draw, as before it existed.
     pub low_noise: bool,
     /// Pacing on the agents (default true; only with low-noise admission
-    /// and fast onset): a pair suppressed by half or more admits
+    /// and fast onset): a pair suppressed by a fifth or more admits
     /// `1 − factor` of the rate its agent told the master rather than of
     /// what it attempts now. `false` keeps the share of what is attempted,
     /// as before pacing existed.

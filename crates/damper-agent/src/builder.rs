@@ -223,7 +223,7 @@ impl AgentBuilder {
         self
     }
 
-    /// Pacing (default on): a pair its master suppresses by half or more
+    /// Pacing (default on): a pair its master suppresses by a fifth or more
     /// admits `1 − factor` of the rate this agent last told the master,
     /// not of what it attempts now, so the agents together admit the limit
     /// rather than the limit times the round-to-round swing of the

@@ -38,8 +38,9 @@
 //! keep it.
 //!
 //! Stored in the master's factor word (see `entry`), which otherwise holds
-//! the factor's `f32` bits. Every factor that can be paced lies in
-//! `[0.5, 1)`, where an `f32`'s sign and exponent are the same (`0x3F0…`):
+//! the factor's `f32` bits. Only pairs paced under a factor in `[0.5, 1)`
+//! are frozen (those paced under a milder one keep the credit rule), and
+//! there an `f32`'s sign and exponent are the same (`0x3F0…`):
 //! a frozen word keeps the factor's 23-bit mantissa, exact, sets its top
 //! bit to say it is frozen, and holds the probability in the 8 bits
 //! between. A word without the flag is read exactly as before, so a pair

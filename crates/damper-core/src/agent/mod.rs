@@ -151,7 +151,7 @@ pub struct AgentConfig {
     /// square root of the count. Off only to measure the difference.
     /// Default on.
     pub low_noise: bool,
-    /// Whether a pair its master suppresses by half or more is paced: it
+    /// Whether a pair its master suppresses by a fifth or more is paced: it
     /// admits `1 − factor` of the rate this agent told the master rather
     /// than of what it attempts now, so that the agents together admit the
     /// limit itself rather than the limit times the chance swing of the

@@ -109,7 +109,7 @@ pub use hint::{
     DEEP_FALL_ALPHA, DEEP_FALL_FROM, FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE,
     SPARSE_OPS, beyond_chance, fall_alpha, poisson_tail,
 };
-pub use pace::{PACE_FROM, PACE_SLACK};
+pub use pace::{DENSE_MARGIN, DENSE_PACE_FROM, PACE_FROM, PACE_SLACK, paced_under};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};
 pub use surge::{

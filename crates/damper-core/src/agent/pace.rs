@@ -28,7 +28,9 @@
 //! may admit, or more, so a round in which its own traffic came in a
 //! little low still reaches its paced rate. Under a milder factor the
 //! pace would hold each agent to nearly its last round, and an agent whose
-//! traffic rose by chance would be refused what the rest did not use.
+//! traffic rose by chance would be refused what the rest did not use;
+//! unless the agent sees so many of the pair's operations that its own
+//! count seldom falls under the pace ([`DENSE_PACE_FROM`]).
 //! (From 0.5 until 26 November 2026: the factors between 0.2 and 0.5
 //! passed each step of a climbing demand on until the next round, 1.1%
 //! over the limit in `ramp` and 1.0% in `creeping-loss`, 0.3% each
@@ -49,6 +51,27 @@ use crate::time::Nanos;
 /// second sub-window under it: a demand a quarter over the limit.
 pub const PACE_FROM: f64 = 0.2;
 
+/// The least factor under which a pair whose agent sees many operations
+/// is paced: one that told `n` operations a round is paced under a
+/// factor `f` of this or more when `f·√n` is at least [`DENSE_MARGIN`],
+/// its pace so far under what it told that its own Poisson count seldom
+/// falls under it. `ramp`'s climb through 1 200 a second (a factor of
+/// 0.17, 60 operations a second on each agent) is paced so; a small
+/// account of a few operations a second on each agent is not, which paced
+/// from 0.1 alike admitted 2% under its limit.
+pub const DENSE_PACE_FROM: f64 = 0.1;
+
+/// See [`DENSE_PACE_FROM`]: the pace sits this many standard deviations
+/// of the round's count under what the agent told.
+pub const DENSE_MARGIN: f64 = 1.5;
+
+/// Whether a pair is paced under `factor`, its agent having told `n`
+/// operations a round.
+pub fn paced_under(factor: f64, n: f64) -> bool {
+    (PACE_FROM..1.0).contains(&factor)
+        || ((DENSE_PACE_FROM..1.0).contains(&factor) && factor * n.max(0.0).sqrt() >= DENSE_MARGIN)
+}
+
 /// How many sub-windows of the pace the credit may run ahead or behind
 /// beyond the admission band: traffic that comes in lumps (a batch every
 /// 250 ms seen through 200-ms sub-windows) moves it by about one either
@@ -57,14 +80,23 @@ pub const PACE_SLACK: f64 = 2.0;
 
 impl Entry {
     /// At the end of a sub-window `secs` long in which `cost` was
-    /// attempted: paces the pair if its master suppresses it by
-    /// [`PACE_FROM`] or more (and the local guard no more), at the share
+    /// attempted, of rounds `interval` long: paces the pair if its master
+    /// suppresses it enough ([`paced_under`]; and the local guard no
+    /// more), at the share
     /// it may keep of `told`, the rate (cost per second) this agent's last
     /// rollup told the master (`None` while the master holds an early
     /// report's instead); clears its credit if no factor is in force.
     /// With `freeze`, a sparse paced pair's next sub-window is decided by
     /// a frozen probability (see [`frozen`](super::frozen)). Scanner only.
-    pub(super) fn pace(&self, now: Nanos, told: Option<f32>, secs: f64, cost: u32, freeze: bool) {
+    pub(super) fn pace(
+        &self,
+        now: Nanos,
+        told: Option<f32>,
+        secs: f64,
+        interval: f64,
+        cost: u32,
+        freeze: bool,
+    ) {
         let word = self.master_word_at(now);
         let master = word_factor(word);
         let local = self.local_factor.load(Relaxed);
@@ -72,7 +104,10 @@ impl Entry {
             admission::clear(&self.credit);
         }
         let factor = factor_of(master);
-        let told = told.filter(|_| (PACE_FROM..1.0).contains(&factor) && local <= master);
+        let one = self.one();
+        let told = told.filter(|rate| {
+            paced_under(factor, f64::from(*rate) * interval / one) && local <= master
+        });
         let was_paced = self.scanned(PACED);
         self.set_scanned(PACED, told.is_some());
         let keep = 1.0 - factor;
@@ -91,7 +126,6 @@ impl Entry {
         };
         let expected = f64::from(told) * secs;
         let target = keep * expected;
-        let one = self.one();
         admission::retarget(
             &self.credit,
             keep,
@@ -107,7 +141,9 @@ impl Entry {
         }
     }
 
-    /// A master's new `factor` has come: if it is too mild to pace by,
+    /// A master's new `factor` has come: if it is too mild to pace by
+    /// whatever the pair's count (under [`PACE_FROM`]; a dense pair still
+    /// paced under it is paced again at the next scan, its slack gone),
     /// the credit goes back within the admission band at once, without
     /// the pace's slack. A flood that stops leaves its last sub-windows
     /// short of the pace, and what they banked (up to [`PACE_SLACK`]
@@ -226,14 +262,33 @@ mod tests {
         assert!((1_600..1_760).contains(&admitted), "{admitted}");
     }
 
+    /// A pair whose agent told 2 000 operations a round is paced under a
+    /// factor of 0.15, its pace 6.7 standard deviations of that count under
+    /// it: 4 000 coming, it admits 0.85 of 400 in each of its first two
+    /// sub-windows and 0.85 × 200 in each of the eight after, about 2 040,
+    /// where the share of what comes would be 3 400. One that told 40 a
+    /// round is not.
+    #[test]
+    fn a_dense_pair_is_paced_under_a_mild_factor() {
+        // A limit this agent alone is far from, so the local guard stays out.
+        let (state, mut rng) = told_then_suppressed(true, 0.15, 100_000.0, 5);
+        let admitted = round(&state, 2_000, 4_000, &mut rng);
+        assert!((1_950..2_130).contains(&admitted), "{admitted}");
+        assert!(paced_under(0.15, 2_000.0));
+        assert!(!paced_under(0.15, 40.0));
+        assert!(paced_under(0.25, 5.0), "from 0.2 whatever the count");
+        assert!(!paced_under(0.05, 1e9), "never under 0.1");
+        assert!(!paced_under(1.0, 1e9), "a factor of 1 refuses everything");
+    }
+
     /// Under a mild factor the pair keeps the share of what comes: an agent
     /// whose traffic rose by chance is not held to its last round.
     #[test]
     fn a_mildly_suppressed_pair_is_not_paced() {
         // A limit this agent alone is far from, so the local guard stays out.
-        let (state, mut rng) = told_then_suppressed(true, 0.1, 100_000.0, 1);
+        let (state, mut rng) = told_then_suppressed(true, 0.05, 100_000.0, 1);
         let admitted = round(&state, 2_000, 3_000, &mut rng);
-        assert!((2_690..2_711).contains(&admitted), "{admitted}");
+        assert!((2_840..2_861).contains(&admitted), "{admitted}");
     }
 
     /// A lull under the pace banks admissions up to the slack; a milder
@@ -245,8 +300,12 @@ mod tests {
     fn leaving_the_pace_leaves_its_slack_behind() {
         let (state, mut rng) = told_then_suppressed(true, 0.9, 1_000.0, 3);
         round(&state, 2_000, 2_000, &mut rng);
-        // Almost nothing comes: each sub-window is short of the pace.
+        state.drain(at(4_000), |_, _, _| {});
+        // Almost nothing comes: each sub-window is short of the pace. The
+        // round's rollup tells the master so (40 operations: too few to
+        // pace by under a mild factor).
         round(&state, 4_000, 40, &mut rng);
+        state.drain(at(6_000), |_, _, _| {});
         suppress(&state, 6_000, 0.15, 1_000.0);
         let admitted = round(&state, 6_000, 1_000, &mut rng);
         assert!((835..875).contains(&admitted), "{admitted}");

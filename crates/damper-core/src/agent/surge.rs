@@ -405,6 +405,7 @@ impl AgentState {
                     now,
                     (!surged).then_some(baseline),
                     secs,
+                    interval,
                     cost,
                     self.config.freeze_sparse,
                 );

@@ -228,8 +228,12 @@ fn lost_replies_are_not_counted_twice() {
 /// that misses the release's push (0.5% are lost) is still asking again
 /// every 100 ms while the fall holds it within twice the limit
 /// (`master::recheck_at`), where before it waited for its round (2.15 s
-/// in seeds 1 and 5). Without pushes, only the agents that reported the
-/// fall hear the release soon; the rest wait for their round.
+/// in seeds 1 and 5). Without pushes, the agents that reported the fall
+/// hear the release soon, and since a suppression in force holds while
+/// the demand is over the limit, so do most of the rest, asking again
+/// while the fall holds them (released after 1.05, 0.95, 0.95, 0.95 and
+/// 1.95 s; before, 1.95 s in three seeds of five, waiting for their
+/// round): pushes are never slower.
 #[test]
 fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
     let release = |push: bool| {
@@ -250,7 +254,8 @@ fn a_fall_spread_thin_over_many_agents_is_released_within_a_second() {
     assert!(with <= 1.0, "{all:?}");
     assert!(all.iter().all(|&r| r <= 2.0), "{all:?}");
     let (without, all) = release(false);
-    assert!(without >= 1.5, "{all:?}");
+    assert!(with <= without, "{all:?}");
+    assert!(all.iter().all(|&r| r <= 2.0), "{all:?}");
 }
 
 /// Pacing (`docs/design.md`): with the agents admitting their share of

@@ -475,7 +475,10 @@ impl MasterState {
         } else {
             key.limit
                 .and_then(|id| self.config.limits.get(id))
-                .map(|limit| verdict(&self.config, &key.window, limit, now))
+                .map(|limit| {
+                    let held = key.is(table::SUPPRESSED);
+                    verdict(&self.config, &key.window, limit, now, held)
+                })
         };
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
         let shadow = verdict.is_some_and(|v| v.shadow);
@@ -541,7 +544,8 @@ impl MasterState {
                 .filter(|_| exempt.is_none());
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let v = verdict(&self.config, &key.window, m, now);
+                    let held = key.is(table::SUPPRESSED);
+                    let v = verdict(&self.config, &key.window, m, now, held);
                     (v.factor, v.rates)
                 }
                 None => (0.0, key.window.estimate(&self.config.window, now).rates),
@@ -572,7 +576,16 @@ impl MasterState {
         }
         let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => verdict(&self.config, &self.entries.get(i).window, limit, now),
+            Some(i) => {
+                let key = self.entries.get(i);
+                verdict(
+                    &self.config,
+                    &key.window,
+                    limit,
+                    now,
+                    key.is(table::SUPPRESSED),
+                )
+            }
             None => {
                 let rates = Rates::default();
                 Verdict {
@@ -800,11 +813,14 @@ fn exempt_verdict(config: &MasterConfig, window: Option<&DemandWindow>, now: Nan
     }
 }
 
+/// The verdict for a pair limited by `matched`, its window `window`; `held`:
+/// whether its last verdict suppressed it.
 fn verdict(
     config: &MasterConfig,
     window: &DemandWindow,
     matched: LimitMatch<'_>,
     now: Nanos,
+    held: bool,
 ) -> Verdict {
     let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
@@ -825,7 +841,14 @@ fn verdict(
     // A round's demand over the limit by no more than its own scatter is
     // chance, not overload: an account that keeps to its limit is never
     // refused for it. (Early reports are tested for noise by the agents.)
+    // Asked only to begin a suppression: one already in force (`held`,
+    // proven by a round or by early reports) holds while the demand stays
+    // over the limit, so an overload within a few of its rounds' scatter
+    // is not released and suppressed by turns (a sparse costly flood at
+    // 1.6× of its limit, caught by early reports, went 0.4 → 0 → 0.4 for
+    // half a minute, its rounds alternately confident and not).
     if factor > 0.0
+        && !held
         && !estimate.surge
         && matches!(config.policy.kind, PolicyKind::Demand)
         && config.window.estimator == EstimatorKind::LatestRound

@@ -101,13 +101,7 @@ fn a_round_over_the_limit_by_its_own_scatter_is_not_suppressed() {
         if let Some(z) = sigmas {
             toml.push_str(&format!("[policy]\nconfidence_sigmas = {z}\n"));
         }
-        let mut m = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
-        let mut end = 0;
-        for i in 0..40 {
-            end += 2_000;
-            let rate = if i % 2 == 0 { 0.84 * L } else { 0.96 * L };
-            assert_eq!(round(&mut m, end, rate), 0.0);
-        }
+        let (mut m, mut end) = scattered(&toml);
         end += 2_000;
         assert_eq!(
             round(&mut m, end, 1.08 * L) > 0.0,
@@ -123,6 +117,61 @@ fn a_round_over_the_limit_by_its_own_scatter_is_not_suppressed() {
         end += 2_000;
         assert!(round(&mut m, end, 1.3 * L) > 0.2, "{sigmas:?}");
     }
+}
+
+/// A master on `toml` after 40 rounds of an account scattering by about
+/// 8% around 0.9× its limit (never suppressed), and the last round's end.
+fn scattered(toml: &str) -> (MasterState, u64) {
+    let mut m = MasterState::new(MasterConfig::from_toml(toml).unwrap());
+    let mut end = 0;
+    for i in 0..40 {
+        end += 2_000;
+        let rate = if i % 2 == 0 { 0.84 * L } else { 0.96 * L };
+        assert_eq!(round(&mut m, end, rate), 0.0);
+    }
+    (m, end)
+}
+
+/// A suppression in force holds while the demand stays over the limit,
+/// confident or not: the scattered account of the test above, suppressed
+/// by an early report of a deluge, stays suppressed through its next
+/// rounds at 1.08× (which alone would not begin a suppression: its slow
+/// average has hardly moved), and is released by the first round under
+/// its limit.
+#[test]
+fn a_suppression_in_force_holds_while_the_demand_stays_over() {
+    let (mut m, mut end) = scattered(&format!("[limits]\nmessages = {L}\n"));
+    let rates = SurgeRates {
+        rate: (10.0 * L) as f32,
+        ..SurgeRates::default()
+    };
+    let surged = m
+        .surge(
+            at(end + 300),
+            at(end + 200),
+            "a",
+            Pair::new("acme", "messages"),
+            rates,
+        )
+        .unwrap()
+        .unwrap();
+    assert!(surged.factor > 0.5, "{surged:?}");
+    // The early report's estimate lasts until a round shows the demand
+    // whole; then each round at 1.08× holds the suppression at its own
+    // share.
+    let mut factors = Vec::new();
+    for _ in 0..4 {
+        end += 2_000;
+        factors.push(round(&mut m, end, 1.08 * L));
+    }
+    let held = factors[3];
+    assert!((held - (1.0 - 1.0 / 1.08)).abs() < 0.01, "{factors:?}");
+    end += 2_000;
+    assert_eq!(
+        round(&mut m, end, 0.96 * L),
+        0.0,
+        "released under its limit"
+    );
 }
 
 #[test]

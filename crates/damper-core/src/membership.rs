@@ -233,15 +233,6 @@ impl Membership {
         changed | self.tick(now)
     }
 
-    /// Whether a member's rejoin is due at `now`: what [`tick`](Self::tick)
-    /// would act on, asked without changing anything (a caller that lists
-    /// the live members before a tick need not when nothing is due).
-    pub fn rejoin_due(&self, now: Nanos) -> bool {
-        self.health
-            .values()
-            .any(|h| matches!(h, Health::Rejoining { at } if *at <= now))
-    }
-
     /// Puts back on the ring the members whose rejoin time has come. Call
     /// at every rollup cut, and at [`next_rejoin`](Self::next_rejoin).
     /// Returns whether the live ring changed.

@@ -200,6 +200,14 @@ mod tests {
         (state, rng)
     }
 
+    /// What the pair admits of `ops` operations in the round after it
+    /// told 1 000/s and was suppressed by `factor`, under a limit this
+    /// agent alone is far from, so the local guard stays out.
+    fn admitted_far_from_its_limit(factor: f64, ops: u64, seed: u64) -> u64 {
+        let (state, mut rng) = told_then_suppressed(true, factor, 100_000.0, seed);
+        round(&state, 2_000, ops, &mut rng)
+    }
+
     /// The master's verdict at `ms`: `factor` under `limit`, for 10 s.
     fn suppress(state: &AgentState, ms: u64, factor: f64, limit: f64) {
         let valid = Duration::from_secs(10);
@@ -256,9 +264,7 @@ mod tests {
     /// what comes would be 2 800.
     #[test]
     fn a_pair_suppressed_by_a_third_is_paced() {
-        // A limit this agent alone is far from, so the local guard stays out.
-        let (state, mut rng) = told_then_suppressed(true, 0.3, 100_000.0, 4);
-        let admitted = round(&state, 2_000, 4_000, &mut rng);
+        let admitted = admitted_far_from_its_limit(0.3, 4_000, 4);
         assert!((1_600..1_760).contains(&admitted), "{admitted}");
     }
 
@@ -270,9 +276,7 @@ mod tests {
     /// round is not.
     #[test]
     fn a_dense_pair_is_paced_under_a_mild_factor() {
-        // A limit this agent alone is far from, so the local guard stays out.
-        let (state, mut rng) = told_then_suppressed(true, 0.15, 100_000.0, 5);
-        let admitted = round(&state, 2_000, 4_000, &mut rng);
+        let admitted = admitted_far_from_its_limit(0.15, 4_000, 5);
         assert!((1_950..2_130).contains(&admitted), "{admitted}");
         assert!(paced_under(0.15, 2_000.0));
         assert!(!paced_under(0.15, 40.0));
@@ -285,9 +289,7 @@ mod tests {
     /// whose traffic rose by chance is not held to its last round.
     #[test]
     fn a_mildly_suppressed_pair_is_not_paced() {
-        // A limit this agent alone is far from, so the local guard stays out.
-        let (state, mut rng) = told_then_suppressed(true, 0.05, 100_000.0, 1);
-        let admitted = round(&state, 2_000, 3_000, &mut rng);
+        let admitted = admitted_far_from_its_limit(0.05, 3_000, 1);
         assert!((2_840..2_861).contains(&admitted), "{admitted}");
     }
 

@@ -1109,7 +1109,7 @@ impl AgentRound {
     fn rejoin(&mut self, now: Nanos) {
         // Most timeouts: no member to bring back, and no list to make (it
         // was 1% of the simulator's time, a string per master each time).
-        if !self.membership.rejoin_due(now) {
+        if self.membership.next_rejoin().is_none_or(|at| at > now) {
             return;
         }
         let before = self.live_members();

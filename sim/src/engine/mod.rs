@@ -246,6 +246,7 @@ impl<M: Masters> Sim<M> {
                 traffic: t.clone(),
                 carry: 0.0,
                 rotate: 0,
+                arrivals: None,
                 attempted: 0,
                 admitted: 0,
                 positive: false,

@@ -3,8 +3,10 @@
 //! [`AgentState::check_batch`](damper_core::agent::AgentState::check_batch),
 //! the same decision as `check`; each simulated second is recorded.
 
+use damper_core::agent::Hold;
 use damper_core::time::Nanos;
 use rand::RngExt;
+use rand::rngs::SmallRng;
 use rand_distr::{Distribution, Poisson};
 
 use super::{Agent, EPOCH, Event, Masters, Second, Sim};
@@ -22,6 +24,9 @@ pub(super) struct Item {
     pub(super) carry: f64,
     /// Which agent gets the next remainder (uniform arrivals).
     pub(super) rotate: usize,
+    /// The Poisson law of the last step's mean, kept while the rate holds
+    /// (making one costs an `exp`, a step's draws a few multiplications).
+    pub(super) arrivals: Option<(f64, Poisson<f64>)>,
     pub(super) attempted: u64,
     pub(super) admitted: u64,
     /// Whether any of its agents applies a positive factor.
@@ -101,13 +106,18 @@ impl Slots {
     /// of its agents, are [`of_item`](Self::of_item).
     fn factors(&mut self, agents: &[Agent], items: &[Item], now: Nanos, into: &mut Vec<f64>) {
         into.clear();
-        into.extend(self.order.iter().zip(&mut self.near).map(|(slot, near)| {
+        let mut held: Option<(usize, Hold<'_>)> = None;
+        for (slot, near) in self.order.iter().zip(&mut self.near) {
+            let hold = match held {
+                Some((agent, ref hold)) if agent == slot.agent => hold,
+                _ => &held.insert((slot.agent, agents[slot.agent].state.hold())).1,
+            };
             let traffic = &items[slot.item].traffic;
-            agents[slot.agent]
-                .state
-                .factor_at(now, &traffic.account, &traffic.op, near)
-                .unwrap_or(0.0)
-        }));
+            into.push(
+                hold.factor_at(now, &traffic.account, &traffic.op, near)
+                    .unwrap_or(0.0),
+            );
+        }
     }
 
     /// Item `i`'s factors among those [`factors`](Self::factors) read, in
@@ -145,9 +155,16 @@ impl<M: Masters> Sim<M> {
                     item.carry -= n;
                     n as u64
                 }
-                Arrivals::Poisson if mean > 0.0 => {
-                    Poisson::new(mean).map_or(0.0, |p| p.sample(&mut self.rng)) as u64
-                }
+                Arrivals::Poisson if mean > 0.0 => match &item.arrivals {
+                    Some((kept, law)) if *kept == mean => law.sample(&mut self.rng) as u64,
+                    _ => match Poisson::new(mean) {
+                        Ok(law) => {
+                            item.arrivals = Some((mean, law));
+                            law.sample(&mut self.rng) as u64
+                        }
+                        Err(_) => 0,
+                    },
+                },
                 Arrivals::Poisson => 0,
             };
             if n == 0 {
@@ -227,50 +244,79 @@ impl<M: Masters> Sim<M> {
 }
 
 impl<M: Masters> Sim<M> {
-    /// Decides the step's batches, in the order of [`Slots`]. An item
-    /// alone on its (account, op) and agent is decided in one
-    /// `check_batch`; several items of one (account, op) on one agent are
-    /// publishers sharing the account, and their operations are interleaved one by one as they would arrive:
-    /// strictly in turn when all are uniform, in a random order otherwise.
+    /// Decides the step's batches, in the order of [`Slots`], under one
+    /// hold on each agent's table for all of its batches (`Hold`).
     fn decide_batches(&mut self) {
         let mut batches = std::mem::take(&mut self.batches);
         self.slots.take(&mut batches);
+        let mut decider = Decider {
+            now: self.now,
+            items: &mut self.items,
+            rng: &mut self.rng,
+            near: &mut self.slots.near,
+        };
         let mut rest = &batches[..];
         while let Some(first) = rest.first() {
-            let pair = self.items[first.item].pair;
-            let n = rest
-                .iter()
-                .take_while(|b| b.agent == first.agent && self.items[b.item].pair == pair)
-                .count();
-            let (group, tail) = rest.split_at(n);
-            if let [one] = group {
-                self.decide_alone(*one);
-            } else {
-                self.decide_interleaved(group);
-            }
+            let n = rest.iter().take_while(|b| b.agent == first.agent).count();
+            let (run, tail) = rest.split_at(n);
+            decider.decide_run(&self.agents[first.agent].state.hold(), run);
             rest = tail;
         }
         batches.clear();
         self.batches = batches;
     }
+}
 
-    fn decide_alone(&mut self, batch: Batch) {
+/// What deciding a step's batches changes: the items' counts, the draws,
+/// the pairs' places.
+struct Decider<'s> {
+    now: Nanos,
+    items: &'s mut [Item],
+    rng: &'s mut SmallRng,
+    near: &'s mut [u32],
+}
+
+impl Decider<'_> {
+    /// One agent's batches. An item alone on its (account, op) on the agent
+    /// is decided in one `check_batch`; several items of one (account, op)
+    /// are publishers sharing the account, and their operations are
+    /// interleaved one by one as they would arrive: strictly in turn when
+    /// all are uniform, in a random order otherwise.
+    fn decide_run(&mut self, hold: &Hold<'_>, run: &[Batch]) {
+        let mut rest = run;
+        while let Some(first) = rest.first() {
+            let pair = self.items[first.item].pair;
+            let n = rest
+                .iter()
+                .take_while(|b| self.items[b.item].pair == pair)
+                .count();
+            let (group, tail) = rest.split_at(n);
+            if let [one] = group {
+                self.decide_alone(hold, *one);
+            } else {
+                self.decide_interleaved(hold, group);
+            }
+            rest = tail;
+        }
+    }
+
+    fn decide_alone(&mut self, hold: &Hold<'_>, batch: Batch) {
         let item = &mut self.items[batch.item];
         let cost = item.traffic.cost;
-        let admitted = self.agents[batch.agent].state.check_batch_at(
+        let admitted = hold.check_batch_at(
             self.now,
             &item.traffic.account,
             &item.traffic.op,
             cost,
             batch.count,
-            &mut self.rng,
-            &mut self.slots.near[batch.pos as usize],
+            &mut *self.rng,
+            &mut self.near[batch.pos as usize],
         );
         item.attempted += batch.count * cost;
         item.admitted += admitted * cost;
     }
 
-    fn decide_interleaved(&mut self, group: &[Batch]) {
+    fn decide_interleaved(&mut self, hold: &Hold<'_>, group: &[Batch]) {
         let mut left: Vec<u64> = group.iter().map(|b| b.count).collect();
         let mut total: u64 = left.iter().sum();
         let in_turn = group
@@ -298,10 +344,13 @@ impl<M: Masters> Sim<M> {
             };
             left[k] -= 1;
             total -= 1;
-            self.decide_alone(Batch {
-                count: 1,
-                ..group[k]
-            });
+            self.decide_alone(
+                hold,
+                Batch {
+                    count: 1,
+                    ..group[k]
+                },
+            );
         }
     }
 }

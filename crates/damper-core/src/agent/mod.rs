@@ -47,6 +47,8 @@
 //!   and `apply`.
 //! - `admission`: the low-noise rule that turns a factor into decisions,
 //!   with a per-pair credit.
+//! - `batch`: deciding operations in bulk under one [`Hold`] on the
+//!   table (the simulator's steps).
 //! - `entry`: one (account, op)'s state, and finding or making it.
 //! - `table`: the table of pairs: slots in chunks that never move, an
 //!   open-addressing index, and the grace a forgotten pair's slot waits
@@ -75,6 +77,7 @@
 //!   reported as soon as they prove a surge ([`AgentState::peek_young`]).
 
 mod admission;
+mod batch;
 mod drain;
 mod entry;
 mod forget;
@@ -103,6 +106,7 @@ use crate::Pair;
 use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
+pub use batch::Hold;
 use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
 pub use hint::{
@@ -598,38 +602,8 @@ impl AgentState {
         rng: &mut R,
         at: &mut u32,
     ) -> u64 {
-        if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
-            return n;
-        }
-        let pinned = self.pairs.pin();
-        let found = match pinned.find_near(account, op, at) {
-            Some(entry) => Some(entry),
-            None => self.traffic_entry(now, account, op, &pinned),
-        };
-        let Some(entry) = found else {
-            return n;
-        };
-        entry.seed_quantum(cost);
-        let (mut left, mut admitted) = (n, 0);
-        while left > 0 {
-            let (decided, yes) = entry.decide_batch(now, cost, left, rng, &self.config);
-            for (admit, count) in [(true, yes), (false, decided - yes)] {
-                if count != 0 {
-                    self.count(
-                        now,
-                        account,
-                        op,
-                        entry,
-                        admit,
-                        cost.wrapping_mul(count),
-                        &pinned,
-                    );
-                }
-            }
-            admitted += yes;
-            left -= decided;
-        }
-        admitted
+        self.hold()
+            .check_batch_at(now, account, op, cost, n, rng, at)
     }
 
     /// Applies a factor from the master's reply: reject that share of the
@@ -864,9 +838,7 @@ impl AgentState {
     /// [`factor`](Self::factor), the pair looked up first where `at` says
     /// it was (see [`check_batch_at`](Self::check_batch_at)).
     pub fn factor_at(&self, now: Nanos, account: &str, op: &str, at: &mut u32) -> Option<f64> {
-        let pinned = self.pairs.pin();
-        let entry = pinned.find_near(account, op, at)?;
-        Some(factor_of(entry.master_factor_at(now)))
+        self.hold().factor_at(now, account, op, at)
     }
 
     /// Number of (account, op) pairs tracked.

@@ -809,6 +809,44 @@ fn a_batch_with_a_hint_decides_like_one_without() {
     assert_eq!(drained(&plain), drained(&hinted));
 }
 
+/// One hold over many batches decides as a hold per batch does: pairs
+/// known before it, a pair made while it is held (found through the
+/// table's lock, not its generation), and that pair again under the
+/// same hold.
+#[test]
+fn batches_under_one_hold_decide_like_batches_alone() {
+    let (alone, held) = (
+        AgentState::new(AgentConfig::default()),
+        AgentState::new(AgentConfig::default()),
+    );
+    let (mut r1, mut r2) = (SmallRng::seed_from_u64(3), SmallRng::seed_from_u64(3));
+    for agent in [&alone, &held] {
+        agent.apply(t(0), "acme", "messages", 0.7, 1e12, Duration::from_secs(60));
+    }
+    let accounts = ["acme", "new-1", "acme", "new-1", "new-2", "acme"];
+    let mut at = [0u32; 3];
+    let hold = held.hold();
+    for (i, account) in accounts.into_iter().enumerate() {
+        let now = t(1);
+        let slot = match account {
+            "acme" => 0,
+            "new-1" => 1,
+            _ => 2,
+        };
+        let a = alone.check_batch(now, account, "messages", 2, 500, &mut r1);
+        let b = hold.check_batch_at(now, account, "messages", 2, 500, &mut r2, &mut at[slot]);
+        assert_eq!(a, b, "batch {i} ({account})");
+        assert_eq!(
+            hold.factor_at(now, account, "messages", &mut at[slot]),
+            alone.factor(now, account, "messages"),
+            "batch {i} ({account})"
+        );
+    }
+    drop(hold);
+    assert_eq!(held.len(), 3);
+    assert_eq!(drained(&alone), drained(&held));
+}
+
 /// A deluge's first batch on one agent: one-by-one checks at one instant
 /// are admitted until the local guard's window has used its allowance
 /// (250 of a 1 000/s limit over 250 ms) and proves a deluge, and the check

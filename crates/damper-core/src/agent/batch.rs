@@ -1,0 +1,86 @@
+//! Deciding operations in bulk under one hold on the agent's table: a
+//! caller that replays many pairs' operations in a row (the simulator's
+//! steps, agent by agent) takes the table's generation once for all of
+//! them, rather than once per batch.
+
+use rand::Rng;
+
+use super::table::Pinned;
+use super::{AgentState, factor_of, reportable};
+use crate::time::Nanos;
+
+/// A hold on an agent's table for a stretch of batches
+/// ([`AgentState::hold`]). While it lives, a pair forgotten meanwhile
+/// keeps its slot (its reuse waits for every hold taken before), so hold
+/// it for one stretch of work, not across waits; a pair made after it was
+/// taken is found through the table's lock, more slowly.
+pub struct Hold<'s> {
+    state: &'s AgentState,
+    pinned: Pinned<'s>,
+}
+
+impl AgentState {
+    /// A hold on the table for [`Hold::check_batch_at`] and
+    /// [`Hold::factor_at`]: each of [`AgentState`]'s own takes one per
+    /// call, which costs about as much as a lookup.
+    pub fn hold(&self) -> Hold<'_> {
+        Hold {
+            state: self,
+            pinned: self.pairs.pin(),
+        }
+    }
+}
+
+impl Hold<'_> {
+    /// [`AgentState::check_batch_at`], under this hold.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_batch_at<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        n: u64,
+        rng: &mut R,
+        at: &mut u32,
+    ) -> u64 {
+        if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
+            return n;
+        }
+        let (state, pinned) = (self.state, &self.pinned);
+        let found = match pinned.find_near(account, op, at) {
+            Some(entry) => Some(entry),
+            None => state.traffic_entry(now, account, op, pinned),
+        };
+        let Some(entry) = found else {
+            return n;
+        };
+        entry.seed_quantum(cost);
+        let (mut left, mut admitted) = (n, 0);
+        while left > 0 {
+            let (decided, yes) = entry.decide_batch(now, cost, left, rng, &state.config);
+            for (admit, count) in [(true, yes), (false, decided - yes)] {
+                if count != 0 {
+                    state.count(
+                        now,
+                        account,
+                        op,
+                        entry,
+                        admit,
+                        cost.wrapping_mul(count),
+                        pinned,
+                    );
+                }
+            }
+            admitted += yes;
+            left -= decided;
+        }
+        admitted
+    }
+
+    /// [`AgentState::factor_at`], under this hold.
+    pub fn factor_at(&self, now: Nanos, account: &str, op: &str, at: &mut u32) -> Option<f64> {
+        let entry = self.pinned.find_near(account, op, at)?;
+        Some(factor_of(entry.master_factor_at(now)))
+    }
+}

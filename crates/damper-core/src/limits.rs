@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 
 /// A rate in cost per second: finite and greater than zero by construction.
 #[derive(Clone, Copy, PartialEq, PartialOrd)]
@@ -58,9 +59,25 @@ pub struct LimitMatch<'a> {
     pub shadow: bool,
 }
 
-/// Position of a key in one [`Limits`] value (not stable across reloads).
+/// Position of a key in one [`Limits`] value (not stable across reloads),
+/// plus one: never zero, so a master entry's `Option<LimitId>` is four
+/// bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LimitId(u32);
+pub struct LimitId(NonZeroU32);
+
+impl LimitId {
+    fn new(position: usize) -> Option<LimitId> {
+        u32::try_from(position)
+            .ok()
+            .and_then(|p| p.checked_add(1))
+            .and_then(NonZeroU32::new)
+            .map(LimitId)
+    }
+
+    fn position(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
 
 /// Why a set of limits was refused: the field at fault (`limits."KEY"`)
 /// and what is wrong. The config turns it into its own error, with the
@@ -107,12 +124,10 @@ impl Limits {
                 )
             })?;
             match limits.by_key.get(key) {
-                Some(id) => limits.entries[id.0 as usize].1 = rate,
+                Some(id) => limits.entries[id.position()].1 = rate,
                 None => {
-                    let id = LimitId(
-                        u32::try_from(limits.entries.len())
-                            .map_err(|_| invalid("limits", "at most 2^32 limit keys"))?,
-                    );
+                    let id = LimitId::new(limits.entries.len())
+                        .ok_or_else(|| invalid("limits", "at most 2^32 - 1 limit keys"))?;
                     limits.entries.push((key.into(), rate, false));
                     limits.by_key.insert(key.into(), id);
                 }
@@ -124,7 +139,7 @@ impl Limits {
     /// The key and rate of a match found earlier in this same value.
     pub fn get(&self, id: LimitId) -> Option<LimitMatch<'_>> {
         self.entries
-            .get(id.0 as usize)
+            .get(id.position())
             .map(|(key, rate, shadow)| LimitMatch {
                 key,
                 rate: *rate,
@@ -137,7 +152,7 @@ impl Limits {
     pub fn set_shadow(&mut self, key: &str) -> bool {
         match self.by_key.get(key) {
             Some(id) => {
-                self.entries[id.0 as usize].2 = true;
+                self.entries[id.position()].2 = true;
                 true
             }
             None => false,

@@ -105,7 +105,10 @@ pub struct MasterOptions {
     /// Largest request, in bytes, the gRPC server decodes. Default 16 MiB.
     pub max_message_bytes: usize,
     /// How long an (account, op) may go without a report before it is
-    /// forgotten. Default: three windows.
+    /// forgotten. Default: three windows. At most
+    /// [`MAX_REPORT_AGE`](damper_core::master::MAX_REPORT_AGE) (24 days):
+    /// longer is taken as that, since an entry keeps its last report's
+    /// time in 32 bits.
     pub idle_after: Option<Duration>,
     /// Most (account, op) pairs tracked at once, over all shards. Past it,
     /// reports of new pairs are not tracked (they fail open) and are
@@ -235,7 +238,10 @@ impl Master {
                 shard_hasher: foldhash::fast::FixedState::with_seed(0x6461_6d70),
                 clock: clock.clone(),
                 options,
-                idle_after: options.idle_after.unwrap_or(window * 3),
+                idle_after: options
+                    .idle_after
+                    .unwrap_or(window * 3)
+                    .min(damper_core::master::MAX_REPORT_AGE),
                 rollup_interval: w.rollup_interval,
                 started: clock.now(),
                 ingested: IngestedCounters::default(),

@@ -219,7 +219,10 @@ pub async fn run_with_tls(
 ) -> Result<(), ServeError> {
     let evictor = {
         let master = master.clone();
-        let every = master.shared.idle_after / 3;
+        // At least hourly: an entry's last report reads right for 0.8 days
+        // past the longest idle time (`MAX_REPORT_AGE`), and a pass must
+        // come within them.
+        let every = (master.shared.idle_after / 3).min(Duration::from_secs(3600));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -105,12 +105,13 @@ impl Master {
             path: path.display().to_string(),
             source,
         };
+        let now = self.shared.clock.now();
         let keys = (0..self.shared.shards.len())
-            .flat_map(|shard| self.lock(shard).export())
+            .flat_map(|shard| self.lock(shard).export(now))
             .collect();
         let file = SnapshotFile {
             format: FORMAT,
-            written_unix_ms: self.shared.clock.now().as_millis(),
+            written_unix_ms: now.as_millis(),
             window: self.shape(),
             keys,
         };

@@ -48,7 +48,7 @@ impl MasterState {
         self.hints.hints += 1;
         let verdict = self.conclude(i, pair.account, pair.op, now);
         let key = self.entries.get_mut(i);
-        key.last_report = key.last_report.max(now);
+        key.last_report = key.last_report.later(now);
         let hint = HintFrom {
             agent: crate::agent::agent_seed(agent) as u32,
             rate: f64::from(rates.rate),

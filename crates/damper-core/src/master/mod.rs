@@ -30,6 +30,7 @@
 //! - this file: [`MasterState`]: ingest, verdicts, views, eviction,
 //!   snapshots.
 //! - `table`: where the pairs are kept and how one is found.
+//! - `report_time`: when a pair's last report arrived, in four bytes.
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
 //! - `hint`: sparse hints tallied, and the pairs they poll ([`HintStats`]).
 //! - `new_pairs`: [`NewPairBudget`], how many pairs one agent may add per
@@ -41,6 +42,7 @@ mod budget;
 mod hint;
 mod new_pairs;
 mod push;
+mod report_time;
 mod seen;
 mod table;
 
@@ -62,6 +64,8 @@ pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 pub use hint::{HintStats, POLLS_PER_INTERVAL};
 pub use new_pairs::NewPairBudget;
 pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
+pub use report_time::MAX_REPORT_AGE;
+use report_time::ReportTime;
 pub use seen::RollupLog;
 use table::{Entries, Op};
 
@@ -410,7 +414,7 @@ impl MasterState {
                 .record(window_config, start, end, report.attempted, report.admitted);
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
-        key.last_report = key.last_report.max(now);
+        key.last_report = key.last_report.later(now);
         let was_suppressed = key.is(table::SUPPRESSED);
         let verdict = self.conclude(i, report.account, report.op, now);
         self.queue_release_push(report.account, report.op, was_suppressed, verdict.as_ref());
@@ -449,7 +453,7 @@ impl MasterState {
         // An agent whose clock runs ahead: its sub-window ended by now.
         key.window
             .surge(&self.config.window, now, at.min(now), rates);
-        key.last_report = key.last_report.max(now);
+        key.last_report = key.last_report.later(now);
         let was_suppressed = key.is(table::SUPPRESSED);
         let recheck_at = now + self.config.policy.surge_recheck;
         let verdict = self.conclude(i, pair.account, pair.op, now);
@@ -560,7 +564,7 @@ impl MasterState {
                 demand: rates.demand,
                 admitted: rates.admitted,
                 factor,
-                last_report_unix_ms: key.last_report.as_millis(),
+                last_report_unix_ms: key.last_report.when(now).as_millis(),
             });
         }
         views
@@ -600,8 +604,9 @@ impl MasterState {
         })
     }
 
-    /// Forgets every (account, op) with no report for `idle_for`, so state
-    /// stays proportional to the active accounts. Returns how many went.
+    /// Forgets every (account, op) with no report for `idle_for` (at most
+    /// [`MAX_REPORT_AGE`]: a longer one is taken as that), so state stays
+    /// proportional to the active accounts. Returns how many went.
     pub fn evict_idle(&mut self, now: Nanos, idle_for: Duration) -> usize {
         let mut cursor = 0;
         self.evict_idle_from(now, idle_for, &mut cursor, usize::MAX)
@@ -622,13 +627,14 @@ impl MasterState {
         cursor: &mut u32,
         budget: usize,
     ) -> (usize, bool) {
+        let idle_for = idle_for.min(MAX_REPORT_AGE);
         let before = self.entries.len;
         let mut i = *cursor;
         let mut looked = 0usize;
         while (i as usize) < self.entries.len && looked < budget {
             looked += 1;
             let key = self.entries.get(i);
-            if now.since(key.last_report) < idle_for {
+            if key.last_report.age(now) < idle_for {
                 i += 1;
                 continue;
             }
@@ -669,15 +675,15 @@ impl MasterState {
         (before - self.entries.len, done)
     }
 
-    /// Copies out every (account, op)'s window, for a snapshot that a
-    /// restarted master loads with [`import`](Self::import).
-    pub fn export(&self) -> Vec<KeySnapshot> {
+    /// Copies out every (account, op)'s window as it stands at `now`, for a
+    /// snapshot that a restarted master loads with [`import`](Self::import).
+    pub fn export(&self, now: Nanos) -> Vec<KeySnapshot> {
         self.entries
             .iter()
             .map(|key| KeySnapshot {
                 op: self.ops[key.op as usize].name.to_string(),
                 account: key.account.to_string(),
-                last_report: key.last_report,
+                last_report: key.last_report.when(now),
                 window: key.window.clone(),
             })
             .collect()

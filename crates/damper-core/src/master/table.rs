@@ -1,4 +1,4 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 96
+//! Where a master keeps its (account, op) pairs: one entry each, 88
 //! bytes with the account name inline, in chunks that never move, found by
 //! one probe of a hash index; op names interned.
 
@@ -8,14 +8,14 @@ use compact_str::CompactString;
 use foldhash::fast::RandomState;
 use hashbrown::hash_table;
 
-use super::MasterState;
+use super::{MasterState, ReportTime};
 use crate::Pair;
 use crate::limits::LimitId;
 use crate::time::Nanos;
 use crate::window::DemandWindow;
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (96 bytes, the account name inline up to 24 bytes) and in one place:
+/// (88 bytes, the account name inline up to 24 bytes) and in one place:
 /// finding it is one probe of the index and one cache miss here.
 #[derive(Debug)]
 pub(super) struct Entry {
@@ -25,10 +25,11 @@ pub(super) struct Entry {
     /// The limit that applied under config `generation`.
     pub(super) limit: Option<LimitId>,
     pub(super) generation: u16,
-    /// [`SUPPRESSED`], [`NEAR`], [`EXEMPT`] and [`SHADOW`], one byte: the entry has
-    /// two bytes to spare before its 8-byte fields, not three.
+    /// [`SUPPRESSED`], [`NEAR`], [`EXEMPT`] and [`SHADOW`], one byte: the
+    /// entry has one byte to spare, not three.
     pub(super) flags: u8,
-    pub(super) last_report: Nanos,
+    /// When its last report came, for eviction and views.
+    pub(super) last_report: ReportTime,
     pub(super) window: DemandWindow,
 }
 
@@ -201,7 +202,7 @@ impl MasterState {
                     limit: None,
                     generation: self.generation.wrapping_sub(1),
                     flags: 0,
-                    last_report: now,
+                    last_report: ReportTime::at(now),
                     window: DemandWindow::new(&self.config.window),
                 });
                 self.ops[op as usize].keys += 1;
@@ -280,7 +281,7 @@ impl MasterState {
                 let e = self.entries.get(i);
                 touched = touched
                     .wrapping_add(e.account.len() as u64)
-                    .wrapping_add(e.last_report.as_nanos())
+                    .wrapping_add(u64::from(e.last_report.bits()))
                     .wrapping_add(e.window.touch());
                 continue;
             }
@@ -305,7 +306,7 @@ impl MasterState {
                 touched = touched
                     .wrapping_add(u64::from(e.op))
                     .wrapping_add(e.account.len() as u64)
-                    .wrapping_add(e.last_report.as_nanos());
+                    .wrapping_add(u64::from(e.last_report.bits()));
             }
         }
         std::hint::black_box(touched);

@@ -612,26 +612,26 @@ fn exported_windows_imported_elsewhere_give_the_same_verdicts() {
     assert!((before.factor - 0.75).abs() < 1e-9, "{before:?}");
 
     let mut restored = master("latest-round");
-    assert_eq!(restored.import(m.export()), 1);
+    assert_eq!(restored.import(m.export(now)), 1);
     assert_eq!(restored.verdict(now, "acme", "messages").unwrap(), before);
     // Importing again keeps the window already there.
-    assert_eq!(restored.import(m.export()), 0);
+    assert_eq!(restored.import(m.export(now)), 0);
     assert_eq!(restored.len(), 1);
 
     // A window cut for another estimator or shape, or with a bad name, is
     // skipped.
     let toml = format!("[window]\nestimator = \"ably-mma\"\n[limits]\nmessages = {L}\n");
     let mut other = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
-    assert_eq!(other.import(m.export()), 0);
+    assert_eq!(other.import(m.export(now)), 0);
     let mut ably = master("ably-mma");
     round(&mut ably, 2_000, 4_000.0);
     let toml = format!(
         "[window]\nestimator = \"ably-mma\"\nsub_intervals = 5\n[limits]\nmessages = {L}\n"
     );
     let mut other = MasterState::new(MasterConfig::from_toml(&toml).unwrap());
-    assert_eq!(other.import(ably.export()), 0);
-    assert_eq!(master("ably-mma").import(ably.export()), 1);
-    let mut bad = m.export();
+    assert_eq!(other.import(ably.export(now)), 0);
+    assert_eq!(master("ably-mma").import(ably.export(now)), 1);
+    let mut bad = m.export(now);
     bad[0].account.clear();
     assert_eq!(master("latest-round").import(bad), 0);
 }
@@ -770,13 +770,15 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
 
 #[test]
 fn an_entry_stays_within_its_memory_budget() {
-    // 96 bytes plus about 10 of index per pair keeps a million pairs near
-    // 110 MB (docs/performance.md, "Memory"). The surge estimate's slot
+    // 88 bytes plus about 10 of index per pair keeps a million pairs near
+    // 100 MB (docs/performance.md, "Memory"). The surge estimate's slot
     // (8 bytes, empty but during a surge) took it from 88 to 96, the
     // rounds' spread (8 bytes: suppress only with confidence) to 104;
-    // boxing the surge estimate with the sub-intervals, back to 96.
+    // boxing the surge estimate with the sub-intervals, back to 96; the
+    // last report in 32 bits of milliseconds and a limit index that is
+    // never zero, to 88.
     assert!(
-        size_of::<table::Entry>() <= 96,
+        size_of::<table::Entry>() <= 88,
         "{}",
         size_of::<table::Entry>()
     );
@@ -1061,9 +1063,9 @@ fn a_hint_counts_only_the_pair_it_holds() {
         (20.0, 15.0)
     );
     // Stale: b is forgotten and another pair takes its place.
-    m.entries.get_mut(at_b - 1).last_report = at(0);
+    m.entries.get_mut(at_b - 1).last_report = super::ReportTime::at(at(0));
     let b_presence = m.find("presence", "b").unwrap();
-    m.entries.get_mut(b_presence).last_report = at(0);
+    m.entries.get_mut(b_presence).last_report = super::ReportTime::at(at(0));
     assert_eq!(m.evict_idle(at(2_007), Duration::from_millis(2_006)), 2);
     assert_eq!(m.entries.get(at_b - 1).account, "d", "moved into b's place");
     let mut hint = at_b;
@@ -1079,4 +1081,21 @@ fn a_hint_counts_only_the_pair_it_holds() {
         .unwrap();
     assert_eq!(hint, m.find("messages", "c").unwrap() + 1);
     assert_eq!(demand(&m, "c", "messages"), 10.0);
+}
+
+/// An entry keeps its last report in 32 bits of milliseconds: an idle time
+/// past what they read back right is taken as the bound, so a pair idle
+/// that long is still forgotten rather than read as fresh.
+#[test]
+fn an_idle_time_past_the_last_reports_bound_is_taken_as_the_bound() {
+    let mut m = master("latest-round");
+    round(&mut m, 2_000, 100.0);
+    let day_ms = 24 * 3600 * 1000;
+    let forever = Duration::from_secs(100 * 24 * 3600);
+    assert_eq!(m.evict_idle(at(23 * day_ms), forever), 0);
+    assert_eq!(m.len(), 1);
+    let views = m.views(at(23 * day_ms), |_| true);
+    assert_eq!(views[0].last_report_unix_ms, T0_MS + 2_005);
+    assert_eq!(m.evict_idle(at(24 * day_ms + 3_000), forever), 1);
+    assert!(m.is_empty());
 }

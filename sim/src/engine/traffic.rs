@@ -53,7 +53,7 @@ pub(super) struct Slots {
     /// Every (item, agent) in decision order, its count 0 between steps.
     order: Vec<Batch>,
     /// For each, where its pair was in the agent's table last (see
-    /// `AgentState::check_batch_at`): each step and each second's factor
+    /// `Hold::check_batch_at`): each step and each second's factor
     /// read go to the slot directly, not through the hash and the index.
     near: Vec<u32>,
     /// Item `i`'s agent `j` is at `order[at[first[i] + j]]`.

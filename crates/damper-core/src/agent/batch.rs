@@ -21,8 +21,9 @@ pub struct Hold<'s> {
 
 impl AgentState {
     /// A hold on the table for [`Hold::check_batch_at`] and
-    /// [`Hold::factor_at`]: each of [`AgentState`]'s own takes one per
-    /// call, which costs about as much as a lookup.
+    /// [`Hold::factor_at`]: [`AgentState::check_batch`] and
+    /// [`AgentState::factor`] take one per call, which costs about as much
+    /// as a lookup.
     pub fn hold(&self) -> Hold<'_> {
         Hold {
             state: self,
@@ -32,7 +33,13 @@ impl AgentState {
 }
 
 impl Hold<'_> {
-    /// [`AgentState::check_batch_at`], under this hold.
+    /// [`AgentState::check_batch`], under this hold, the pair looked up
+    /// first where `at` says it was (its position in the agent's table
+    /// plus one; 0 for none), and `at` left where it is: a caller that
+    /// keeps one `at` per pair it replays skips the hash and the index (as
+    /// [`MasterState::ingest_at`](crate::master::MasterState::ingest_at)
+    /// does on the master). Any `at` decides the same: a stale one is only
+    /// slower.
     #[allow(clippy::too_many_arguments)]
     pub fn check_batch_at<R: Rng + ?Sized>(
         &self,
@@ -78,7 +85,8 @@ impl Hold<'_> {
         admitted
     }
 
-    /// [`AgentState::factor_at`], under this hold.
+    /// [`AgentState::factor`], under this hold, the pair looked up first
+    /// where `at` says it was (see [`check_batch_at`](Self::check_batch_at)).
     pub fn factor_at(&self, now: Nanos, account: &str, op: &str, at: &mut u32) -> Option<f64> {
         let entry = self.pinned.find_near(account, op, at)?;
         Some(factor_of(entry.master_factor_at(now)))

@@ -581,29 +581,8 @@ impl AgentState {
         n: u64,
         rng: &mut R,
     ) -> u64 {
-        self.check_batch_at(now, account, op, cost, n, rng, &mut 0)
-    }
-
-    /// [`check_batch`](Self::check_batch), the pair looked up first where
-    /// `at` says it was (its position in the agent's table plus one; 0 for
-    /// none), and `at` left where it is: a caller that keeps one `at` per
-    /// pair it replays skips the hash and the index (as
-    /// [`MasterState::ingest_at`](crate::master::MasterState::ingest_at)
-    /// does on the master). Any `at` decides the same: a stale one is only
-    /// slower.
-    #[allow(clippy::too_many_arguments)]
-    pub fn check_batch_at<R: Rng + ?Sized>(
-        &self,
-        now: Nanos,
-        account: &str,
-        op: &str,
-        cost: u64,
-        n: u64,
-        rng: &mut R,
-        at: &mut u32,
-    ) -> u64 {
         self.hold()
-            .check_batch_at(now, account, op, cost, n, rng, at)
+            .check_batch_at(now, account, op, cost, n, rng, &mut 0)
     }
 
     /// Applies a factor from the master's reply: reject that share of the
@@ -832,13 +811,7 @@ impl AgentState {
     /// The master's factor in force for an (account, op) at `now` (0 when
     /// expired), or `None` if the pair was never seen.
     pub fn factor(&self, now: Nanos, account: &str, op: &str) -> Option<f64> {
-        self.factor_at(now, account, op, &mut 0)
-    }
-
-    /// [`factor`](Self::factor), the pair looked up first where `at` says
-    /// it was (see [`check_batch_at`](Self::check_batch_at)).
-    pub fn factor_at(&self, now: Nanos, account: &str, op: &str, at: &mut u32) -> Option<f64> {
-        self.hold().factor_at(now, account, op, at)
+        self.hold().factor_at(now, account, op, &mut 0)
     }
 
     /// Number of (account, op) pairs tracked.

@@ -772,18 +772,28 @@ fn a_batch_decides_like_single_checks() {
     );
 }
 
-/// A batch given where its pair was (`check_batch_at`) decides as one
+/// An agent whose account `acme` is under `factor` for a minute, and a
+/// random source seeded with `seed`: two of them decide alike.
+fn twin(seed: u64, factor: f64) -> (AgentState, SmallRng) {
+    let agent = AgentState::new(AgentConfig::default());
+    agent.apply(
+        t(0),
+        "acme",
+        "messages",
+        factor,
+        1e12,
+        Duration::from_secs(60),
+    );
+    (agent, SmallRng::seed_from_u64(seed))
+}
+
+/// A batch given where its pair was (`Hold::check_batch_at`) decides as one
 /// given nothing, whatever the hint, and learns where the pair is: from
 /// none at first, then from wrong ones.
 #[test]
 fn a_batch_with_a_hint_decides_like_one_without() {
-    let (plain, hinted) = (
-        AgentState::new(AgentConfig::default()),
-        AgentState::new(AgentConfig::default()),
-    );
-    let (mut r1, mut r2) = (SmallRng::seed_from_u64(9), SmallRng::seed_from_u64(9));
+    let ((plain, mut r1), (hinted, mut r2)) = (twin(9, 0.6), twin(9, 0.6));
     for agent in [&plain, &hinted] {
-        agent.apply(t(0), "acme", "messages", 0.6, 1e12, Duration::from_secs(60));
         agent.apply(
             t(0),
             "other",
@@ -800,10 +810,12 @@ fn a_batch_with_a_hint_decides_like_one_without() {
         }
         let now = t(1 + i as u64);
         let a = plain.check_batch(now, "acme", "messages", 3, 1_000, &mut r1);
-        let b = hinted.check_batch_at(now, "acme", "messages", 3, 1_000, &mut r2, &mut at);
+        let b = hinted
+            .hold()
+            .check_batch_at(now, "acme", "messages", 3, 1_000, &mut r2, &mut at);
         assert_eq!(a, b, "step {i}");
         assert_ne!(at, 0, "step {i}: the pair's place is learnt");
-        let f = hinted.factor_at(now, "acme", "messages", &mut at);
+        let f = hinted.hold().factor_at(now, "acme", "messages", &mut at);
         assert_eq!(f, plain.factor(now, "acme", "messages"));
     }
     assert_eq!(drained(&plain), drained(&hinted));
@@ -815,14 +827,7 @@ fn a_batch_with_a_hint_decides_like_one_without() {
 /// same hold.
 #[test]
 fn batches_under_one_hold_decide_like_batches_alone() {
-    let (alone, held) = (
-        AgentState::new(AgentConfig::default()),
-        AgentState::new(AgentConfig::default()),
-    );
-    let (mut r1, mut r2) = (SmallRng::seed_from_u64(3), SmallRng::seed_from_u64(3));
-    for agent in [&alone, &held] {
-        agent.apply(t(0), "acme", "messages", 0.7, 1e12, Duration::from_secs(60));
-    }
+    let ((alone, mut r1), (held, mut r2)) = (twin(3, 0.7), twin(3, 0.7));
     let accounts = ["acme", "new-1", "acme", "new-1", "new-2", "acme"];
     let mut at = [0u32; 3];
     let hold = held.hold();

@@ -168,6 +168,7 @@ impl From<v1::RollupRequest> for Rollup {
                             admitted: c.admitted,
                             since: nonzero_millis(c.start_unix_ms),
                             id: c.id,
+                            at: 0,
                         })
                         .collect(),
                 })
@@ -429,7 +430,7 @@ mod tests {
                 ops: ops.into_iter().map(|(op, accounts, by_id)| OpCounts {
                     op,
                     accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id)| AccountCounts {
-                        account, attempted, admitted, since: since.map(ms), id,
+                        account, attempted, admitted, since: since.map(ms), id, at: 0,
                     }).collect(),
                     // Sorted and distinct, admitted at most attempted: as
                     // an agent sends them.

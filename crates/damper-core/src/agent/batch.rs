@@ -1,13 +1,16 @@
-//! Deciding operations in bulk under one hold on the agent's table: a
-//! caller that replays many pairs' operations in a row (the simulator's
-//! steps, agent by agent) takes the table's generation once for all of
-//! them, rather than once per batch.
+//! Work on many pairs under one hold on the agent's table: a caller that
+//! replays many pairs' operations in a row (the simulator's steps, agent by
+//! agent), or a reply's verdicts for every pair a rollup carried, takes
+//! the table's generation once for all of them, rather than once per pair,
+//! and finds each pair where it was when it can.
 
 use rand::Rng;
 
 use super::table::Pinned;
 use super::{AgentState, factor_of, reportable};
+use crate::Pair;
 use crate::time::Nanos;
+use crate::wire::Factor;
 
 /// A hold on an agent's table for a stretch of batches
 /// ([`AgentState::hold`]). While it lives, a pair forgotten meanwhile
@@ -83,6 +86,30 @@ impl Hold<'_> {
             left -= decided;
         }
         admitted
+    }
+
+    /// [`AgentState::apply_factor`], under this hold, the pair looked up
+    /// first where `at` says it was (see
+    /// [`check_batch_at`](Self::check_batch_at)), and made if it is new.
+    pub(super) fn apply_factor_at(
+        &self,
+        now: Nanos,
+        pair: Pair<'_>,
+        verdict: &Factor,
+        at: &mut u32,
+    ) {
+        let (account, op) = (pair.account, pair.op);
+        if !reportable(account) || !reportable(op) {
+            return;
+        }
+        let (state, pinned) = (self.state, &self.pinned);
+        let found = match pinned.find_near(account, op, at) {
+            Some(entry) => Some(entry),
+            None => state.entry(now, account, op, pinned),
+        };
+        if let Some(entry) = found {
+            state.set_verdict(now, op, entry, verdict);
+        }
     }
 
     /// [`AgentState::factor`], under this hold, the pair looked up first

@@ -21,11 +21,11 @@ impl AgentState {
     /// One drain runs at a time (others wait). Concurrent checks are never
     /// lost or counted twice: they land in this drain or the next.
     pub fn drain(&self, now: Nanos, mut visit: impl FnMut(&str, &str, Delta)) -> usize {
-        self.drain_keys(now, |account, op, delta| visit(account, op, delta))
+        self.drain_keys(now, |account, op, delta, _| visit(account, op, delta))
     }
 
     /// [`drain`](Self::drain), handing out each op as its interned name.
-    fn drain_keys(&self, now: Nanos, mut visit: impl FnMut(&str, &Arc<str>, Delta)) -> usize {
+    fn drain_keys(&self, now: Nanos, mut visit: impl FnMut(&str, &Arc<str>, Delta, u32)) -> usize {
         let _one_drainer = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pinned = self.pairs.pin();
         let mut visited = 0;
@@ -66,6 +66,7 @@ impl AgentState {
                         admitted: d_admitted,
                         since: (since != 0).then(|| Nanos::from_nanos(since)),
                     },
+                    found.pos + 1,
                 );
                 visited += 1;
             }
@@ -107,11 +108,12 @@ impl AgentState {
     /// master for come back in [`Routed::unroutable`].
     pub fn drain_by_owner(&self, now: Nanos, ring: &Ring) -> Routed {
         let mut routed = Routed::default();
-        self.drain_keys(now, |account, op, delta| {
+        self.drain_keys(now, |account, op, delta, at| {
             let pending = Pending {
                 account: account.to_owned(),
                 op: op.clone(),
                 delta,
+                at,
             };
             match ring.owner(account) {
                 // The address is copied once per master, not per pair.

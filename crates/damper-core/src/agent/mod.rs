@@ -47,8 +47,8 @@
 //!   and `apply`.
 //! - `admission`: the low-noise rule that turns a factor into decisions,
 //!   with a per-pair credit.
-//! - `batch`: deciding operations in bulk under one [`Hold`] on the
-//!   table (the simulator's steps).
+//! - `batch`: deciding operations in bulk, and applying a reply's
+//!   verdicts, under one [`Hold`] on the table.
 //! - `entry`: one (account, op)'s state, and finding or making it.
 //! - `table`: the table of pairs: slots in chunks that never move, an
 //!   open-addressing index, and the grace a forgotten pair's slot waits
@@ -346,6 +346,9 @@ pub struct Pending {
     pub op: Arc<str>,
     /// The counts.
     pub delta: Delta,
+    /// Where the pair was in the agent's table (its position plus one; 0
+    /// for unknown): the reply's verdict looks there first.
+    pub at: u32,
 }
 
 /// A drain's counts, routed to masters by [`AgentState::drain_by_owner`].
@@ -681,16 +684,33 @@ impl AgentState {
         asked: impl IntoIterator<Item = Pair<'a>>,
         skip: impl Fn(Pair<'_>, &Factor) -> bool,
     ) {
+        self.apply_reply_at(now, reply, asked.into_iter().map(|pair| (pair, 0)), skip);
+    }
+
+    /// [`apply_reply_but`](Self::apply_reply_but), each asked pair with
+    /// where it was in the table (its position plus one, as the drain gave
+    /// it: [`Pending::at`]; 0 for unknown), under one hold for the whole
+    /// reply: a pair still there is found by its slot alone, not by the
+    /// hash of its name and the index (an agent of many pairs asks about
+    /// every one of them each round).
+    pub fn apply_reply_at<'a>(
+        &self,
+        now: Nanos,
+        reply: &Reply,
+        asked: impl IntoIterator<Item = (Pair<'a>, u32)>,
+        skip: impl Fn(Pair<'_>, &Factor) -> bool,
+    ) {
         self.learn_op_limits(reply);
         let mut unmentioned: Vec<&str> = Vec::new();
-        let asked = asked.into_iter().inspect(|pair| {
+        let asked = asked.into_iter().inspect(|(pair, _)| {
             if unmentioned.last() != Some(&pair.op) && !reply.ops.iter().any(|o| o.op == pair.op) {
                 unmentioned.push(pair.op);
             }
         });
-        reply.expand(asked, |pair, f| {
+        let hold = self.hold();
+        reply.expand_at(asked, |pair, f, mut at| {
             if !skip(pair, &f) {
-                self.apply_factor(now, pair, &f);
+                hold.apply_factor_at(now, pair, &f, &mut at);
             }
         });
         if !unmentioned.is_empty() {

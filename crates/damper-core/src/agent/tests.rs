@@ -1219,3 +1219,57 @@ fn a_push_applies_to_held_pairs_only() {
     // question.
     assert_eq!(agent.op_limit("messages"), None);
 }
+
+/// A reply applied with each pair's place in the table
+/// (`apply_reply_at`) stores what one applied by name does, whatever the
+/// places say: right, another pair's slot, past the table, or nothing (a
+/// pair the reply makes).
+#[test]
+fn a_reply_applied_by_place_gives_each_pair_its_own_verdict() {
+    use crate::wire::{Factor, Listed, OpVerdicts, Reply, Unlisted};
+    let valid = Duration::from_secs(6);
+    let reply = Reply {
+        ops: vec![OpVerdicts {
+            op: "messages".into(),
+            listed: vec![Listed {
+                account: "a".into(),
+                factor: Factor {
+                    factor: 0.5,
+                    limit: 2_000.0,
+                    valid_for: valid,
+                    shadow: false,
+                    utilisation: 0.0,
+                },
+                recheck: false,
+            }],
+            unlisted: Some(Unlisted {
+                limit: 2_000.0,
+                valid_for: valid,
+                shadow: false,
+            }),
+            overrides: Vec::new(),
+        }],
+        ..Reply::default()
+    };
+    let (by_name, by_place) = (
+        AgentState::new(AgentConfig::default()),
+        AgentState::new(AgentConfig::default()),
+    );
+    let mut places = [0u32; 3];
+    for agent in [&by_name, &by_place] {
+        for (account, at) in ["a", "b", "c"].into_iter().zip(&mut places) {
+            agent.apply(t(0), account, "messages", 0.9, 1e12, valid);
+            agent.hold().factor_at(t(0), account, "messages", at);
+        }
+    }
+    let [a, _, c] = places;
+    let asked = [("a", a), ("b", a), ("c", c + 1_000_000), ("d", 0)]
+        .map(|(account, at)| (Pair::new(account, "messages"), at));
+    by_name.apply_reply(t(1), &reply, asked.iter().map(|(pair, _)| *pair));
+    by_place.apply_reply_at(t(1), &reply, asked, |_, _| false);
+    for agent in [&by_name, &by_place] {
+        let factors = ["a", "b", "c", "d"].map(|account| agent.factor(t(1), account, "messages"));
+        assert_eq!(factors, [Some(0.5), Some(0.0), Some(0.0), Some(0.0)]);
+    }
+    assert_eq!(drained(&by_name), drained(&by_place));
+}

@@ -502,7 +502,7 @@ impl AgentRound {
                         .get_or_insert((master.clone(), reply.foreign_entries));
                 }
                 self.schedule_recheck(now, &master, reply);
-                state.apply_reply_but(now, reply, rollup.pairs(), self.fenced(&master, id));
+                state.apply_reply_at(now, reply, rollup.pairs_at(), self.fenced(&master, id));
                 if resent == 0 {
                     self.finish_one(round, master, true, now, state);
                 } else if self.membership.is_up(&master) {

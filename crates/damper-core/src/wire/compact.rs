@@ -206,10 +206,24 @@ impl Reply {
         asked: impl IntoIterator<Item = Pair<'a>>,
         mut visit: impl FnMut(Pair<'_>, Factor),
     ) {
+        self.expand_at(asked.into_iter().map(|pair| (pair, 0)), |pair, f, _| {
+            visit(pair, f);
+        });
+    }
+
+    /// [`expand`](Self::expand), each asked pair with a hint of the
+    /// caller's that comes back with its op's default verdict (a listed
+    /// verdict comes with 0): the agent's position of the pair in its
+    /// table ([`AccountCounts::at`](super::AccountCounts::at)).
+    pub fn expand_at<'a>(
+        &self,
+        asked: impl IntoIterator<Item = (Pair<'a>, u32)>,
+        mut visit: impl FnMut(Pair<'_>, Factor, u32),
+    ) {
         let mut defaults: Vec<(&str, Unlisted, HashSet<&str>)> = Vec::new();
         for op in &self.ops {
             for l in &op.listed {
-                visit(Pair::new(&l.account, &op.op), l.factor);
+                visit(Pair::new(&l.account, &op.op), l.factor, 0);
             }
             if let Some(unlisted) = op.unlisted {
                 let listed = op.listed.iter().map(|l| l.account.as_str()).collect();
@@ -219,11 +233,11 @@ impl Reply {
         if defaults.is_empty() {
             return;
         }
-        for pair in asked {
+        for (pair, at) in asked {
             if let Some((_, unlisted, listed)) = defaults.iter().find(|(o, _, _)| *o == pair.op)
                 && !listed.contains(pair.account)
             {
-                visit(pair, unlisted.factor());
+                visit(pair, unlisted.factor(), at);
             }
         }
     }

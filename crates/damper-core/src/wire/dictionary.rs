@@ -658,6 +658,7 @@ impl Dictionaries {
                     admitted: c.admitted,
                     since: None,
                     id: 0,
+                    at: 0,
                 });
             }
             ops.push((first, hints));

@@ -114,6 +114,12 @@ pub struct AccountCounts {
     /// (the rollup's `dictionary` epoch): later rollups may give the
     /// account by this number alone.
     pub id: u32,
+    /// The agent's own: where the pair was in its table when drained (its
+    /// position plus one; 0 for unknown), so the reply's verdict finds it
+    /// there first ([`AgentState::apply_reply_at`]). Never sent.
+    ///
+    /// [`AgentState::apply_reply_at`]: crate::agent::AgentState::apply_reply_at
+    pub at: u32,
 }
 
 /// The (account, op) pairs whose factors an agent asks for without
@@ -364,6 +370,7 @@ impl Rollup {
                 admitted: p.delta.admitted,
                 since: p.delta.since.map(whole_millis),
                 id: 0,
+                at: p.at,
             };
             (p.op, counts)
         });
@@ -441,10 +448,16 @@ impl Rollup {
     /// The (account, op) of every named entry (every entry, in a rollup
     /// the agent's round keeps or a master has expanded).
     pub fn pairs(&self) -> impl Iterator<Item = Pair<'_>> {
+        self.pairs_at().map(|(pair, _)| pair)
+    }
+
+    /// [`pairs`](Self::pairs), each with where it was in the agent's table
+    /// ([`AccountCounts::at`]).
+    pub fn pairs_at(&self) -> impl Iterator<Item = (Pair<'_>, u32)> {
         self.ops.iter().flat_map(|op| {
             op.accounts
                 .iter()
-                .map(move |c| Pair::new(&c.account, &op.op))
+                .map(move |c| (Pair::new(&c.account, &op.op), c.at))
         })
     }
 
@@ -456,6 +469,7 @@ impl Rollup {
             .flat_map(|op| {
                 let name: std::sync::Arc<str> = op.op.as_str().into();
                 op.accounts.iter().map(move |c| Pending {
+                    at: c.at,
                     account: c.account.clone(),
                     op: name.clone(),
                     delta: crate::agent::Delta {

@@ -177,6 +177,7 @@ fn rollups_group_by_op_and_validate_every_entry() {
             admitted,
             since: None,
         },
+        at: 0,
     };
     let start = NOW - Duration::from_secs(2);
     let rollup = Rollup::from_pending(

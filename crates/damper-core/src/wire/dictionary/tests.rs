@@ -26,6 +26,7 @@ fn rollup(sequence: u64, accounts: &[&str], carried: &[&str]) -> Rollup {
                 admitted: 10 * (i as u64 + 1) - 1,
                 since: carried.contains(a).then(|| at(0)),
             },
+            at: 0,
         })
         .collect();
     let mut r = Rollup::from_drain("agent-1", at(2_000), at(4_000), 0, pending);
@@ -611,6 +612,7 @@ proptest! {
                     account: format!("acct-{account}"),
                     op: ops[op as usize].into(),
                     delta: Delta { attempted: cost, admitted: cost, since: None },
+                    at: 0,
                 })
                 .collect();
             let mut named = Rollup::from_drain(&format!("agent-{agent}"), end - Duration::from_secs(2), end, 0, pending);

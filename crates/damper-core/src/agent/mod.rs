@@ -618,14 +618,7 @@ impl AgentState {
     /// in shadow included: its refusals become admitted decisions that say
     /// they would have been refused.
     pub fn apply_factor(&self, now: Nanos, pair: Pair<'_>, verdict: &Factor) {
-        let (account, op) = (pair.account, pair.op);
-        if !reportable(account) || !reportable(op) {
-            return;
-        }
-        let pinned = self.pairs.pin();
-        if let Some(entry) = self.entry(now, account, op, &pinned) {
-            self.set_verdict(now, op, entry, verdict);
-        }
+        self.hold().apply_factor_at(now, pair, verdict, &mut 0);
     }
 
     /// Stores a master's `verdict` in `entry`, a pair of `op`.
@@ -708,7 +701,7 @@ impl AgentState {
             }
         });
         let hold = self.hold();
-        reply.expand_at(asked, |pair, f, mut at| {
+        reply.expand(asked, |pair, f, mut at| {
             if !skip(pair, &f) {
                 hold.apply_factor_at(now, pair, &f, &mut at);
             }

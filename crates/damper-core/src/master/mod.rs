@@ -479,10 +479,7 @@ impl MasterState {
         } else {
             key.limit
                 .and_then(|id| self.config.limits.get(id))
-                .map(|limit| {
-                    let held = key.is(table::SUPPRESSED);
-                    verdict(&self.config, &key.window, limit, now, held)
-                })
+                .map(|limit| verdict(&self.config, key, limit, now))
         };
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
         let shadow = verdict.is_some_and(|v| v.shadow);
@@ -548,8 +545,7 @@ impl MasterState {
                 .filter(|_| exempt.is_none());
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let held = key.is(table::SUPPRESSED);
-                    let v = verdict(&self.config, &key.window, m, now, held);
+                    let v = verdict(&self.config, key, m, now);
                     (v.factor, v.rates)
                 }
                 None => (0.0, key.window.estimate(&self.config.window, now).rates),
@@ -580,16 +576,7 @@ impl MasterState {
         }
         let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => {
-                let key = self.entries.get(i);
-                verdict(
-                    &self.config,
-                    &key.window,
-                    limit,
-                    now,
-                    key.is(table::SUPPRESSED),
-                )
-            }
+            Some(i) => verdict(&self.config, self.entries.get(i), limit, now),
             None => {
                 let rates = Rates::default();
                 Verdict {
@@ -819,15 +806,15 @@ fn exempt_verdict(config: &MasterConfig, window: Option<&DemandWindow>, now: Nan
     }
 }
 
-/// The verdict for a pair limited by `matched`, its window `window`; `held`:
-/// whether its last verdict suppressed it.
+/// The verdict for the pair of entry `key`, limited by `matched`, from its
+/// window and whether its last verdict suppressed it (`held`).
 fn verdict(
     config: &MasterConfig,
-    window: &DemandWindow,
+    key: &table::Entry,
     matched: LimitMatch<'_>,
     now: Nanos,
-    held: bool,
 ) -> Verdict {
+    let (window, held) = (&key.window, key.is(table::SUPPRESSED));
     let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
     // A surge estimate reads as the limit (no suppression) while it may

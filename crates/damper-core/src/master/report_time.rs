@@ -33,25 +33,24 @@ impl ReportTime {
         ReportTime(wrapped(now))
     }
 
+    /// The milliseconds from it to `now` (wrapped), `None` when `now`
+    /// precedes it: behind it by under half the wrap.
+    fn until(self, now: u32) -> Option<u32> {
+        Some(now.wrapping_sub(self.0)).filter(|&ms| ms <= i32::MAX as u32)
+    }
+
     /// How long before `now` it arrived; zero for a report `now` precedes
     /// (a clock set back).
     pub(super) fn age(self, now: Nanos) -> Duration {
-        let ms = wrapped(now).wrapping_sub(self.0);
-        if ms > i32::MAX as u32 {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(u64::from(ms))
-        }
+        Duration::from_millis(self.until(wrapped(now)).map_or(0, u64::from))
     }
 
     /// The later of this and a report arriving at `now`.
     pub(super) fn later(self, now: Nanos) -> ReportTime {
         let now = wrapped(now);
-        // `now` is behind this when it is so by under half the wrap.
-        if now.wrapping_sub(self.0) > i32::MAX as u32 {
-            self
-        } else {
-            ReportTime(now)
+        match self.until(now) {
+            Some(_) => ReportTime(now),
+            None => self,
         }
     }
 

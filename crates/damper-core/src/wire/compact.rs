@@ -200,22 +200,12 @@ impl ReplyBuilder {
 impl Reply {
     /// Every verdict this reply gives: each listed one, and the op's
     /// default for each pair of `asked` (those the request named) that it
-    /// does not list. Calls `visit(pair, factor)` once per pair.
+    /// does not list. Calls `visit(pair, factor, hint)` once per pair:
+    /// each asked pair comes with a hint of the caller's, given back with
+    /// its op's default verdict (a listed verdict comes with 0), the
+    /// agent's position of the pair in its table
+    /// ([`AccountCounts::at`](super::AccountCounts::at)).
     pub fn expand<'a>(
-        &self,
-        asked: impl IntoIterator<Item = Pair<'a>>,
-        mut visit: impl FnMut(Pair<'_>, Factor),
-    ) {
-        self.expand_at(asked.into_iter().map(|pair| (pair, 0)), |pair, f, _| {
-            visit(pair, f);
-        });
-    }
-
-    /// [`expand`](Self::expand), each asked pair with a hint of the
-    /// caller's that comes back with its op's default verdict (a listed
-    /// verdict comes with 0): the agent's position of the pair in its
-    /// table ([`AccountCounts::at`](super::AccountCounts::at)).
-    pub fn expand_at<'a>(
         &self,
         asked: impl IntoIterator<Item = (Pair<'a>, u32)>,
         mut visit: impl FnMut(Pair<'_>, Factor, u32),

@@ -92,7 +92,7 @@ proptest! {
         let header = ReplyHeader { rollup_interval: Duration::from_secs(2), ..ReplyHeader::default() };
         let reply = builder.finish(NOW, header);
         let mut expanded: BTreeMap<(String, String), Factor> = BTreeMap::new();
-        reply.expand(asked.iter().copied(), |pair, f| {
+        reply.expand(asked.iter().map(|&pair| (pair, 0)), |pair, f, _| {
             let again = expanded.insert((pair.op.to_owned(), pair.account.to_owned()), f);
             assert!(again.is_none(), "{pair} expanded twice");
         });

@@ -12,6 +12,7 @@ use rand::Rng;
 
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
+use super::owned::Owned;
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -646,7 +647,8 @@ impl Entry {
             return self.local_factor.load(Relaxed);
         }
         let total = self.attempted_total();
-        let base = self.local_base.swap(total, Relaxed);
+        // Only the check that won the window writes the base (see `owned`).
+        let base = self.local_base.replace(total);
         let used = total.wrapping_sub(base) as f64;
         let t = if guard::confidently_over(used, secs, limit, cost) {
             factor_bits(1.0 - limit / (used / secs))

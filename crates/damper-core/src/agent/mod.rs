@@ -63,6 +63,7 @@
 //!   operations too thin on it to call ([`HINT_ALPHA`]).
 //! - `join`: telling a pair's new master, when the ring moved it between
 //!   rollups, what its previous master had ([`AgentState::offer_joins`]).
+//! - `owned`: fields one writer owns, replaced without a locked swap.
 //! - `pace`: the credit of a deeply suppressed pair following the share
 //!   of the rate its agent told the master, at each sub-window's end.
 //! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
@@ -85,6 +86,7 @@ mod frozen;
 mod guard;
 mod hint;
 mod join;
+mod owned;
 mod pace;
 mod peek;
 mod poll;

@@ -6,12 +6,13 @@
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::AgentState;
 use super::entry::{CONFIRM_ASKED, Entry, HINTED, YOUNG_REPORTED};
 use super::hint::HintSpan;
+use super::owned::Owned;
 use crate::Pair;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -388,7 +389,7 @@ impl AgentState {
             let entry = found.entry();
             let total = entry.attempted_total() as u32;
             let before = match pass {
-                Pass::Close => replace(&entry.surge_total, total),
+                Pass::Close => entry.surge_total.replace(total),
                 Pass::Peek => entry.surge_total.load(Relaxed),
             };
             let cost = total.wrapping_sub(before);
@@ -551,15 +552,6 @@ pub(super) fn rise_ops(rate: f64, baseline: f32, cost: u64, quantum: u32) -> u32
     }
 }
 
-/// Stores `value` in `field`, a field only the scanner writes, and returns
-/// what it held: a load and a store, not a locked swap, which costs several
-/// times as much on a pass over every pair.
-fn replace(field: &AtomicU32, value: u32) -> u32 {
-    let old = field.load(Relaxed);
-    field.store(value, Relaxed);
-    old
-}
-
 impl AgentState {
     /// The round whose reports will carry the sub-window that ends at
     /// `now`, as an entry keeps it (`surge_round`: the grid index of its
@@ -677,10 +669,9 @@ impl Entry {
     /// makes it a standard deviation), and the rate of the sub-window
     /// before this one.
     fn close_sub_window(&self, rate: f64, cost: u32, baseline: f64) -> (f64, u32, f64) {
-        let previous = f64::from(f32::from_bits(replace(
-            &self.window_rate,
-            (rate as f32).to_bits(),
-        )));
+        let previous = f64::from(f32::from_bits(
+            self.window_rate.replace((rate as f32).to_bits()),
+        ));
         if previous == 0.0 && cost > 0 {
             let quantum = Quantum(self.quantum.load(Relaxed)).learn(cost);
             self.quantum.store(quantum.0, Relaxed);
@@ -692,10 +683,9 @@ impl Entry {
         // them alone it would read as noise so large that a flood that
         // really stops is not seen until its round.
         let held = rate.max(previous);
-        let held_before = f64::from(f32::from_bits(replace(
-            &self.held_rate,
-            (held as f32).to_bits(),
-        )));
+        let held_before = f64::from(f32::from_bits(
+            self.held_rate.replace((held as f32).to_bits()),
+        ));
         let steps_before = self.surge_noise.load(Relaxed);
         // Every step counts, surges too: a rate that keeps jumping back
         // and forth is noise however large, and one real jump raises the

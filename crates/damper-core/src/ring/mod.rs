@@ -145,8 +145,27 @@ impl Ring {
 
     /// The member that owns `account`, or `None` for an empty ring.
     pub fn owner(&self, account: &str) -> Option<&str> {
-        let member = self.lookup.member(ring_hash(account))?;
-        Some(&self.members[member as usize])
+        Some(self.member(self.owner_index(account)?))
+    }
+
+    /// Where the member that owns `account` is in [`members`](Self::members),
+    /// or `None` for an empty ring: a caller grouping many accounts by
+    /// owner files them by number, not by comparing addresses.
+    pub fn owner_index(&self, account: &str) -> Option<usize> {
+        Some(self.lookup.member(ring_hash(account))? as usize)
+    }
+
+    /// The member at `index` in [`members`](Self::members).
+    ///
+    /// # Panics
+    /// When `index` is not below the number of members.
+    pub fn member(&self, index: usize) -> &str {
+        &self.members[index]
+    }
+
+    /// How many members the ring has.
+    pub fn len(&self) -> usize {
+        self.members.len()
     }
 
     /// The members, sorted.

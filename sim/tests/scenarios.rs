@@ -163,7 +163,8 @@ fn the_killed_master_owns_the_flooding_account() {
 /// (the costly account with a large override is refused only in its first
 /// second, under its op's default: see the docs); publishers sharing an
 /// account, at 1×, 2× and 5× of one another or taking strict turns, each
-/// keep their share within 5% in every steady 10-s bucket.
+/// keep their share within 1% in every steady 10-s bucket, and costly
+/// ones, or a costly one beside a cheap one, within about 5%.
 #[test]
 fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares() {
     let (_, near) = simulate(scenario("near-limit-small"));
@@ -181,11 +182,25 @@ fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares(
         costly.false_rejections
     );
 
+    // Publishers named to their agents (`check_from`), each on its own
+    // lane.
     let (_, publishers) = simulate(scenario("publishers"));
     for name in ["shared", "turns", "four-turns"] {
         let fairness = account(&publishers, name).fairness_10s.unwrap();
-        assert!(fairness < 0.05, "{name}: {fairness}");
+        assert!(fairness < 0.01, "{name}: {fairness}");
     }
+    // Costly publishers are paced, which sets what the pair may admit
+    // sub-window by sub-window, whoever sends: a publisher's 10 s hold
+    // more of some sub-windows than of others (0.033 median over seeds
+    // 1–12, 0.054 at worst, this seed 0.053; 0.10 and more on the pair's
+    // rule alone).
+    let costly = account(&publishers, "costly-shared").fairness_10s.unwrap();
+    assert!(costly < 0.06, "costly-shared: {costly}");
+    // A costly publisher beside a cheap one: the pair's rule alone kept it
+    // 8% off its share; its lane holds it to `1 − f` of its own cost.
+    let (_, mixed) = simulate(scenario("mixed-costs"));
+    let fairness = account(&mixed, "mixed-costs").fairness_10s.unwrap();
+    assert!(fairness < 0.05, "mixed-costs: {fairness}");
 }
 
 /// With 5% of messages lost, replies included, a rollup its master counted

@@ -74,6 +74,7 @@ pub struct AgentBuilder {
     pace: bool,
     freeze_sparse: bool,
     sparse_hints: bool,
+    publisher_lanes: usize,
     local_window: Duration,
     forget_after: Duration,
     request_timeout: Option<Duration>,
@@ -139,6 +140,7 @@ impl Default for AgentBuilder {
             pace: true,
             freeze_sparse: true,
             sparse_hints: true,
+            publisher_lanes: AgentConfig::default().publisher_lanes,
             local_window: Duration::from_millis(250),
             forget_after: AgentConfig::default().forget_after,
             request_timeout: None,
@@ -245,6 +247,17 @@ impl AgentBuilder {
         self
     }
 
+    /// How many publisher lanes [`Agent::check_from`](crate::Agent::check_from)
+    /// keeps (default 4 096, 16 bytes each, made at its first call): one
+    /// per (account, op, publisher) in use under a factor, so that
+    /// publishers sharing an account each keep their share. Past it,
+    /// publishers share lanes, which costs fairness only. 1 to 2^20,
+    /// rounded up to a power of two.
+    pub fn publisher_lanes(mut self, lanes: usize) -> Self {
+        self.publisher_lanes = lanes;
+        self
+    }
+
     /// Sparse hints (default on): a pair of sparse costly operations that
     /// saw more of them than chance allows, too few for this agent alone
     /// to call a surge, is hinted to its master, which polls every agent
@@ -329,6 +342,7 @@ impl AgentBuilder {
         config.pace = self.pace;
         config.freeze_sparse = self.freeze_sparse;
         config.sparse_hints = self.sparse_hints;
+        config.publisher_lanes = self.publisher_lanes;
         // A pair `check` creates is young: the round peeks at it from the
         // moment the driver, woken here, shows it to the round.
         let young = Arc::new(tokio::sync::Notify::new());
@@ -394,6 +408,12 @@ impl AgentBuilder {
                 reason: "must be at least 1",
             });
         }
+        if !(1..=MAX_PUBLISHER_LANES).contains(&self.publisher_lanes) {
+            return Err(AgentError::Invalid {
+                field: "publisher_lanes",
+                reason: "must be 1 to 1 048 576",
+            });
+        }
         if self.max_entries_per_request == 0 {
             return Err(AgentError::Invalid {
                 field: "max_entries_per_request",
@@ -421,6 +441,9 @@ impl AgentBuilder {
 /// Checks the masters' addresses (or DNS name), naming what is wrong;
 /// addresses come back bare (`host:port`, see
 /// [`parse_member`](damper_core::ring::parse_member)).
+/// The most publisher lanes an agent keeps (16 MiB).
+const MAX_PUBLISHER_LANES: usize = 1 << 20;
+
 fn validate_masters(masters: Masters) -> Result<Masters, AgentError> {
     if let Masters::Static(list) = &masters {
         if list.is_empty() {

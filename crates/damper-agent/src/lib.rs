@@ -66,7 +66,7 @@ use tokio::task::JoinHandle;
 
 pub use builder::{AgentBuilder, AgentError, AgentTls, Masters};
 pub use damper_core::agent::{
-    Admitted, Decision, RejectSource, Rejection, Standing, implied_demand,
+    Admitted, Decision, Publisher, RejectSource, Rejection, Standing, implied_demand,
 };
 pub use signal::stop_signal;
 use stats::Stats;
@@ -167,13 +167,36 @@ impl Agent {
             .shared
             .state
             .check(now, account, op, cost, &mut ThreadRng);
+        self.count_shadow(&decision, cost);
+        decision
+    }
+
+    /// [`check`](Self::check) for an operation `publisher` sent (the
+    /// connection or client, as the node knows it): publishers sharing
+    /// an account each keep their share of what it admits, however their
+    /// operations interleave, a costly publisher beside cheap ones
+    /// included (see [`AgentState::check_from`]). What the account admits
+    /// in all is what `check` would admit.
+    #[inline]
+    pub fn check_from(&self, account: &str, op: &str, cost: u64, publisher: Publisher) -> Decision {
+        let now = self.shared.clock.now();
+        let decision =
+            self.shared
+                .state
+                .check_from(now, account, op, cost, publisher, &mut ThreadRng);
+        self.count_shadow(&decision, cost);
+        decision
+    }
+
+    /// Counts what a limit in shadow would have refused.
+    #[inline]
+    fn count_shadow(&self, decision: &Decision, cost: u64) {
         if decision.shadow_refusal().is_some() {
             self.shared
                 .stats
                 .would_reject_cost
                 .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
         }
-        decision
     }
 
     /// The agent's coarse clock (updated every millisecond by a shared

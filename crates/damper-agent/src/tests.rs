@@ -49,6 +49,14 @@ fn bad_settings_are_refused_with_the_reason() {
         err.to_string().contains("forget_after") && err.to_string().contains("rollup interval"),
         "{err}"
     );
+    for lanes in [0, (1 << 20) + 1] {
+        let err = Agent::builder()
+            .masters(["m:1"])
+            .publisher_lanes(lanes)
+            .start()
+            .unwrap_err();
+        assert!(err.to_string().contains("publisher_lanes"), "{err}");
+    }
     // Valid settings, but no runtime to run the rollup task on.
     assert_eq!(
         Agent::builder().masters(["m:1"]).start().unwrap_err(),
@@ -71,6 +79,15 @@ async fn a_dead_master_never_slows_or_fails_checks() {
             admitted += u32::from(agent.check("acme", "messages", 1).is_admit());
         }
         tokio::task::yield_now().await;
+    }
+    // Publishers named, the same.
+    for publisher in 0..1_000 {
+        checks += 1;
+        admitted += u32::from(
+            agent
+                .check_from("acme", "messages", 1, Publisher::new(publisher))
+                .is_admit(),
+        );
     }
     // Fail open: four rollup intervals of failures, nothing rejected.
     assert!(checks > 10_000);

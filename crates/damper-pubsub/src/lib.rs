@@ -8,9 +8,11 @@
 //!
 //! 1. the connection's token bucket (`connection_rate_limited`),
 //! 2. the channel's token bucket (`channel_rate_limited`),
-//! 3. the account-wide limit, `agent.check(account, "messages", 1 +
-//!    subscribers)` (`account_rate_limited`): the publish costs one for the
-//!    inbound message and one per delivery.
+//! 3. the account-wide limit, `agent.check_from(account, "messages", 1 +
+//!    subscribers, connection)` (`account_rate_limited`): the publish
+//!    costs one for the inbound message and one per delivery, and the
+//!    connection is its publisher, so connections sharing an account each
+//!    keep their share of it.
 //!
 //! An admitted message is delivered to every subscriber of the channel on
 //! this node, and the publisher gets an `ack` carrying the subscriber count.

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use damper_agent::local::{BucketConfig, Reduced, TokenBuckets};
-use damper_agent::{Agent, Decision};
+use damper_agent::{Agent, Decision, Publisher};
 use damper_core::wire::validate_name;
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc};
@@ -212,7 +212,11 @@ impl Node {
         let subs = s.subscriptions.read().unwrap_or_else(|e| e.into_inner());
         let subscribers = subs.get(&key);
         let fanout = subscribers.map_or(0, |c| c.len() as u64);
-        let decision = s.agent.check(account, OP, 1 + fanout);
+        // The connection is the publisher: connections sharing an account
+        // each keep their share of what it may publish.
+        let decision = s
+            .agent
+            .check_from(account, OP, 1 + fanout, Publisher::new(connection));
         if decision.shadow_refusal().is_some() {
             s.stats.would_reject_account.fetch_add(1, Relaxed);
         }

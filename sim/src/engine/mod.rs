@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-use damper_core::agent::{AgentConfig, AgentState, YOUNG_PEEK_AFTER};
+use damper_core::agent::{AgentConfig, AgentState, Publisher, YOUNG_PEEK_AFTER};
 use damper_core::round::{AgentRound, Message, RequestId, RoundConfig, RoundEvent, Transmit};
 use damper_core::time::Nanos;
 use damper_core::wire::Reply;
@@ -232,12 +232,22 @@ impl<M: Masters> Sim<M> {
             })
             .collect();
         let pairs = pair_ranks(&scenario.traffic);
+        // Items that share their (account, op) are its publishers, and say
+        // so to their agents (`check_from`), as a node that knows who
+        // publishes does.
+        let mut items_of_pair =
+            vec![0u32; pairs.iter().map(|&p| p as usize + 1).max().unwrap_or(0)];
+        for &pair in &pairs {
+            items_of_pair[pair as usize] += 1;
+        }
         let items: Vec<Item> = scenario
             .traffic
             .iter()
             .zip(pairs)
-            .map(|(t, pair)| Item {
+            .enumerate()
+            .map(|(i, (t, pair))| Item {
                 pair,
+                publisher: (items_of_pair[pair as usize] > 1).then(|| Publisher::new(i as u64)),
                 limit: scenario
                     .master
                     .limits

@@ -3,7 +3,7 @@
 //! [`AgentState::check_batch`](damper_core::agent::AgentState::check_batch),
 //! the same decision as `check`; each simulated second is recorded.
 
-use damper_core::agent::Hold;
+use damper_core::agent::{Hold, Publisher};
 use damper_core::time::Nanos;
 use rand::RngExt;
 use rand::rngs::SmallRng;
@@ -19,6 +19,9 @@ pub(super) struct Item {
     /// in (account, op) order: batches are grouped and ordered by it, as
     /// by the names, without comparing strings each step.
     pub(super) pair: u32,
+    /// Who it is to its agents, when its (account, op) has other items:
+    /// publishers sharing an account, each decided on its own lane.
+    pub(super) publisher: Option<Publisher>,
     pub(super) limit: Option<f64>,
     /// Fraction of an operation carried to the next step (uniform arrivals).
     pub(super) carry: f64,
@@ -303,15 +306,21 @@ impl Decider<'_> {
     fn decide_alone(&mut self, hold: &Hold<'_>, batch: Batch) {
         let item = &mut self.items[batch.item];
         let cost = item.traffic.cost;
-        let admitted = hold.check_batch_at(
-            self.now,
-            &item.traffic.account,
-            &item.traffic.op,
-            cost,
-            batch.count,
-            &mut *self.rng,
-            &mut self.near[batch.pos as usize],
-        );
+        let (account, op) = (&item.traffic.account, &item.traffic.op);
+        let near = &mut self.near[batch.pos as usize];
+        let admitted = match item.publisher {
+            None => hold.check_batch_at(self.now, account, op, cost, batch.count, self.rng, near),
+            Some(publisher) => hold.check_batch_from_at(
+                self.now,
+                account,
+                op,
+                cost,
+                batch.count,
+                publisher,
+                self.rng,
+                near,
+            ),
+        };
         item.attempted += batch.count * cost;
         item.admitted += admitted * cost;
     }

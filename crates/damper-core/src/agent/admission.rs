@@ -51,13 +51,13 @@ pub const ADMISSION_BAND: f64 = 8.0;
 /// Fixed point of the credit: `2^24` units per unit of cost. The share kept
 /// is rounded to this step too (an error of 6·10⁻⁸), and then every update
 /// is exact in integers.
-const SHIFT: u32 = 24;
-const SCALE: f64 = (1u64 << SHIFT) as f64;
+pub(super) const SHIFT: u32 = 24;
+pub(super) const SCALE: f64 = (1u64 << SHIFT) as f64;
 
 /// Costs above this are decided by an independent draw and leave the
 /// credit alone, so that the credit (`±(B + 1)` such costs in fixed point)
 /// stays inside an `i64`. No real operation costs 2^34.
-const MAX_CREDITED_COST: u64 = 1 << 34;
+pub(super) const MAX_CREDITED_COST: u64 = 1 << 34;
 
 /// The most the credit of a pair whose operations each cost at most `cost`
 /// strays from zero while one factor (`a` kept) is in force, in cost:

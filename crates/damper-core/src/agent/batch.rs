@@ -6,6 +6,7 @@
 
 use rand::Rng;
 
+use super::publisher::{ByPublisher, Publisher};
 use super::table::Pinned;
 use super::{AgentState, factor_of, reportable};
 use crate::Pair;
@@ -54,6 +55,40 @@ impl Hold<'_> {
         rng: &mut R,
         at: &mut u32,
     ) -> u64 {
+        self.check_batch_by(now, account, op, cost, n, None, rng, at)
+    }
+
+    /// [`check_batch_at`](Self::check_batch_at) for `n` operations that
+    /// `publisher` sent in a row, as `n` calls of
+    /// [`AgentState::check_from`] would decide them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_batch_from_at<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        n: u64,
+        publisher: Publisher,
+        rng: &mut R,
+        at: &mut u32,
+    ) -> u64 {
+        let lanes = Some((self.state.lanes(), publisher));
+        self.check_batch_by(now, account, op, cost, n, lanes, rng, at)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_batch_by<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        n: u64,
+        publisher: ByPublisher<'_>,
+        rng: &mut R,
+        at: &mut u32,
+    ) -> u64 {
         if cost == 0 || n == 0 || !reportable(account) || !reportable(op) {
             return n;
         }
@@ -68,7 +103,7 @@ impl Hold<'_> {
         entry.seed_quantum(cost);
         let (mut left, mut admitted) = (n, 0);
         while left > 0 {
-            let (decided, yes) = entry.decide_batch(now, cost, left, rng, &state.config);
+            let (decided, yes) = entry.decide_batch(now, cost, left, rng, &state.config, publisher);
             for (admit, count) in [(true, yes), (false, decided - yes)] {
                 if count != 0 {
                     state.count(

@@ -13,6 +13,7 @@ use rand::Rng;
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
+use super::publisher::{self, ByPublisher, Share};
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -403,6 +404,8 @@ impl Entry {
     /// [`admission`] rule (by the frozen probability while the master's
     /// factor applies with one, see [`frozen`](super::frozen); with
     /// `low_noise` off, by an independent draw).
+    /// With a `publisher`, its lane leans the draw towards its own share
+    /// (see [`publisher`](super::publisher)).
     #[inline]
     fn admits<R: Rng + ?Sized>(
         &self,
@@ -411,6 +414,7 @@ impl Entry {
         cost: u64,
         rng: &mut R,
         low_noise: bool,
+        publisher: ByPublisher<'_>,
     ) -> bool {
         if bits == 0 {
             return true;
@@ -420,7 +424,34 @@ impl Entry {
         if !low_noise {
             return admission::independent(keep, draw);
         }
-        keep > 0.0 && admission::decide(&self.credit, keep, in_force.frozen(bits), cost, draw)
+        let frozen = in_force.frozen(bits);
+        keep > 0.0
+            && match publisher {
+                None => admission::decide(&self.credit, keep, frozen, cost, draw),
+                Some((lanes, publisher)) => {
+                    let lane = lanes.lane(self.slot(), publisher);
+                    let share = self.lane_share(frozen);
+                    publisher::decide_as(&self.credit, lane, share, keep, frozen, cost, draw)
+                }
+            }
+    }
+
+    /// What a publisher's lane holds it to on this pair (see
+    /// [`publisher`](super::publisher)): the pair's share while its credit
+    /// follows the share, what the pair offers while it is paced or
+    /// `frozen`.
+    fn lane_share(&self, frozen: Option<f64>) -> Share {
+        if frozen.is_some() || self.scanned(PACED) {
+            Share::Offered
+        } else {
+            Share::Kept
+        }
+    }
+
+    /// Where this entry's slot is: a key for its publisher lanes (slots
+    /// never move while they hold the pair).
+    fn slot(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// The decision for one operation of `cost`; the caller counts it.
@@ -431,6 +462,7 @@ impl Entry {
         cost: u64,
         rng: &mut R,
         config: &AgentConfig,
+        publisher: ByPublisher<'_>,
     ) -> Decision {
         let in_force = self.in_force(now.as_nanos(), cost, config);
         let InForce {
@@ -442,7 +474,7 @@ impl Entry {
             ..
         } = in_force;
         let bits = master.max(local);
-        if self.admits(bits, &in_force, cost, rng, config.low_noise) {
+        if self.admits(bits, &in_force, cost, rng, config.low_noise, publisher) {
             return Decision::Admit(Admitted {
                 would_reject: None,
                 utilisation,
@@ -486,6 +518,7 @@ impl Entry {
         n: u64,
         rng: &mut R,
         config: &AgentConfig,
+        publisher: ByPublisher<'_>,
     ) -> (u64, u64) {
         let in_force = self.in_force(now.as_nanos(), cost, config);
         let n = self.ops_in_force(now.as_nanos(), &in_force, cost, n, config);
@@ -502,21 +535,29 @@ impl Entry {
         if shadow {
             // Drawn all the same, so the admission credit moves as it would.
             (0..n).for_each(|_| {
-                self.admits(bits, &in_force, cost, rng, config.low_noise);
+                self.admits(bits, &in_force, cost, rng, config.low_noise, publisher);
             });
             return (n, n);
         }
         let keep = 1.0 - factor_of(bits);
         if !config.low_noise || keep <= 0.0 {
             let admitted = (0..n)
-                .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise))
+                .filter(|_| self.admits(bits, &in_force, cost, rng, config.low_noise, publisher))
                 .count() as u64;
             return (n, admitted);
         }
         // What `admits` decides one by one, the credit held in a register.
         let frozen = in_force.frozen(bits);
-        let admitted =
-            admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32());
+        let admitted = match publisher {
+            None => admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32()),
+            Some((lanes, publisher)) => {
+                let lane = lanes.lane(self.slot(), publisher);
+                let share = self.lane_share(frozen);
+                publisher::decide_many_as(&self.credit, lane, share, keep, frozen, cost, n, || {
+                    rng.next_u32()
+                })
+            }
+        };
         (n, admitted)
     }
 

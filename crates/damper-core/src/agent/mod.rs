@@ -67,6 +67,9 @@
 //! - `pace`: the credit of a deeply suppressed pair following the share
 //!   of the rate its agent told the master, at each sub-window's end.
 //! - `peek`: what a pair stands at, counting nothing ([`AgentState::peek`]).
+//! - `publisher`: publisher lanes, a credit per (pair, publisher) so that
+//!   publishers sharing an account each keep their share
+//!   ([`AgentState::check_from`]).
 //! - `poll`: answering a master's poll of a pair whose sparse traffic
 //!   several agents hinted at ([`AgentState::answer_polls`],
 //!   [`AgentState::report_polls`]).
@@ -90,6 +93,7 @@ mod owned;
 mod pace;
 mod peek;
 mod poll;
+mod publisher;
 mod surge;
 mod table;
 mod young;
@@ -99,7 +103,7 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
     fence,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rand::Rng;
@@ -118,6 +122,7 @@ pub use hint::{
 pub use pace::{DENSE_MARGIN, DENSE_PACE_FROM, PACE_FROM, PACE_SLACK, paced_under};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};
+pub use publisher::{PUBLISHER_BAND, Publisher, publisher_bound};
 pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };
@@ -189,6 +194,14 @@ pub struct AgentConfig {
     /// when several hint at once (see `hint` and `docs/design.md`). Needs
     /// `fast_onset`. Off only to measure the difference. Default on.
     pub sparse_hints: bool,
+    /// How many publisher lanes [`AgentState::check_from`] keeps, rounded
+    /// up to a power of two: one credit per (pair, publisher) in use under
+    /// a factor, so that publishers sharing an account each keep their
+    /// share (see `publisher` and `docs/design.md`). A fixed table of 16
+    /// bytes a lane, made at the first `check_from`; lanes past it are
+    /// shared, which costs fairness, not the pair's precision. Default
+    /// 4 096 (64 KiB).
+    pub publisher_lanes: usize,
 }
 
 impl Default for AgentConfig {
@@ -203,6 +216,7 @@ impl Default for AgentConfig {
             freeze_sparse: true,
             young_peeks: true,
             sparse_hints: true,
+            publisher_lanes: 4096,
         }
     }
 }
@@ -406,6 +420,9 @@ pub struct AgentState {
     /// Told when the first young pair arrives (see
     /// [`with_young_hook`](Self::with_young_hook)).
     young_hook: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Publisher lanes, made at the first [`check_from`](Self::check_from):
+    /// a node that never names publishers pays nothing for them.
+    lanes: OnceLock<publisher::Lanes>,
 }
 
 impl std::fmt::Debug for AgentState {
@@ -436,6 +453,7 @@ impl AgentState {
             young: Mutex::default(),
             polled: Mutex::default(),
             young_hook: None,
+            lanes: OnceLock::new(),
         }
     }
 
@@ -477,6 +495,48 @@ impl AgentState {
         cost: u64,
         rng: &mut R,
     ) -> Decision {
+        self.check_by(now, account, op, cost, rng, None)
+    }
+
+    /// [`check`](Self::check) for an operation that `publisher` sent. On a
+    /// pair several publishers share (connections publishing to one
+    /// account), each keeps its share of what the pair admits, within
+    /// [`publisher_bound`] of one operation's cost, however their
+    /// operations interleave: a costly publisher beside cheap ones, or
+    /// publishers taking turns, are neither favoured nor starved. The
+    /// pair's admitted cost is what `check` would admit. Costs a lookup in
+    /// a fixed table of lanes and one more atomic add, only while a factor
+    /// is in force (see `docs/design.md`, "Publisher lanes").
+    #[inline]
+    pub fn check_from<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        publisher: Publisher,
+        rng: &mut R,
+    ) -> Decision {
+        let lanes = self.lanes();
+        self.check_by(now, account, op, cost, rng, Some((lanes, publisher)))
+    }
+
+    /// The agent's publisher lanes, made at the first call.
+    fn lanes(&self) -> &publisher::Lanes {
+        self.lanes
+            .get_or_init(|| publisher::Lanes::new(self.config.publisher_lanes))
+    }
+
+    #[inline(always)]
+    fn check_by<R: Rng + ?Sized>(
+        &self,
+        now: Nanos,
+        account: &str,
+        op: &str,
+        cost: u64,
+        rng: &mut R,
+        publisher: publisher::ByPublisher<'_>,
+    ) -> Decision {
         if cost == 0 {
             return Decision::Admit(Admitted::PLAIN);
         }
@@ -488,7 +548,7 @@ impl AgentState {
                 None => return Decision::Admit(Admitted::PLAIN),
             },
         };
-        let decision = entry.decide(now, cost, rng, &self.config);
+        let decision = entry.decide(now, cost, rng, &self.config, publisher);
         self.count(now, account, op, entry, decision.is_admit(), cost, &pinned);
         decision
     }

@@ -1273,3 +1273,63 @@ fn a_reply_applied_by_place_gives_each_pair_its_own_verdict() {
     }
     assert_eq!(drained(&by_name), drained(&by_place));
 }
+
+#[test]
+fn publishers_named_to_check_from_each_keep_their_share() {
+    // A costly publisher (cost 51) and a cheap one (cost 1) share `acme`
+    // under a factor of 0.8, the cheap one sending 50 times as often: by
+    // `check_from` each keeps a fifth of its attempted cost to within its
+    // lane's bound, and the pair admits what `check` would (a fifth, within
+    // the pair's bound widened by the lanes'). The limit is far above the
+    // traffic, so the local guard leaves the master's factor alone.
+    let agent = AgentState::new(AgentConfig::default());
+    agent.apply(t(0), "acme", "messages", 0.8, 1e9, Duration::from_secs(600));
+    let mut rng = SmallRng::seed_from_u64(4);
+    let (costly, cheap) = (Publisher::new(7), Publisher::new(8));
+    let (mut kept, mut tried) = ([0u64; 2], [0u64; 2]);
+    for k in 0..100_000u64 {
+        let (who, publisher, cost) = if k % 51 == 0 {
+            (0, costly, 51)
+        } else {
+            (1, cheap, 1)
+        };
+        tried[who] += cost;
+        if agent
+            .check_from(t(k / 100), "acme", "messages", cost, publisher, &mut rng)
+            .is_admit()
+        {
+            kept[who] += cost;
+        }
+    }
+    for who in 0..2 {
+        let share = 0.2 * tried[who] as f64;
+        assert!(
+            (kept[who] as f64 - share).abs() <= 2.0 * publisher_bound(51.0),
+            "publisher {who} kept {} of {share}",
+            kept[who]
+        );
+    }
+    let all = 0.2 * (tried[0] + tried[1]) as f64;
+    let widened = credit_bound(51.0) + 2.0 * publisher_bound(51.0);
+    assert!(((kept[0] + kept[1]) as f64 - all).abs() <= widened);
+}
+
+#[test]
+fn check_from_admits_and_counts_as_check_does_with_no_factor() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    for publisher in 0..5 {
+        let decision = agent.check_from(
+            t(0),
+            "acme",
+            "messages",
+            3,
+            Publisher::new(publisher),
+            &mut rng,
+        );
+        assert!(decision.is_admit());
+    }
+    let drained = drained(&agent);
+    assert_eq!(drained.len(), 1);
+    assert_eq!((drained[0].2.attempted, drained[0].2.admitted), (15, 15));
+}

@@ -39,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             account: format!("acct-{n:06}"),
                             op: "messages".into(),
                             cost: Some(1),
+                            publisher: None,
                         }
                     })
                     .collect();

@@ -225,7 +225,7 @@ impl EnvoyService {
         for ask in &asks {
             statuses.push(match *ask {
                 Ask::Check { account, op, cost } => {
-                    let v = self.sidecar.decide(account, op, cost);
+                    let v = self.sidecar.decide(account, op, cost, None);
                     decided.push((op, v));
                     let code = if v.admitted {
                         Code::Ok

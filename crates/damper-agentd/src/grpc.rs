@@ -13,7 +13,7 @@ use damper_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::Sidecar;
-use crate::verdict::{BadInput, Reason, Verdict, validate};
+use crate::verdict::{BadInput, Reason, Verdict, validate, validate_publisher};
 
 /// The service, over a [`Sidecar`].
 #[derive(Clone, Debug)]
@@ -65,7 +65,12 @@ impl Check for CheckService {
         let c = request.into_inner();
         let verdict = self
             .sidecar
-            .check(&c.account, &c.op, c.cost.unwrap_or(1))
+            .check(
+                &c.account,
+                &c.op,
+                c.cost.unwrap_or(1),
+                c.publisher.as_deref(),
+            )
             .map_err(invalid)?;
         crate::metrics::request("grpc", "ok");
         Ok(Response::new(reply(verdict)))
@@ -86,11 +91,19 @@ impl Check for CheckService {
         }
         // All or nothing: every name is checked before anything is counted.
         for (i, c) in checks.iter().enumerate() {
-            validate(&c.account, &c.op).map_err(|e| invalid(e.within(&format!("checks[{i}]."))))?;
+            validate(&c.account, &c.op)
+                .and_then(|()| validate_publisher(c.publisher.as_deref()))
+                .map_err(|e| invalid(e.within(&format!("checks[{i}]."))))?;
         }
         let replies = checks
             .iter()
-            .map(|c| reply(self.sidecar.decide(&c.account, &c.op, c.cost.unwrap_or(1))))
+            .map(|c| {
+                let cost = c.cost.unwrap_or(1);
+                reply(
+                    self.sidecar
+                        .decide(&c.account, &c.op, cost, c.publisher.as_deref()),
+                )
+            })
             .collect();
         crate::metrics::request("grpc", "ok");
         Ok(Response::new(CheckManyReply { replies }))

@@ -3,9 +3,10 @@
 //! refusing what the masters would refuse (bad names) so that nothing
 //! malformed is counted.
 
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use damper_agent::{Decision, RejectSource, Standing};
+use damper_agent::{Decision, Publisher, RejectSource, Standing};
 use damper_core::MAX_NAME_LEN;
 use damper_core::wire::{ReportError, validate_name};
 
@@ -122,16 +123,37 @@ pub fn name(field: &str, value: &str) -> Result<(), BadInput> {
 
 impl Sidecar {
     /// Checks the names, then decides one operation of `cost` and counts
-    /// it, as [`damper_agent::Agent::check`] does. A cost of 0 is admitted
-    /// and not counted.
-    pub fn check(&self, account: &str, op: &str, cost: u64) -> Result<Verdict, BadInput> {
+    /// it, as [`damper_agent::Agent::check`] does, or, when the client
+    /// names its `publisher`, as [`damper_agent::Agent::check_from`] does
+    /// (publishers of one account each keep their share). A cost of 0 is
+    /// admitted and not counted.
+    pub fn check(
+        &self,
+        account: &str,
+        op: &str,
+        cost: u64,
+        publisher: Option<&str>,
+    ) -> Result<Verdict, BadInput> {
         validate(account, op)?;
-        Ok(self.decide(account, op, cost))
+        validate_publisher(publisher)?;
+        Ok(self.decide(account, op, cost, publisher))
     }
 
-    /// Decides names already checked with [`validate`].
-    pub(crate) fn decide(&self, account: &str, op: &str, cost: u64) -> Verdict {
-        let decision = self.agent().check(account, op, cost);
+    /// Decides names already checked with [`validate`] and
+    /// [`validate_publisher`].
+    pub(crate) fn decide(
+        &self,
+        account: &str,
+        op: &str,
+        cost: u64,
+        publisher: Option<&str>,
+    ) -> Verdict {
+        let decision = match publisher {
+            None => self.agent().check(account, op, cost),
+            Some(name) => self
+                .agent()
+                .check_from(account, op, cost, publisher_of(name)),
+        };
         let verdict = match decision {
             Decision::Reject(r) => Verdict {
                 admitted: false,
@@ -188,4 +210,19 @@ impl Sidecar {
 pub fn validate(account: &str, op: &str) -> Result<(), BadInput> {
     name("account", account)?;
     name("op", op)
+}
+
+/// Checks a publisher's name, when one is given: 1 to 256 bytes, as an
+/// account's.
+pub fn validate_publisher(publisher: Option<&str>) -> Result<(), BadInput> {
+    publisher.map_or(Ok(()), |p| name("publisher", p))
+}
+
+/// The agent's key for the publisher a client names: a hash of the name,
+/// the same for the same name for the life of the process (publishers
+/// whose names collide share a lane, which costs fairness only).
+fn publisher_of(name: &str) -> Publisher {
+    let mut hasher = std::hash::DefaultHasher::new();
+    name.hash(&mut hasher);
+    Publisher::new(hasher.finish())
 }

@@ -3,7 +3,7 @@
 //!
 //! | command | reply |
 //! |---|---|
-//! | `DAMPER.CHECK account op [cost]` | `[admitted 0\|1, factor, retry_after_ms, limit]` (kept at four: clients unpack it) |
+//! | `DAMPER.CHECK account op [cost [FROM publisher]]` | `[admitted 0\|1, factor, retry_after_ms, limit]` (kept at four: clients unpack it); `FROM` names who sent it, so publishers of one account each keep their share |
 //! | `DAMPER.PEEK account op` | `[factor, limit, reason]`, counting nothing |
 //! | `PING [message]`, `ECHO message` | as Redis |
 //! | `HELLO [2\|3 [SETNAME name]]` | the server's description; switches RESP2/RESP3 |
@@ -29,6 +29,8 @@ pub enum Command<'a> {
         op: &'a str,
         /// The cost (default 1).
         cost: u64,
+        /// Who sent it (`FROM publisher`), when the client says.
+        publisher: Option<&'a str>,
     },
     /// `DAMPER.PEEK`.
     Peek {
@@ -138,13 +140,21 @@ impl<'a> Command<'a> {
         let upper = name.to_ascii_uppercase();
         Ok(match upper.as_str() {
             "DAMPER.CHECK" => {
-                if !(3..=4).contains(&n) {
+                if !matches!(n, 3 | 4 | 6) {
                     return Err(arity(&name));
+                }
+                if n == 6 && !arg(4).eq_ignore_ascii_case(b"FROM") {
+                    return Err(err("syntax error: expected FROM publisher after the cost"));
                 }
                 Command::Check {
                     account: utf8("account", arg(1))?,
                     op: utf8("op", arg(2))?,
-                    cost: if n == 4 { cost(arg(3))? } else { 1 },
+                    cost: if n >= 4 { cost(arg(3))? } else { 1 },
+                    publisher: if n == 6 {
+                        Some(utf8("publisher", arg(5))?)
+                    } else {
+                        None
+                    },
                 }
             }
             "DAMPER.PEEK" => {
@@ -313,7 +323,8 @@ mod tests {
             Command::Check {
                 account: "acme",
                 op: "messages",
-                cost: 1001
+                cost: 1001,
+                publisher: None,
             }
         );
         assert_eq!(
@@ -321,7 +332,17 @@ mod tests {
             Command::Check {
                 account: "acme",
                 op: "messages",
-                cost: 1
+                cost: 1,
+                publisher: None,
+            }
+        );
+        assert_eq!(
+            parse("DAMPER.CHECK acme messages 51 from conn-7\n").unwrap(),
+            Command::Check {
+                account: "acme",
+                op: "messages",
+                cost: 51,
+                publisher: Some("conn-7"),
             }
         );
         assert_eq!(
@@ -341,6 +362,12 @@ mod tests {
                 "ERR wrong number of arguments for 'damper.check' command",
             ),
             ("DAMPER.CHECK a b 1 2\n", "wrong number of arguments"),
+            ("DAMPER.CHECK a b 1 FROM\n", "wrong number of arguments"),
+            (
+                "DAMPER.CHECK a b 1 BY p\n",
+                "ERR syntax error: expected FROM",
+            ),
+            ("DAMPER.CHECK a b x FROM p\n", "ERR cost:"),
             (
                 "DAMPER.CHECK a b -1\n",
                 "ERR cost: not a non-negative integer",

@@ -276,7 +276,12 @@ impl Session {
         };
         crate::metrics::request("resp", "ok");
         let reply = match command {
-            Command::Check { account, op, cost } => match self.sidecar.check(account, op, cost) {
+            Command::Check {
+                account,
+                op,
+                cost,
+                publisher,
+            } => match self.sidecar.check(account, op, cost, publisher) {
                 Ok(v) => Reply::Array(vec![
                     Reply::Int(i64::from(v.admitted)),
                     Reply::Double(v.factor),

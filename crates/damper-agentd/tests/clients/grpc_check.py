@@ -35,6 +35,10 @@ many = stub.CheckMany(pb.CheckManyRequest(checks=[
 assert [r.admitted for r in many.replies] == [True, True, True], many
 assert many.replies[2].limit == 0.0, many.replies[2]
 
+# Publishers named: decided on their own lanes, the same verdicts here.
+named = stub.Check(pb.CheckRequest(account="calm", op="messages", cost=2, publisher="conn-7"), timeout=5)
+assert named.admitted and named.limit == 1000.0, named
+
 # Bad input: INVALID_ARGUMENT naming the field.
 for call, request, says in [
     (stub.Check, pb.CheckRequest(account="", op="messages"), "account is empty"),
@@ -43,6 +47,9 @@ for call, request, says in [
                                                   pb.CheckRequest(account="", op="m")]),
      "checks[1].account is empty"),
     (stub.Peek, pb.PeekRequest(account="calm", op=""), "op is empty"),
+    (stub.Check, pb.CheckRequest(account="calm", op="messages", publisher=""), "publisher is empty"),
+    (stub.CheckMany, pb.CheckManyRequest(checks=[pb.CheckRequest(account="a", op="m", publisher="p" * 300)]),
+     "checks[0].publisher is 300 bytes long"),
 ]:
     try:
         call(request, timeout=5)

@@ -37,8 +37,14 @@ for i in range(500):
 replies = pipe.execute()
 assert len(replies) == 500 and all(r[0] == 1 for r in replies), replies[:3]
 
+# A publisher named with FROM: decided on its own lane.
+assert r2.execute_command("DAMPER.CHECK", "calm", "messages", 2, "FROM", "conn-7")[0] == 1
+
 # Bad input: a precise error, the connection kept, nothing counted.
 for args, says in [
+    (["DAMPER.CHECK", "calm", "messages", 1, "FROM"], "wrong number of arguments"),
+    (["DAMPER.CHECK", "calm", "messages", 1, "BY", "conn-7"], "syntax error: expected FROM publisher"),
+    (["DAMPER.CHECK", "calm", "messages", 1, "FROM", ""], "publisher is empty"),
     (["DAMPER.CHECK", "calm"], "wrong number of arguments for 'damper.check' command"),
     (["DAMPER.CHECK", "calm", "messages", -1], "cost: not a non-negative integer"),
     (["DAMPER.CHECK", "calm", "messages", "1.5"], "cost: not a non-negative integer"),

@@ -687,6 +687,7 @@ impl Entry {
         {
             return self.local_factor.load(Relaxed);
         }
+        self.sample_quantum(cost);
         let total = self.attempted_total();
         // Only the check that won the window writes the base (see `owned`).
         let base = self.local_base.replace(total);
@@ -775,6 +776,23 @@ impl Entry {
         if self.quantum.load(Relaxed) == 0 {
             let seeded = super::surge::Quantum::seeded(cost);
             let _ = self.quantum.compare_exchange(0, seeded.0, Relaxed, Relaxed);
+        }
+    }
+
+    /// Shows the scans' cost of one operation ([`Quantum::sample`]) the
+    /// cost of the operation that closed a local guard's window: once a
+    /// window per pair, off `check`'s path for the other operations. One
+    /// attempt: a scan that wrote meanwhile wins, and the next window's
+    /// sample comes soon.
+    ///
+    /// [`Quantum::sample`]: super::surge::Quantum::sample
+    fn sample_quantum(&self, cost: u64) {
+        let known = self.quantum.load(Relaxed);
+        let sampled = super::surge::Quantum(known).sample(cost).0;
+        if sampled != known {
+            let _ = self
+                .quantum
+                .compare_exchange(known, sampled, Relaxed, Relaxed);
         }
     }
 

@@ -234,8 +234,9 @@ pub fn counting_noise(quantum: u32, baseline: f64, secs: f64) -> f64 {
 
 /// What the scans know of a pair's cost per operation, packed in 16 bits:
 /// the greatest common divisor of the costs of sub-windows that followed
-/// an empty one (14 bits; a lower bound beyond), and how many such
-/// sub-windows there were (2 bits, saturating).
+/// an empty one (13 bits; a lower bound beyond), whether its operations
+/// were seen to cost differently (1 bit, see [`sample`](Self::sample)),
+/// and how many such sub-windows there were (2 bits, saturating).
 ///
 /// Only sub-windows after an empty one teach it: those of sparse traffic
 /// hold one or a few operations, so their divisor is soon the cost of one;
@@ -247,8 +248,10 @@ pub fn counting_noise(quantum: u32, baseline: f64, secs: f64) -> f64 {
 pub(super) struct Quantum(pub(super) u16);
 
 impl Quantum {
-    const COST_BITS: u32 = 14;
+    const COST_BITS: u32 = 13;
     const MAX_COST: u32 = (1 << Self::COST_BITS) - 1;
+    const MIXED: u16 = 1 << Self::COST_BITS;
+    const SEEN_SHIFT: u32 = Self::COST_BITS + 1;
 
     /// What one operation of `cost` proves: the cost of one operation
     /// divides it. Trusted at once: a new pair's first sub-window is its
@@ -259,27 +262,54 @@ impl Quantum {
     /// of mixed costs.
     pub(super) fn seeded(cost: u64) -> Quantum {
         let divisor = cost.clamp(1, u64::from(Self::MAX_COST)) as u16;
-        Quantum((2 << Self::COST_BITS) | divisor)
+        Quantum((2 << Self::SEEN_SHIFT) | divisor)
     }
 
     /// Learns from a sub-window of `cost` (non-zero) that followed an
     /// empty one.
     pub(super) fn learn(self, cost: u32) -> Quantum {
-        let seen = (self.0 >> Self::COST_BITS).saturating_add(1).min(3);
+        let seen = (self.0 >> Self::SEEN_SHIFT).saturating_add(1).min(3);
         let known = u32::from(self.0) & Self::MAX_COST;
-        // Saturated: a cost beyond 14 bits stays the lower bound.
-        let divisor = if known == Self::MAX_COST && cost >= known {
+        // Saturated: a cost beyond 13 bits stays the lower bound. Mixed:
+        // the largest cost seen stands (see `sample`).
+        let divisor = if self.is_mixed() || (known == Self::MAX_COST && cost >= known) {
             known
         } else {
             gcd(known, cost).min(Self::MAX_COST)
         };
-        Quantum((seen << Self::COST_BITS) | divisor as u16)
+        Quantum((seen << Self::SEEN_SHIFT) | (self.0 & Self::MIXED) | divisor as u16)
+    }
+
+    /// Learns from one operation's own `cost` (the one that closed a local
+    /// guard's window, about one per window): once one costs other than
+    /// the divisor, the pair's operations cost differently, and its
+    /// divisor (1 for costs of 1 and 51) says nothing of how its count
+    /// swings. A sub-window's cost varies as the sum of its operations'
+    /// squared costs, which no scan sees; the largest cost seen stands for
+    /// one operation from then on, so such a pair's chance swings (two
+    /// operations of 51 in a sub-window that expected one) are weighed as
+    /// chance, not as a surge of dozens of operations of 1. A lower bound
+    /// of what a cautious count needs, reached within some seconds of
+    /// samples. A pair whose operations all cost the same never changes.
+    pub(super) fn sample(self, cost: u64) -> Quantum {
+        let known = u32::from(self.0) & Self::MAX_COST;
+        let cost = cost.clamp(1, u64::from(Self::MAX_COST)) as u32;
+        if self.cost() == 0 || cost == known {
+            return self;
+        }
+        let seen = self.0 & !(Self::MIXED | Self::MAX_COST as u16);
+        Quantum(seen | Self::MIXED | known.max(cost) as u16)
+    }
+
+    /// Whether operations of different costs were seen.
+    fn is_mixed(self) -> bool {
+        self.0 & Self::MIXED != 0
     }
 
     /// The cost of one operation, once two sub-windows have taught it; 0
     /// before.
     pub(super) fn cost(self) -> u32 {
-        if self.0 >> Self::COST_BITS >= 2 {
+        if self.0 >> Self::SEEN_SHIFT >= 2 {
             u32::from(self.0) & Self::MAX_COST
         } else {
             0
@@ -959,8 +989,52 @@ mod tests {
         assert_eq!(q.learn(150).cost(), 75);
         assert_eq!(
             Quantum::default().learn(1 << 20).learn(1 << 20).cost(),
-            (1 << 14) - 1
+            (1 << 13) - 1
         );
+    }
+
+    #[test]
+    fn an_operation_of_another_cost_makes_the_largest_stand_for_one() {
+        // All of one cost: samples change nothing, the divisor stands.
+        let single = Quantum::seeded(51).learn(102);
+        assert_eq!(single.sample(51), single);
+        assert_eq!(single.cost(), 51);
+        // Costs of 1 and 51: the divisor 1 says nothing of the swings;
+        // once a 51 is seen it stands, and sparse sub-windows (52, 1) no
+        // longer bring it down.
+        let mixed = Quantum::seeded(1).sample(51);
+        assert_eq!(mixed.cost(), 51);
+        assert_eq!(mixed.learn(52).learn(1).cost(), 51);
+        assert_eq!(mixed.sample(1).cost(), 51);
+        assert_eq!(mixed.sample(1_001).cost(), 1_001);
+        // Not trusted yet: nothing to correct.
+        assert_eq!(Quantum::default().sample(51), Quantum::default());
+    }
+
+    #[test]
+    fn a_pair_of_mixed_costs_learns_the_largest_from_its_guard_windows() {
+        // Cost 1 at 1 000/s with a cost of 51 every 0.2 s, for 5 s: the
+        // windows' closing operations show a 51 now and then.
+        let state = AgentState::new(AgentConfig::default());
+        let mut rng = SmallRng::seed_from_u64(1);
+        // Made by its first check (cost 1, which seeds the divisor), then
+        // answered: the local guard knows a limit and closes windows.
+        state.check(at(0), "acme", "messages", 1, &mut rng);
+        state.apply(
+            at(0),
+            "acme",
+            "messages",
+            0.0,
+            1e6,
+            Duration::from_secs(600),
+        );
+        for ms in 1..5_000 {
+            let cost = if ms % 200 == 0 { 51 } else { 1 };
+            state.check(at(ms), "acme", "messages", cost, &mut rng);
+        }
+        let pinned = state.pairs.pin();
+        let entry = pinned.find("acme", "messages").unwrap();
+        assert_eq!(entry.op_cost(), 51);
     }
 
     /// 5 000/s of cost 1 on `acme` over `ms`, in 10-ms steps.

@@ -298,6 +298,11 @@ impl Quantum {
             return self;
         }
         let seen = self.0 & !(Self::MIXED | Self::MAX_COST as u16);
+        if !self.is_mixed() && cost < known && known % cost == 0 {
+            // The sparse sub-windows held two or more each: one
+            // operation costs this, as far as anything shows yet.
+            return Quantum(seen | cost as u16);
+        }
         Quantum(seen | Self::MIXED | known.max(cost) as u16)
     }
 
@@ -1009,6 +1014,16 @@ mod tests {
         assert_eq!(mixed.sample(1_001).cost(), 1_001);
         // Not trusted yet: nothing to correct.
         assert_eq!(Quantum::default().sample(51), Quantum::default());
+        // Learnt from sparse sub-windows that each held two: one operation
+        // of half shows the divisor was coarse, not that costs differ.
+        let coarse = Quantum::default().learn(102).learn(102);
+        assert_eq!(coarse.cost(), 102);
+        assert_eq!(coarse.sample(51).cost(), 51);
+        assert_eq!(coarse.sample(51).sample(51), coarse.sample(51));
+        // Costs of 51 then 1 then 51: 1 first looks like the divisor, then
+        // the 51 shows the costs differ.
+        assert_eq!(Quantum::seeded(51).sample(1).cost(), 1);
+        assert_eq!(Quantum::seeded(51).sample(1).sample(51).cost(), 51);
     }
 
     #[test]

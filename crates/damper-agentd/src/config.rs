@@ -152,6 +152,10 @@ pub struct EnvoyConfig {
     /// The op a mapped descriptor is checked under when `op_key` does not
     /// say. Default: the request's `domain`.
     pub op: Option<String>,
+    /// The descriptor entry whose value names the publisher (a client id,
+    /// `remote_address`), when Envoy sends one: publishers of one account
+    /// then each keep their share of it (`check_from`). Default none.
+    pub publisher_key: Option<String>,
     /// What a descriptor without `account_key` gets. Default `allow`.
     pub unmapped: Unmapped,
     /// Whether responses carry `RateLimit-Policy`, `RateLimit` and
@@ -166,6 +170,7 @@ impl Default for EnvoyConfig {
             account_key: "tenant".into(),
             op_key: None,
             op: None,
+            publisher_key: None,
             unmapped: Unmapped::Allow,
             headers: true,
         }
@@ -330,6 +335,9 @@ impl Config {
         }
         if let Some(op) = &e.op {
             name("envoy.op", op)?;
+        }
+        if let Some(key) = &e.publisher_key {
+            name("envoy.publisher_key", key)?;
         }
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! the account is the value of the entry keyed `account_key` (`tenant` by
 //! default), the op the value of `op_key`'s entry, else `op`, else the
 //! request's domain; the cost is the descriptor's `hits_addend`, else the
-//! request's, else 1. Each mapped descriptor is decided like any check and
+//! request's, else 1; the publisher, when `publisher_key` is set, the value
+//! of its entry. Each mapped descriptor is decided like any check and
 //! gets its own status; the request is `OVER_LIMIT` if any descriptor is.
 //!
 //! What Damper does not take from Envoy: a descriptor's own `limit`
@@ -66,6 +67,8 @@ pub enum Ask<'a> {
         op: &'a str,
         /// The cost.
         cost: u64,
+        /// Who sent it: the value of `publisher_key`'s entry, if any.
+        publisher: Option<&'a str>,
     },
     /// The descriptor names no account.
     Unmapped,
@@ -115,7 +118,19 @@ pub fn map<'a>(
         Some(hits) => hits.value,
         None => u64::from(request_hits.max(1)),
     };
-    Ok(Ask::Check { account, op, cost })
+    let publisher = mapping
+        .publisher_key
+        .as_deref()
+        .and_then(|key| value(key).map(|publisher| (field(&format!("entries[{key}]")), publisher)));
+    if let Some((field, publisher)) = &publisher {
+        name(field, publisher)?;
+    }
+    Ok(Ask::Check {
+        account,
+        op,
+        cost,
+        publisher: publisher.map(|(_, publisher)| publisher),
+    })
 }
 
 /// An `sf-string` for a structured header: printable ASCII, quotes and
@@ -224,8 +239,13 @@ impl EnvoyService {
         let mut decided = Vec::new();
         for ask in &asks {
             statuses.push(match *ask {
-                Ask::Check { account, op, cost } => {
-                    let v = self.sidecar.decide(account, op, cost, None);
+                Ask::Check {
+                    account,
+                    op,
+                    cost,
+                    publisher,
+                } => {
+                    let v = self.sidecar.decide(account, op, cost, publisher);
                     decided.push((op, v));
                     let code = if v.admitted {
                         Code::Ok
@@ -300,7 +320,8 @@ mod tests {
             Ask::Check {
                 account: "acme",
                 op: "edge",
-                cost: 1
+                cost: 1,
+                publisher: None,
             }
         );
         assert_eq!(
@@ -308,7 +329,8 @@ mod tests {
             Ask::Check {
                 account: "acme",
                 op: "edge",
-                cost: 5
+                cost: 5,
+                publisher: None,
             }
         );
         // The descriptor's own hits_addend wins.
@@ -318,7 +340,8 @@ mod tests {
             Ask::Check {
                 account: "acme",
                 op: "edge",
-                cost: 1001
+                cost: 1001,
+                publisher: None,
             }
         );
         // A fixed op, then an op key that wins where present.
@@ -329,7 +352,8 @@ mod tests {
             Ask::Check {
                 account: "acme",
                 op: "requests",
-                cost: 1
+                cost: 1,
+                publisher: None,
             }
         );
         let with_op = descriptor(&[("op", "uploads"), ("tenant", "acme")], None);
@@ -338,7 +362,8 @@ mod tests {
             Ask::Check {
                 account: "acme",
                 op: "uploads",
-                cost: 1
+                cost: 1,
+                publisher: None,
             }
         );
         // No account entry: unmapped. Negative hits: a refund.
@@ -349,6 +374,21 @@ mod tests {
         let mut refund = d.clone();
         refund.is_negative_hits = true;
         assert_eq!(map(&m, "edge", 0, 0, &refund).unwrap(), Ask::Refund);
+        // A publisher key: its entry names the publisher where present.
+        m.publisher_key = Some("client".into());
+        let named = descriptor(&[("tenant", "acme"), ("client", "c-7")], None);
+        assert_eq!(
+            map(&m, "edge", 0, 0, &named).unwrap(),
+            Ask::Check {
+                account: "acme",
+                op: "requests",
+                cost: 1,
+                publisher: Some("c-7"),
+            }
+        );
+        let empty = descriptor(&[("tenant", "acme"), ("client", "")], None);
+        let e = map(&m, "edge", 0, 2, &empty).unwrap_err().to_string();
+        assert_eq!(e, "descriptors[2].entries[client] is empty");
     }
 
     #[test]

@@ -39,6 +39,11 @@ assert headers(calm) == {"RateLimit-Policy": '"messages";q=1000;w=1'}, headers(c
 mixed = ask(descriptor(("remote_address", "10.0.0.1")), descriptor(("tenant", "calm")))
 assert [s.code for s in mixed.statuses] == [RateLimitResponseCode.OK] * 2, mixed
 
+# A descriptor naming its publisher (the sidecar's `publisher_key` is
+# `client` here): decided on the publisher's own lane, the same verdict.
+named = ask(descriptor(("tenant", "calm"), ("client", "c-7")))
+assert named.overall_code == RateLimitResponseCode.OK, named
+
 # A heavy tenant: hits_addend of 100 per request, far over 1000/s.
 over = None
 for _ in range(400):
@@ -60,6 +65,8 @@ assert both.overall_code == RateLimitResponseCode.OVER_LIMIT or both.statuses[1]
 for request, says in [
     (RateLimitRequest(domain="edge", descriptors=[]), "descriptors is empty"),
     (RateLimitRequest(domain="edge", descriptors=[descriptor(("tenant", ""))]), "descriptors[0].entries[tenant] is empty"),
+    (RateLimitRequest(domain="edge", descriptors=[descriptor(("tenant", "calm"), ("client", ""))]),
+     "descriptors[0].entries[client] is empty"),
 ]:
     try:
         stub.should_rate_limit(request)

@@ -65,10 +65,12 @@ async fn loopback() -> TcpListener {
 
 impl ServedSidecar {
     /// A sidecar rolling up to `masters` every `rollup_ms`, its Envoy door
-    /// checking descriptors under `messages`.
+    /// checking descriptors under `messages`, their `client` entry naming
+    /// the publisher.
     pub async fn start(masters: &[String], rollup_ms: u64, id: &str) -> ServedSidecar {
         let mut envoy = EnvoyConfig::default();
         envoy.op = Some("messages".into());
+        envoy.publisher_key = Some("client".into());
         Self::start_with(masters, rollup_ms, id, envoy, Limits::default()).await
     }
 

@@ -13,6 +13,11 @@
 //!   same limiter; reported time is wall time per call across both threads.
 //! - `check_hot_key_2_threads`: two threads on one single account.
 //! - `check_hot_key`: one thread on one single account.
+//! - `check_shared_factor`: 100 000 keys under a factor of 0.5, the
+//!   state machine as in the 1 000 000-key cases: `check` (the admission
+//!   credit's draw and add) against `check_from` (four publishers an
+//!   account, each on its lane: one more line and add). No governor case:
+//!   it has no partial factor.
 //! - `check_admit_1m`, `check_reject_1m`: 1 000 000 keys, one thread. The
 //!   agent's state machine itself (`AgentState::check`, which `Agent::check`
 //!   wraps with its clock and random source), its factors applied as a
@@ -36,7 +41,7 @@ use common::{
     CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order, order_n,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
-use damper_core::agent::{AgentConfig, AgentState};
+use damper_core::agent::{AgentConfig, AgentState, Publisher};
 use damper_core::time::Nanos;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -137,7 +142,44 @@ fn benches(c: &mut Criterion) {
     threaded(c, &damper, &keys, "check_hot_key_2_threads", true, true);
     hot_key(c, &damper, &keys);
     drop(damper);
+    shared_factor(c);
     million_keys(c);
+}
+
+/// `check_shared_factor`: [`KEYS`] accounts under a factor of 0.5, decided
+/// by `check` and by `check_from` with four publishers an account.
+fn shared_factor(c: &mut Criterion) {
+    let keys = common::keys_n("account", KEYS);
+    let order = order_n(3, KEYS);
+    let now = Nanos::from_secs(1_700_000_000);
+    let state = AgentState::new(AgentConfig::default());
+    for key in &keys {
+        state.apply(now, key, CALM, 0.5, 1e12, Duration::from_secs(24 * 3600));
+    }
+    let mut g = c.benchmark_group("check_shared_factor");
+    g.bench_function("check", |b| {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % order.len();
+            black_box(
+                state
+                    .check(now, &keys[order[i]], CALM, 1, &mut rng)
+                    .is_admit(),
+            )
+        })
+    });
+    g.bench_function("check_from", |b| {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % order.len();
+            let publisher = Publisher::new((i % 4) as u64);
+            let decision = state.check_from(now, &keys[order[i]], CALM, 1, publisher, &mut rng);
+            black_box(decision.is_admit())
+        })
+    });
+    g.finish();
 }
 
 /// Keys of the 1 000 000-key cases.

@@ -1333,3 +1333,49 @@ fn check_from_admits_and_counts_as_check_does_with_no_factor() {
     assert_eq!(drained.len(), 1);
     assert_eq!((drained[0].2.attempted, drained[0].2.admitted), (15, 15));
 }
+
+#[test]
+fn publishers_on_two_threads_each_keep_their_share() {
+    // Two threads, one publisher each (costs 1 and 51), racing on one pair
+    // under a factor of 0.5: the lanes and the pair's credit are moved by
+    // `fetch_add` only, so nothing is lost, and each keeps half its cost
+    // to within a few operations (a race can let two decisions read the
+    // same credit, never drop an update).
+    let agent = Arc::new(AgentState::new(AgentConfig::default()));
+    agent.apply(t(0), "acme", "messages", 0.5, 1e9, Duration::from_secs(600));
+    let kept: Vec<(u64, u64)> = std::thread::scope(|scope| {
+        let runs: Vec<_> = [(1u64, 1u64), (2, 51)]
+            .into_iter()
+            .map(|(id, cost)| {
+                let agent = agent.clone();
+                scope.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(id);
+                    let (mut kept, mut tried) = (0, 0);
+                    for k in 0..20_000u64 {
+                        tried += cost;
+                        let publisher = Publisher::new(id);
+                        if agent
+                            .check_from(t(k / 100), "acme", "messages", cost, publisher, &mut rng)
+                            .is_admit()
+                        {
+                            kept += cost;
+                        }
+                    }
+                    (kept, tried)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for (kept, tried) in &kept {
+        let share = 0.5 * *tried as f64;
+        assert!(
+            (*kept as f64 - share).abs() <= 10.0 * 51.0,
+            "kept {kept} of {share}"
+        );
+    }
+    let drained = drained(&agent);
+    let (attempted, admitted) = (drained[0].2.attempted, drained[0].2.admitted);
+    assert_eq!(attempted, kept.iter().map(|k| k.1).sum::<u64>());
+    assert_eq!(admitted, kept.iter().map(|k| k.0).sum::<u64>());
+}

@@ -88,6 +88,12 @@ pub struct AgentConfig {
     /// `rollup_interval_ms`. Default 2 s.
     #[serde(deserialize_with = "duration")]
     pub rollup_interval: Duration,
+    /// How many publisher lanes the agent keeps for checks that name their
+    /// publisher (`FROM`, gRPC's `publisher`, Envoy's `publisher_key`):
+    /// 16 bytes each, made at the first such check; past it publishers
+    /// share lanes, which costs fairness only. 1 to 1 048 576. Default
+    /// 4 096.
+    pub publisher_lanes: usize,
 }
 
 impl Default for AgentConfig {
@@ -95,6 +101,7 @@ impl Default for AgentConfig {
         AgentConfig {
             id: None,
             rollup_interval: damper_core::DEFAULT_ROLLUP_INTERVAL,
+            publisher_lanes: damper_core::agent::AgentConfig::default().publisher_lanes,
         }
     }
 }
@@ -271,6 +278,9 @@ impl Config {
             Duration::from_millis(10),
             Duration::from_secs(3600),
         )?;
+        if !(1..=1 << 20).contains(&a.publisher_lanes) {
+            return Err(invalid("agent.publisher_lanes", "must be 1 to 1 048 576"));
+        }
         self.validate_envoy()?;
         let doors = [
             self.grpc.listen.is_some(),
@@ -486,6 +496,7 @@ mod tests {
             (format!("{base}[limits]\nidle_timeout = \"soon\"\n"), "idle_timeout"),
             (format!("{base}[limits]\nmax_frame_bytes = 10\n"), "limits.max_frame_bytes"),
             (format!("{base}[agent]\nrollup_interval = \"1ms\"\n"), "agent.rollup_interval"),
+            (format!("{base}[agent]\npublisher_lanes = 0\n"), "agent.publisher_lanes"),
             (format!("{base}[http]\nport = 1\n"), "port"),
             (format!("{base}[tls]\nca = \"/ca.pem\"\ncert = \"/c.pem\"\n"), "tls.key"),
         ];

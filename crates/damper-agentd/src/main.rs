@@ -127,7 +127,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 }
 
 fn agent(config: &Config) -> anyhow::Result<Agent> {
-    let mut builder = Agent::builder().rollup_interval(config.agent.rollup_interval);
+    let mut builder = Agent::builder()
+        .rollup_interval(config.agent.rollup_interval)
+        .publisher_lanes(config.agent.publisher_lanes);
     builder = match &config.masters.dns {
         Some(dns) => {
             let (host, port) = dns

@@ -205,6 +205,11 @@ fn accounts_under_their_limits_are_not_refused_and_publishers_keep_their_shares(
     // operation may cost 51 (1.30× when the scans took the costs'
     // divisor, 1, for it).
     assert!(costs.steady_admitted_ratio.unwrap() < 1.05, "{costs:?}");
+    // Publishes to channels of 1 000 and 1 002 subscribers: held at 1.49×
+    // when their divisor, 1, stood for one operation.
+    let (_, fanout) = simulate(scenario("varying-fanout"));
+    let fanout = account(&fanout, "fanout");
+    assert!(fanout.steady_admitted_ratio.unwrap() < 1.05, "{fanout:?}");
 }
 
 /// With 5% of messages lost, replies included, a rollup its master counted

@@ -42,9 +42,10 @@
 //! `check_from` ([`AgentConfig::publisher_lanes`](super::AgentConfig)), found
 //! by a hash of the pair's slot and the publisher. A lane another (pair,
 //! publisher) hashed to is taken over and starts from zero; two that keep
-//! colliding share one credit, and are then decided as the pair's rule
-//! alone would: lanes can only make shares fairer, never the pair's
-//! admitted cost wrong. A lane's credit stays within its bound whatever
+//! colliding share one credit, and are then decided about as the pair's
+//! rule alone would. The pair's admitted cost stays within its own bound
+//! widened by one lane's per publisher (a property test). A lane's
+//! credit stays within its bound whatever
 //! the probabilities offered, so one left from an earlier suppression
 //! leans the publisher's first few draws of the next by at most one band
 //! (`L + 1` operations).
@@ -81,9 +82,10 @@ pub(super) type ByPublisher<'a> = Option<(&'a Lanes, Publisher)>;
 
 /// How many operations' worth of a lane's credit it takes to move a
 /// publisher's draw from the pair's probability to certain (`L` above).
-/// Smaller holds each publisher closer to its share; 2 keeps a costly
-/// publisher's share over 10 s within about 2% in the simulator's
-/// `publishers` scenario (11% without lanes), and the draw still
+/// Smaller holds each publisher closer to its share; at 2 the cost-1
+/// publishers of the simulator's `publishers` scenario keep their shares
+/// over 10 s within 0.4% (2% without lanes), the costly ones within 3.3%
+/// (10.5%; medians of 12 seeds; 1 measured the same), and the draw still
 /// decides within the band, so turns do not lock.
 pub const PUBLISHER_BAND: f64 = 2.0;
 

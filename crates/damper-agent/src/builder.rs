@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use damper_core::agent::{AgentConfig, AgentState, SurgeRule};
+use damper_core::agent::{AgentConfig, AgentState, MAX_PUBLISHER_LANES, SurgeRule};
 use damper_core::round::RoundConfig;
 use tokio::sync::watch;
 
@@ -441,9 +441,6 @@ impl AgentBuilder {
 /// Checks the masters' addresses (or DNS name), naming what is wrong;
 /// addresses come back bare (`host:port`, see
 /// [`parse_member`](damper_core::ring::parse_member)).
-/// The most publisher lanes an agent keeps (16 MiB).
-const MAX_PUBLISHER_LANES: usize = 1 << 20;
-
 fn validate_masters(masters: Masters) -> Result<Masters, AgentError> {
     if let Masters::Static(list) = &masters {
         if list.is_empty() {

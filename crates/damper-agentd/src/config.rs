@@ -278,7 +278,7 @@ impl Config {
             Duration::from_millis(10),
             Duration::from_secs(3600),
         )?;
-        if !(1..=1 << 20).contains(&a.publisher_lanes) {
+        if !(1..=damper_core::agent::MAX_PUBLISHER_LANES).contains(&a.publisher_lanes) {
             return Err(invalid("agent.publisher_lanes", "must be 1 to 1 048 576"));
         }
         self.validate_envoy()?;

@@ -13,7 +13,7 @@ use rand::Rng;
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
-use super::publisher::{self, ByPublisher, Share};
+use super::publisher::{self, ByPublisher, Publisher, Share};
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -429,29 +429,30 @@ impl Entry {
             && match publisher {
                 None => admission::decide(&self.credit, keep, frozen, cost, draw),
                 Some((lanes, publisher)) => {
-                    let lane = lanes.lane(self.slot(), publisher);
-                    let share = self.lane_share(frozen);
+                    let (lane, share) = self.lane(lanes, publisher, frozen);
                     publisher::decide_as(&self.credit, lane, share, keep, frozen, cost, draw)
                 }
             }
     }
 
-    /// What a publisher's lane holds it to on this pair (see
-    /// [`publisher`](super::publisher)): the pair's share while its credit
-    /// follows the share, what the pair offers while it is paced or
-    /// `frozen`.
-    fn lane_share(&self, frozen: Option<f64>) -> Share {
-        if frozen.is_some() || self.scanned(PACED) {
+    /// `publisher`'s lane on this pair, keyed by where the entry's slot is
+    /// (slots never move while they hold the pair), and what it holds the
+    /// publisher to (see [`publisher`](super::publisher)): the pair's share
+    /// while its credit follows the share, what the pair offers while it
+    /// is paced or `frozen`.
+    fn lane<'l>(
+        &self,
+        lanes: &'l publisher::Lanes,
+        publisher: Publisher,
+        frozen: Option<f64>,
+    ) -> (&'l AtomicI64, Share) {
+        let lane = lanes.lane(std::ptr::from_ref(self) as usize, publisher);
+        let share = if frozen.is_some() || self.scanned(PACED) {
             Share::Offered
         } else {
             Share::Kept
-        }
-    }
-
-    /// Where this entry's slot is: a key for its publisher lanes (slots
-    /// never move while they hold the pair).
-    fn slot(&self) -> usize {
-        std::ptr::from_ref(self) as usize
+        };
+        (lane, share)
     }
 
     /// The decision for one operation of `cost`; the caller counts it.
@@ -551,8 +552,7 @@ impl Entry {
         let admitted = match publisher {
             None => admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32()),
             Some((lanes, publisher)) => {
-                let lane = lanes.lane(self.slot(), publisher);
-                let share = self.lane_share(frozen);
+                let (lane, share) = self.lane(lanes, publisher, frozen);
                 publisher::decide_many_as(&self.credit, lane, share, keep, frozen, cost, n, || {
                     rng.next_u32()
                 })

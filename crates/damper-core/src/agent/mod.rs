@@ -122,7 +122,7 @@ pub use hint::{
 pub use pace::{DENSE_MARGIN, DENSE_PACE_FROM, PACE_FROM, PACE_SLACK, paced_under};
 pub use peek::Standing;
 pub use poll::{MAX_POLLED, POLL_SPAN};
-pub use publisher::{PUBLISHER_BAND, Publisher, publisher_bound};
+pub use publisher::{MAX_PUBLISHER_LANES, PUBLISHER_BAND, Publisher, publisher_bound};
 pub use surge::{
     FOLLOW_UP_JUMP, FOLLOW_UP_RISE, NOISE_SIGMAS, SurgeRule, SurgeRuleError, counting_noise,
 };

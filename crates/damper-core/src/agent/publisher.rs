@@ -96,6 +96,12 @@ pub fn publisher_bound(cost: f64) -> f64 {
     (PUBLISHER_BAND + 1.0) * cost
 }
 
+/// The most lanes an agent keeps (16 MiB of them): the bound every
+/// setting of [`AgentConfig::publisher_lanes`](super::AgentConfig) is
+/// checked against where it is read (the agent library's builder, the
+/// sidecar's `[agent]` table).
+pub const MAX_PUBLISHER_LANES: usize = 1 << 20;
+
 /// The lanes of one agent: a fixed table of (key, credit).
 pub(super) struct Lanes {
     lanes: Box<[Lane]>,

@@ -73,8 +73,8 @@ impl Hold<'_> {
         rng: &mut R,
         at: &mut u32,
     ) -> u64 {
-        let lanes = Some((self.state.lanes(), publisher));
-        self.check_batch_by(now, account, op, cost, n, lanes, rng, at)
+        let sender = Some(self.state.sender(account, op, publisher));
+        self.check_batch_by(now, account, op, cost, n, sender, rng, at)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -13,7 +13,7 @@ use rand::Rng;
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
-use super::publisher::{self, ByPublisher, Publisher, Share};
+use super::publisher::{self, ByPublisher, Sender, Share};
 use super::table::{PairTable, Pinned};
 use super::{
     Admitted, AgentConfig, AgentState, Decision, RejectSource, Rejection, admission, implied_demand,
@@ -428,25 +428,19 @@ impl Entry {
         keep > 0.0
             && match publisher {
                 None => admission::decide(&self.credit, keep, frozen, cost, draw),
-                Some((lanes, publisher)) => {
-                    let (lane, share) = self.lane(lanes, publisher, frozen);
+                Some(sender) => {
+                    let (lane, share) = self.lane(sender, frozen);
                     publisher::decide_as(&self.credit, lane, share, keep, frozen, cost, draw)
                 }
             }
     }
 
-    /// `publisher`'s lane on this pair, keyed by where the entry's slot is
-    /// (slots never move while they hold the pair), and what it holds the
-    /// publisher to (see [`publisher`](super::publisher)): the pair's share
-    /// while its credit follows the share, what the pair offers while it
-    /// is paced or `frozen`.
-    fn lane<'l>(
-        &self,
-        lanes: &'l publisher::Lanes,
-        publisher: Publisher,
-        frozen: Option<f64>,
-    ) -> (&'l AtomicI64, Share) {
-        let lane = lanes.lane(std::ptr::from_ref(self) as usize, publisher);
+    /// The `sender`'s lane on this pair, and what it holds the publisher
+    /// to (see [`publisher`](super::publisher)): the pair's share while its
+    /// credit follows the share, what the pair offers while it is paced or
+    /// `frozen`.
+    fn lane<'l>(&self, sender: Sender<'l>, frozen: Option<f64>) -> (&'l AtomicI64, Share) {
+        let lane = sender.lane();
         let share = if frozen.is_some() || self.scanned(PACED) {
             Share::Offered
         } else {
@@ -551,8 +545,8 @@ impl Entry {
         let frozen = in_force.frozen(bits);
         let admitted = match publisher {
             None => admission::decide_many(&self.credit, keep, frozen, cost, n, || rng.next_u32()),
-            Some((lanes, publisher)) => {
-                let (lane, share) = self.lane(lanes, publisher, frozen);
+            Some(sender) => {
+                let (lane, share) = self.lane(sender, frozen);
                 publisher::decide_many_as(&self.credit, lane, share, keep, frozen, cost, n, || {
                     rng.next_u32()
                 })

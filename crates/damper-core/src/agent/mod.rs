@@ -517,14 +517,22 @@ impl AgentState {
         publisher: Publisher,
         rng: &mut R,
     ) -> Decision {
-        let lanes = self.lanes();
-        self.check_by(now, account, op, cost, rng, Some((lanes, publisher)))
+        let sender = self.sender(account, op, publisher);
+        self.check_by(now, account, op, cost, rng, Some(sender))
     }
 
-    /// The agent's publisher lanes, made at the first call.
-    fn lanes(&self) -> &publisher::Lanes {
-        self.lanes
-            .get_or_init(|| publisher::Lanes::new(self.config.publisher_lanes))
+    /// `publisher` of (`account`, `op`), and this agent's lanes (made at
+    /// the first call) to find its own in.
+    fn sender<'a>(
+        &'a self,
+        account: &'a str,
+        op: &'a str,
+        publisher: Publisher,
+    ) -> publisher::Sender<'a> {
+        let lanes = self
+            .lanes
+            .get_or_init(|| publisher::Lanes::new(self.config.publisher_lanes));
+        publisher::Sender::new(lanes, account, op, publisher)
     }
 
     #[inline(always)]

@@ -40,7 +40,7 @@
 //!
 //! The lanes are a table of fixed size per agent, made at the first
 //! `check_from` ([`AgentConfig::publisher_lanes`](super::AgentConfig)), found
-//! by a hash of the pair's slot and the publisher. A lane another (pair,
+//! by a hash of the pair's names and the publisher. A lane another (pair,
 //! publisher) hashed to is taken over and starts from zero; two that keep
 //! colliding share one credit, and are then decided about as the pair's
 //! rule alone would. The pair's admitted cost stays within its own bound
@@ -50,11 +50,14 @@
 //! leans the publisher's first few draws of the next by at most one band
 //! (`L + 1` operations).
 //!
-//! Shared by every thread: one load of the lane's key, one of its
-//! credit, and one `fetch_add` more per decided operation, only under a
-//! factor and only for `check_from`.
+//! Shared by every thread: a hash of the names on every `check_from`,
+//! and, only under a factor, one load of the lane's key, one of its
+//! credit, and one `fetch_add` more per decided operation.
 
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use foldhash::fast::FixedState;
 
 use super::admission::{ADMISSION_BAND, MAX_CREDITED_COST, SCALE, SHIFT, independent};
 
@@ -77,14 +80,36 @@ impl Publisher {
 }
 
 /// Who sent the operation being decided, when the node said
-/// ([`AgentState::check_from`](super::AgentState::check_from)): the agent's lanes and the publisher.
-pub(super) type ByPublisher<'a> = Option<(&'a Lanes, Publisher)>;
+/// ([`AgentState::check_from`](super::AgentState::check_from)).
+pub(super) type ByPublisher<'a> = Option<Sender<'a>>;
+
+/// A publisher of a pair: the agent's lanes, and the key of its own.
+#[derive(Clone, Copy)]
+pub(super) struct Sender<'a> {
+    lanes: &'a Lanes,
+    key: u64,
+}
+
+impl<'a> Sender<'a> {
+    /// `publisher` of (`account`, `op`), its lane to be found in `lanes`.
+    pub(super) fn new(lanes: &'a Lanes, account: &str, op: &str, publisher: Publisher) -> Self {
+        Sender {
+            lanes,
+            key: lane_key(account, op, publisher),
+        }
+    }
+
+    /// Its lane, taken over from whoever held it (then zero).
+    pub(super) fn lane(&self) -> &'a AtomicI64 {
+        self.lanes.lane_of(self.key)
+    }
+}
 
 /// How many operations' worth of a lane's credit it takes to move a
 /// publisher's draw from the pair's probability to certain (`L` above).
 /// Smaller holds each publisher closer to its share; at 2 the cost-1
 /// publishers of the simulator's `publishers` scenario keep their shares
-/// over 10 s within 0.4% (2% without lanes), the costly ones within 3.3%
+/// over 10 s within 0.4% (2% without lanes), the costly ones within 3.6%
 /// (10.5%; medians of 12 seeds; 1 measured the same), and the draw still
 /// decides within the band, so turns do not lock.
 pub const PUBLISHER_BAND: f64 = 2.0;
@@ -127,11 +152,16 @@ impl Lanes {
         }
     }
 
-    /// The credit of `publisher`'s lane on the pair whose slot is at
-    /// `slot` (its address: slots never move while they hold the pair),
-    /// taken over from whoever held it, and then zero.
-    pub(super) fn lane(&self, slot: usize, publisher: Publisher) -> &AtomicI64 {
-        let key = lane_key(slot as u64, publisher.0);
+    /// The credit of `publisher`'s lane on (`account`, `op`), taken over
+    /// from whoever held it, and then zero.
+    #[cfg(test)]
+    fn lane(&self, account: &str, op: &str, publisher: Publisher) -> &AtomicI64 {
+        self.lane_of(lane_key(account, op, publisher))
+    }
+
+    /// The credit of the lane keyed `key` ([`lane_key`]), taken over from
+    /// whoever held it, and then zero.
+    fn lane_of(&self, key: u64) -> &AtomicI64 {
         let index = if self.shift >= 64 {
             0
         } else {
@@ -148,14 +178,18 @@ impl Lanes {
     }
 }
 
-/// A (slot, publisher)'s key: mixed so that neighbouring slots and
-/// sequential ids spread over the table (SplitMix64's finaliser), never 0.
-fn lane_key(slot: u64, publisher: u64) -> u64 {
-    let mut x = slot.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ publisher;
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (x ^ (x >> 31)) | 1
+/// An (account, op, publisher)'s key, never 0: a hash of the names, not
+/// of where the pair's slot lies, so that which lanes collide is the same
+/// in every run (the simulator's outputs repeat across builds) and a pair
+/// made again in a forgotten pair's slot does not inherit its lanes. A
+/// fixed seed: a client that chooses its publisher names can make its own
+/// lanes collide with others', which costs them fairness only.
+fn lane_key(account: &str, op: &str, publisher: Publisher) -> u64 {
+    FixedState::with_seed(LANE_SEED).hash_one((account, op, publisher.0)) | 1
 }
+
+/// [`lane_key`]'s seed.
+const LANE_SEED: u64 = 0x5EED_1A4E_D0C5_0001;
 
 /// The probability the pair's own rule gives an operation of `cost` when
 /// `keep` is to be kept: its frozen probability, or the credit rule's
@@ -425,21 +459,42 @@ mod tests {
     #[test]
     fn lanes_are_found_again_and_taken_over_by_another_key() {
         let lanes = Lanes::new(1);
-        let a = lanes.lane(64, Publisher::new(1));
+        let a = lanes.lane("acme", "messages", Publisher::new(1));
         a.store(5 << SHIFT, Relaxed);
-        assert_eq!(lanes.lane(64, Publisher::new(1)).load(Relaxed), 5 << SHIFT);
+        assert_eq!(
+            lanes
+                .lane("acme", "messages", Publisher::new(1))
+                .load(Relaxed),
+            5 << SHIFT
+        );
         // One lane in all: another publisher takes it over, from zero.
-        assert_eq!(lanes.lane(64, Publisher::new(2)).load(Relaxed), 0);
-        assert_eq!(lanes.lane(64, Publisher::new(1)).load(Relaxed), 0);
+        assert_eq!(
+            lanes
+                .lane("acme", "messages", Publisher::new(2))
+                .load(Relaxed),
+            0
+        );
+        assert_eq!(
+            lanes
+                .lane("acme", "messages", Publisher::new(1))
+                .load(Relaxed),
+            0
+        );
         let many = Lanes::new(1000);
         assert_eq!(many.lanes.len(), 1024);
         let keys: std::collections::HashSet<usize> = (0..64)
-            .map(|p| std::ptr::from_ref(many.lane(128, Publisher::new(p))) as usize)
+            .map(|p| std::ptr::from_ref(many.lane("acme", "messages", Publisher::new(p))) as usize)
             .collect();
         assert!(
             keys.len() > 50,
             "64 publishers spread over {} lanes",
             keys.len()
         );
+        // The same publisher of another pair has its own lane (as a rule).
+        let other = many.lane("other", "messages", Publisher::new(3));
+        assert!(!std::ptr::eq(
+            other,
+            many.lane("acme", "messages", Publisher::new(3))
+        ));
     }
 }

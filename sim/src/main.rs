@@ -18,6 +18,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 struct Args {
     #[command(subcommand)]
     command: Command,
+    /// Threads to run on (1 to 1024; by default one per core). The output
+    /// is the same whatever the number: only the agents' wake-ups at one
+    /// instant are shared out, and only in large runs.
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -159,7 +164,14 @@ fn run_with_progress(scenario: Scenario) -> engine::Run {
 }
 
 fn sim() -> anyhow::Result<()> {
-    match Args::parse().command {
+    let args = Args::parse();
+    if let Some(threads) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(usize::from(threads))
+            .build_global()
+            .context("--threads")?;
+    }
+    match args.command {
         Command::Run {
             scenario,
             out,

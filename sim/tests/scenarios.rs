@@ -41,6 +41,54 @@ fn same_seed_same_output_byte_for_byte() {
 }
 
 #[test]
+fn wake_ups_handled_together_or_on_two_cores_give_the_same_output_byte_for_byte() {
+    let mut many = scenario("many-accounts");
+    many.duration_s = 40;
+    // The network's draws are taken as each round's sends are: in the
+    // order of the wake-ups.
+    many.cluster.latency_ms = 10.0;
+    many.cluster.jitter_ms = 3.0;
+    many.cluster.loss = 0.01;
+    // A master down: agents probing it are woken twice at one instant.
+    let killed = scenario("master-kill");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for s in [many, killed] {
+        let one_by_one =
+            pool.install(|| engine::Sim::new(s.clone()).one_wake_at_a_time().run(|_| {}));
+        let together = engine::Sim::new(s.clone())
+            .parallel_from(usize::MAX)
+            .run(|_| {});
+        let shared = pool.install(|| engine::Sim::new(s.clone()).parallel_from(0).run(|_| {}));
+        assert!(
+            one_by_one
+                .series
+                .iter()
+                .any(|i| !i.factor_changes.is_empty()),
+            "something was suppressed"
+        );
+        for run in [&together, &shared] {
+            assert_eq!(
+                timeseries_csv(&one_by_one),
+                timeseries_csv(run),
+                "{}",
+                s.name
+            );
+            assert_eq!(
+                serde_json::to_string(&summarize(&one_by_one)).unwrap(),
+                serde_json::to_string(&summarize(run)).unwrap()
+            );
+            assert_eq!(
+                format!("{:?}", one_by_one.control),
+                format!("{:?}", run.control)
+            );
+        }
+    }
+}
+
+#[test]
 fn the_demand_policy_holds_the_deluge_steadily() {
     let (_, s) = simulate(scenario("deluge"));
     let acme = account(&s, "acme");

@@ -19,10 +19,12 @@
 //! - `masters`: [`Masters`], and [`SimMasters`], the simulated ones.
 //! - `control`: [`Control`], the control traffic counted on the way.
 //! - `traffic`: traffic steps and per-second records.
+//! - `wakes`: the wake-ups due at one instant, handled on every core.
 
 mod control;
 mod masters;
 mod traffic;
+mod wakes;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -170,6 +172,16 @@ pub struct Sim<M: Masters = SimMasters> {
     slots: traffic::Slots,
     /// The step's batches being decided (kept for its allocation).
     batches: Vec<traffic::Batch>,
+    /// The agents woken at one instant (kept for its allocation).
+    woken: Vec<usize>,
+    /// Whether each agent is in that batch, its wake-up due.
+    in_batch: Vec<bool>,
+    /// The agents of that batch whose wake-up is due, each once.
+    due: Vec<usize>,
+    /// See [`Sim::parallel_from`].
+    parallel_pairs: usize,
+    /// See [`Sim::one_wake_at_a_time`].
+    batch_wakes: bool,
     timeout: Duration,
     rollups: (u64, u64),
     dropped: u64,
@@ -280,6 +292,11 @@ impl<M: Masters> Sim<M> {
             factors: Vec::new(),
             slots,
             batches: Vec::new(),
+            woken: Vec::new(),
+            in_batch: vec![false; scenario.cluster.agents as usize],
+            due: Vec::new(),
+            parallel_pairs: wakes::PARALLEL_PAIRS,
+            batch_wakes: true,
             // The agent library's default request timeout.
             timeout: (interval / 2).min(Duration::from_secs(1)),
             rollups: (0, 0),
@@ -353,7 +370,7 @@ impl<M: Masters> Sim<M> {
                         self.schedule(self.now + Duration::from_secs(1), Event::Second);
                     }
                 }
-                Event::Wake { agent } => self.wake(agent),
+                Event::Wake { agent } => self.wake_batch(agent),
                 Event::Arrive {
                     agent,
                     master,
@@ -416,17 +433,6 @@ impl<M: Masters> Sim<M> {
                 self.schedule(at, Event::Wake { agent: a });
             }
         }
-    }
-
-    /// Agent `a`'s round, if this wake-up is the one it asked for.
-    fn wake(&mut self, a: usize) {
-        let agent = &mut self.agents[a];
-        if agent.wake != Some(self.now) {
-            return; // Superseded by an earlier one.
-        }
-        agent.wake = None;
-        agent.round.handle_timeout(self.now, &agent.state);
-        self.sync(a);
     }
 
     /// Sends what agent `a`'s round has to send, takes its events, and

@@ -44,7 +44,7 @@ pub mod summary;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use engine::{Run, Second};
+use engine::{Run, Second, Series};
 use summary::Summary;
 
 /// `timeseries.csv`: one row per (account, op) and simulated second; row
@@ -72,6 +72,7 @@ pub fn write_timeseries(out: &mut impl Write, run: &Run) -> std::io::Result<()> 
     // together), not one second of a thousand series' each row.
     const BLOCK: usize = 16;
     let mut block: Vec<Second> = Vec::with_capacity(BLOCK * run.series.len());
+    let mut row = Vec::with_capacity(128);
     for first in (0..seconds).step_by(BLOCK) {
         let end = (first + BLOCK).min(seconds);
         block.clear();
@@ -82,15 +83,40 @@ pub fn write_timeseries(out: &mut impl Write, run: &Run) -> std::io::Result<()> 
         for t in first..end {
             for (i, (s, limit)) in run.series.iter().zip(&limits).enumerate() {
                 let x = block[i * width + t - first];
-                writeln!(
-                    out,
-                    "{t},{},{},{},{},{limit},{:.6}",
-                    s.traffic.account, s.traffic.op, x.attempted, x.admitted, x.factor
-                )?;
+                row.clear();
+                write_row(&mut row, t, s, limit, &x);
+                out.write_all(&row)?;
             }
         }
     }
     Ok(())
+}
+
+/// One row of `timeseries.csv`, as `{t},{account},{op},{attempted},
+/// {admitted},{limit},{factor:.6}` formats it, into `row`: the integers by
+/// `itoa` and a zero factor (most rows of a large run) as its fixed text,
+/// the same bytes without the formatting machinery per field (a tenth of
+/// the hour's run before).
+fn write_row(row: &mut Vec<u8>, t: usize, s: &Series, limit: &str, x: &Second) {
+    let mut digits = itoa::Buffer::new();
+    row.extend_from_slice(digits.format(t).as_bytes());
+    row.push(b',');
+    row.extend_from_slice(s.traffic.account.as_bytes());
+    row.push(b',');
+    row.extend_from_slice(s.traffic.op.as_bytes());
+    row.push(b',');
+    row.extend_from_slice(digits.format(x.attempted).as_bytes());
+    row.push(b',');
+    row.extend_from_slice(digits.format(x.admitted).as_bytes());
+    row.push(b',');
+    row.extend_from_slice(limit.as_bytes());
+    row.push(b',');
+    if x.factor.to_bits() == 0 {
+        row.extend_from_slice(b"0.000000");
+    } else {
+        write!(row, "{:.6}", x.factor).expect("writing to memory does not fail");
+    }
+    row.push(b'\n');
 }
 
 /// Writes `summary.json`, `timeseries.csv`, `plot.svg` and `plot.png` of
@@ -114,8 +140,53 @@ pub fn write_run(dir: &Path, run: &Run, summary: &Summary) -> Result<(), plot::P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Control, Series};
+    use crate::engine::Control;
     use crate::scenario::{Arrivals, Traffic};
+
+    /// A row is written as the format string it replaced would write it,
+    /// the factor's rounding and a negative zero included.
+    #[test]
+    fn a_row_is_the_bytes_the_format_string_gave() {
+        let series = Series {
+            traffic: Traffic {
+                account: "acme-1".into(),
+                op: "messages".into(),
+                agents: vec![0],
+                cost: 1,
+                profile: Vec::new(),
+                arrivals: Arrivals::Uniform,
+            },
+            limit: Some(2_500.5),
+            seconds: Vec::new(),
+            factor_changes: Vec::new(),
+        };
+        let factors = [
+            0.0,
+            -0.0,
+            0.5,
+            1.0,
+            0.999_999_5,
+            0.000_000_5,
+            1e-12,
+            0.123_456_789,
+        ];
+        for (k, factor) in factors.into_iter().enumerate() {
+            for (attempted, admitted) in [(0, 0), (7, 3), (u64::MAX, 1 << 40)] {
+                let x = Second {
+                    attempted,
+                    admitted,
+                    factor,
+                };
+                let t = 3_599 * k;
+                let mut row = Vec::new();
+                write_row(&mut row, t, &series, "2500.5", &x);
+                assert_eq!(
+                    String::from_utf8(row).unwrap(),
+                    format!("{t},acme-1,messages,{attempted},{admitted},2500.5,{factor:.6}\n")
+                );
+            }
+        }
+    }
 
     /// Rows come second by second through every series, whatever the
     /// blocks the writer reads the series in: each row holds its own

@@ -37,9 +37,8 @@ impl<M: Masters> Sim<M> {
     }
 
     /// Handles each wake-up on its own, as it comes, rather than with the
-    /// others due at the same instant: the plain event loop, which
-    /// [`wake_batch`](Self::wake_batch) must match to the byte (for tests
-    /// of that).
+    /// others due at the same instant: the plain event loop, which the
+    /// batches must match to the byte (for tests of that).
     pub fn one_wake_at_a_time(mut self) -> Self {
         self.batch_wakes = false;
         self

@@ -601,6 +601,48 @@ fn early_reporters_of_an_incomplete_round_are_told_when_to_ask_again() {
     assert_eq!((again.factor, again.recheck_at), (0.0, None));
 }
 
+/// An early report under the limit stands as a new account's estimate
+/// while its first round comes in, so the first rollups of that round read
+/// the early report's demand, not the round's. Their agents must still ask
+/// again when the round is whole: `varying-fanout` (20 agents, 40 costly
+/// publishes a second at twice the limit) held seven agents of twenty
+/// unsuppressed until their next round, two seconds later, because the
+/// early report's estimate was not marked a first round and they were not
+/// told to ask again.
+#[test]
+fn first_reporters_of_a_first_round_under_an_early_report_ask_again() {
+    let mut m = master("latest-round");
+    let pair = Pair::new("acme", "messages");
+    let early = SurgeRates {
+        rate: (0.6 * L) as f32,
+        ..SurgeRates::default()
+    };
+    m.surge(at(1_310), at(1_300), "a", pair, early).unwrap();
+    let report = |attempted: f64| Report {
+        account: "acme",
+        op: "messages",
+        start: at(0),
+        end: at(2_000),
+        attempted: attempted as u64,
+        admitted: attempted as u64,
+    };
+    // Agent a's share of the first round: under the limit, and the early
+    // report's estimate still stands over it.
+    let first = m.ingest(at(2_010), &report(0.3 * L * 2.0)).unwrap().unwrap();
+    assert_eq!(first.factor, 0.0, "{first:?}");
+    assert_eq!(
+        first.recheck_at,
+        Some(at(2_000) + Duration::from_millis(500)),
+        "told to ask again when the first round is whole"
+    );
+    // Agent b's share makes the round read twice the limit.
+    let second = m.ingest(at(2_020), &report(1.8 * L * 2.0)).unwrap().unwrap();
+    assert!(second.factor > 0.4, "{second:?}");
+    // Agent a, asking again when told, is suppressed too.
+    let again = m.verdict(at(2_500), "acme", "messages").unwrap();
+    assert!(again.factor > 0.4, "{again:?}");
+}
+
 #[test]
 fn exported_windows_imported_elsewhere_give_the_same_verdicts() {
     let mut m = master("latest-round");

@@ -487,7 +487,10 @@ impl DemandWindow {
                 // The surge estimate leans on the rounds', so it may change
                 // when their round is whole: agents ask again then.
                 whole_by: estimate.whole_by,
-                first_round: false,
+                // Over a first round still coming in, as over the round
+                // alone: its early reporters see part of the demand, and
+                // ask again when it is whole, whatever the surge says.
+                first_round: estimate.first_round,
                 surge: true,
                 surge_ops: surge.ops,
                 surge_fall_noise: surge.fall_noise,

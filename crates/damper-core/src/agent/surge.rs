@@ -234,9 +234,11 @@ pub fn counting_noise(quantum: u32, baseline: f64, secs: f64) -> f64 {
 
 /// What the scans know of a pair's cost per operation, packed in 16 bits:
 /// the greatest common divisor of the costs of sub-windows that followed
-/// an empty one (13 bits; a lower bound beyond), whether its operations
+/// an empty one (12 bits; a lower bound beyond), whether its operations
 /// were seen to cost differently (1 bit, see [`sample`](Self::sample)),
-/// and how many such sub-windows there were (2 bits, saturating).
+/// whether the divisor is one operation's own cost, as a pair's first
+/// check shows it (1 bit, see [`seeded`](Self::seeded)), and how many
+/// such sub-windows there were (2 bits, saturating).
 ///
 /// Only sub-windows after an empty one teach it: those of sparse traffic
 /// hold one or a few operations, so their divisor is soon the cost of one;
@@ -248,36 +250,58 @@ pub fn counting_noise(quantum: u32, baseline: f64, secs: f64) -> f64 {
 pub(super) struct Quantum(pub(super) u16);
 
 impl Quantum {
-    const COST_BITS: u32 = 13;
+    const COST_BITS: u32 = 12;
     const MAX_COST: u32 = (1 << Self::COST_BITS) - 1;
     const MIXED: u16 = 1 << Self::COST_BITS;
-    const SEEN_SHIFT: u32 = Self::COST_BITS + 1;
+    const SINGLE: u16 = 1 << (Self::COST_BITS + 1);
+    const SEEN_SHIFT: u32 = Self::COST_BITS + 2;
 
     /// What one operation of `cost` proves: the cost of one operation
     /// divides it. Trusted at once: a new pair's first sub-window is its
     /// only evidence, and a sparse account of costly operations (one or two
     /// of cost 51 in it, 255/s or more from nothing) must not read as a
-    /// surge on its first agents; the first sub-window after the first
-    /// check (which follows "empty") brings it down to the common divisor
-    /// of mixed costs.
+    /// surge on its first agents. One operation's own cost, not a sum's
+    /// divisor (unless past the 12 bits, a lower bound then): a
+    /// sub-window whose cost it does not divide shows that the pair's
+    /// operations cost differently (see [`learn`](Self::learn)).
     pub(super) fn seeded(cost: u64) -> Quantum {
         let divisor = cost.clamp(1, u64::from(Self::MAX_COST)) as u16;
-        Quantum((2 << Self::SEEN_SHIFT) | divisor)
+        let single = if u64::from(divisor) == cost {
+            Self::SINGLE
+        } else {
+            0
+        };
+        Quantum((2 << Self::SEEN_SHIFT) | single | divisor)
     }
 
     /// Learns from a sub-window of `cost` (non-zero) that followed an
     /// empty one.
+    ///
+    /// When the divisor is one operation's own cost ([`seeded`](Self::seeded))
+    /// and the sub-window's cost is not a multiple of it, the operations
+    /// cost differently: that cost stands for one operation, as a
+    /// [`sample`](Self::sample) of another cost would make it, rather than
+    /// the divisor of the two. Publishes of 1 001 and 1 003 had a divisor
+    /// of 1 until a guard window showed one of them, and early reports of
+    /// single publishes meanwhile counted thousands of operations each:
+    /// a chance spike from three agents read as proven, and an account at
+    /// 0.95× of its limit was refused (`varying-fanout` at 0.95×, 4 seeds
+    /// of 40).
     pub(super) fn learn(self, cost: u32) -> Quantum {
         let seen = (self.0 >> Self::SEEN_SHIFT).saturating_add(1).min(3);
         let known = u32::from(self.0) & Self::MAX_COST;
-        // Saturated: a cost beyond 13 bits stays the lower bound. Mixed:
+        let keep = self.0 & (Self::MIXED | Self::SINGLE);
+        if !self.is_mixed() && self.0 & Self::SINGLE != 0 && known != 0 && cost % known != 0 {
+            return Quantum((seen << Self::SEEN_SHIFT) | keep | Self::MIXED | known as u16);
+        }
+        // Saturated: a cost beyond 12 bits stays the lower bound. Mixed:
         // the largest cost seen stands (see `sample`).
         let divisor = if self.is_mixed() || (known == Self::MAX_COST && cost >= known) {
             known
         } else {
             gcd(known, cost).min(Self::MAX_COST)
         };
-        Quantum((seen << Self::SEEN_SHIFT) | (self.0 & Self::MIXED) | divisor as u16)
+        Quantum((seen << Self::SEEN_SHIFT) | keep | divisor as u16)
     }
 
     /// Learns from one operation's own `cost` (the one that closed a local
@@ -298,7 +322,7 @@ impl Quantum {
             return self;
         }
         let seen = self.0 & !(Self::MIXED | Self::MAX_COST as u16);
-        if !self.is_mixed() && cost < known && known % cost == 0 {
+        if !self.is_mixed() && self.0 & Self::SINGLE == 0 && cost < known && known % cost == 0 {
             // The sparse sub-windows held two or more each: one
             // operation costs this, as far as anything shows yet.
             return Quantum(seen | cost as u16);
@@ -994,7 +1018,7 @@ mod tests {
         assert_eq!(q.learn(150).cost(), 75);
         assert_eq!(
             Quantum::default().learn(1 << 20).learn(1 << 20).cost(),
-            (1 << 13) - 1
+            (1 << 12) - 1
         );
     }
 
@@ -1020,10 +1044,31 @@ mod tests {
         assert_eq!(coarse.cost(), 102);
         assert_eq!(coarse.sample(51).cost(), 51);
         assert_eq!(coarse.sample(51).sample(51), coarse.sample(51));
-        // Costs of 51 then 1 then 51: 1 first looks like the divisor, then
-        // the 51 shows the costs differ.
-        assert_eq!(Quantum::seeded(51).sample(1).cost(), 1);
+        // Costs of 51 then 1: the first check showed one operation of 51,
+        // so one of 1 shows the costs differ, and the 51 stands.
+        assert_eq!(Quantum::seeded(51).sample(1).cost(), 51);
         assert_eq!(Quantum::seeded(51).sample(1).sample(51).cost(), 51);
+    }
+
+    #[test]
+    fn a_sub_window_the_first_cost_does_not_divide_shows_mixed_costs() {
+        // Publishes of 1 001 and 1 003: the divisor of the two is 1, but
+        // the first check showed one operation of 1 001, so a sub-window
+        // of 2 004 (one of each) shows the costs differ; 1 001 stands.
+        let q = Quantum::seeded(1_001).learn(2_004);
+        assert_eq!(q.cost(), 1_001);
+        assert_eq!(q.learn(1_003).learn(3_007).cost(), 1_001);
+        // One cost: its multiples change nothing.
+        let one = Quantum::seeded(51).learn(153).learn(102);
+        assert_eq!(one.cost(), 51);
+        assert_eq!(one, Quantum::seeded(51).learn(51).learn(51));
+        // Costs of 1 and 51, the first a 1: 1 divides everything, so the
+        // sub-windows show nothing (the guard windows' samples will).
+        assert_eq!(Quantum::seeded(1).learn(53).cost(), 1);
+        // A first cost past 12 bits is a lower bound, not one operation's
+        // cost: a sub-window it does not divide shows nothing.
+        assert!(!Quantum::seeded(10_000).learn(5_000).is_mixed());
+        assert!(Quantum::seeded(4_000).learn(5_000).is_mixed());
     }
 
     #[test]

@@ -516,6 +516,37 @@ fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
     }
 }
 
+/// `mixed-costs` (publishes of cost 1 and of 51, half the cost each, over
+/// 20 agents) at 0.95× of its limit: nothing refused, where each of these
+/// seeds refused 270–2 330 cost in its first seconds. Each agent's pair
+/// began with an operation of 1, which divides every cost, and a
+/// sub-window with one more operation of 51 than due read as a rise of
+/// 51 operations: the master, summing such early reports, read 1.3–1.6×
+/// the limit, counted in thousands of operations. A new pair's checks now
+/// show the scans every cost, and its rises are counted in operations of
+/// its costliest. At 10×, the same account is still held in its first
+/// second.
+#[test]
+fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
+    let scaled = |share: f64, seed: u64| {
+        let mut s = scenario("mixed-costs");
+        s.seed = seed;
+        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
+            point.rate *= share / 2.0;
+        }
+        s
+    };
+    for seed in 1..=6 {
+        let (_, summary) = simulate(scaled(0.95, seed));
+        let a = account(&summary, "mixed-costs");
+        assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
+    }
+    let (_, summary) = simulate(scaled(10.0, 1));
+    let deluge = account(&summary, "mixed-costs");
+    assert_eq!(deluge.reaction_s, Some(1.0), "{deluge:?}");
+    assert!(deluge.peak_6s_ratio.unwrap() < 1.2, "{deluge:?}");
+}
+
 /// `near-limit-one-node`: accounts each on one node at 0.9×, 0.95× and
 /// 0.99× of their limits (cost 1, in the steps' bursts; cost 51 at 0.95×;
 /// limits of 100 and 10 a second at 0.95×) are refused nothing, where the

@@ -187,7 +187,10 @@ pub(super) struct Entry {
     /// (`f32` bits), for pairs at or above the near share of their limit;
     /// 0.0 when it said nothing. Valid while the master's factor is.
     pub(super) utilisation: AtomicU32,
-    /// Start of the local guard's current measurement.
+    /// Start of the local guard's current measurement, in its bits above
+    /// [`YOUTH`]; in those, how many more windows a new pair's checks show
+    /// the scans their costs (see [`Entry::seed_quantum`]): the check
+    /// reads this word anyway, so a pair past its youth pays one mask.
     pub(super) local_start: AtomicU64,
     /// The admission credit: cost this pair should have admitted under the
     /// factors in force minus what it did, in fixed point (see
@@ -259,6 +262,20 @@ pub(super) struct Entry {
     /// What the scans remember between passes ([`CONFIRM_ASKED`],
     /// [`PACED`]), one byte (scanner only).
     pub(super) scan_flags: AtomicU8,
+}
+
+/// The low bits of [`Entry::local_start`] that count the windows left of
+/// a new pair's youth (see [`Entry::seed_quantum`]); the window's start
+/// is the rest, to 16 ns.
+pub(super) const YOUTH: u64 = 0xf;
+/// The windows of a new pair's youth.
+const YOUTH_WINDOWS: u64 = 8;
+const _: () = assert!(YOUTH_WINDOWS <= YOUTH);
+
+/// The local guard's window start held in `word` ([`Entry::local_start`]).
+#[inline(always)]
+pub(super) fn window_start(word: u64) -> u64 {
+    word & !YOUTH
 }
 
 /// Whether a scan already asked the master for this pair's verdict
@@ -336,7 +353,7 @@ impl Entry {
         active_last_drain.store(false, Relaxed);
         scan_flags.store(0, Relaxed);
         stored_limit.store(limit, Relaxed);
-        local_start.store(now.as_nanos(), Relaxed);
+        local_start.store(now.as_nanos() & !YOUTH, Relaxed);
     }
 
     /// Total attempted cost. Wraps like the counters it adds, so the
@@ -573,7 +590,7 @@ impl Entry {
         n: u64,
         config: &AgentConfig,
     ) -> u64 {
-        let start = self.local_start.load(Relaxed);
+        let start = window_start(self.local_start.load(Relaxed));
         if n <= 1 || in_force.master != 0 || in_force.limit <= 0.0 || start >= now {
             return n;
         }
@@ -647,7 +664,11 @@ impl Entry {
         cost: u64,
         config: &AgentConfig,
     ) -> u32 {
-        let start = self.local_start.load(Relaxed);
+        let word = self.local_start.load(Relaxed);
+        if word & YOUTH != 0 {
+            self.sample_quantum(cost);
+        }
+        let start = window_start(word);
         let elapsed = now.saturating_sub(start);
         let window = duration_nanos(config.local_window);
         // `elapsed == 0`: nothing to measure over (a zero local window, or a
@@ -657,7 +678,7 @@ impl Entry {
         {
             return self.local_factor.load(Relaxed);
         }
-        self.close_local_window(start, now, limit, cost, window)
+        self.close_local_window(word, now, limit, cost, window)
     }
 
     /// The local guard's window that began at `start` is over at `now`, or
@@ -668,15 +689,16 @@ impl Entry {
     /// guard.
     #[cold]
     #[inline(never)]
-    fn close_local_window(&self, start: u64, now: u64, limit: f64, cost: u64, window: u64) -> u32 {
-        let elapsed = now.saturating_sub(start);
+    fn close_local_window(&self, word: u64, now: u64, limit: f64, cost: u64, window: u64) -> u32 {
+        let elapsed = now.saturating_sub(window_start(word));
         let secs = elapsed as f64 / 1e9;
         let window_secs = window as f64 / 1e9;
+        let next = window_start(now) | (word & YOUTH).saturating_sub(1);
         if (elapsed < window
             && !guard::closes_early(self.window_used() as f64, secs, limit, window_secs, cost))
             || self
                 .local_start
-                .compare_exchange(start, now, Relaxed, Relaxed)
+                .compare_exchange(word, next, Relaxed, Relaxed)
                 .is_err()
         {
             return self.local_factor.load(Relaxed);
@@ -766,20 +788,41 @@ impl Entry {
     /// Takes the cost of a first check as what one operation costs, until
     /// the scans learn better ([`Quantum::seeded`]); off the hot path (a
     /// new entry's first check, or the simulator's batches).
+    ///
+    /// And begins the pair's youth: for its first [`YOUTH_WINDOWS`] local
+    /// guard windows (two seconds of 250 ms, when it has traffic), every
+    /// check shows the scans its cost ([`Quantum::sample`]), not only the
+    /// one that closes a window. An account whose operations mostly cost 1
+    /// and sometimes 51 begins, on most agents, with an operation of 1,
+    /// which divides every cost and shows nothing; until an agent saw a 51,
+    /// a sub-window with one more of them than due read as a rise of 51
+    /// operations of 1, and such early reports refused an account at
+    /// 0.95× of its limit in its first seconds (`mixed-costs` at 0.95×,
+    /// every seed of 30). A pair made otherwise (a master's factor before
+    /// any check) has no youth: it is seeded by no check.
     pub(super) fn seed_quantum(&self, cost: u64) {
         if self.quantum.load(Relaxed) == 0 {
             let seeded = super::surge::Quantum::seeded(cost);
-            let _ = self.quantum.compare_exchange(0, seeded.0, Relaxed, Relaxed);
+            if self
+                .quantum
+                .compare_exchange(0, seeded.0, Relaxed, Relaxed)
+                .is_ok()
+            {
+                self.local_start.fetch_or(YOUTH_WINDOWS, Relaxed);
+            }
         }
     }
 
     /// Shows the scans' cost of one operation ([`Quantum::sample`]) the
-    /// cost of the operation that closed a local guard's window: once a
-    /// window per pair, off `check`'s path for the other operations. One
-    /// attempt: a scan that wrote meanwhile wins, and the next window's
-    /// sample comes soon.
+    /// cost of the operation that closed a local guard's window (once a
+    /// window per pair, off `check`'s path for the other operations), or
+    /// of every check in the pair's youth (see
+    /// [`seed_quantum`](Self::seed_quantum)). One attempt: a scan that
+    /// wrote meanwhile wins, and the next sample comes soon.
     ///
     /// [`Quantum::sample`]: super::surge::Quantum::sample
+    #[cold]
+    #[inline(never)]
     fn sample_quantum(&self, cost: u64) {
         let known = self.quantum.load(Relaxed);
         let sampled = super::surge::Quantum(known).sample(cost).0;

@@ -55,7 +55,7 @@ impl AgentState {
         let lapsed = expires != 0 && now.as_nanos() >= expires;
         let fresh = now
             .as_nanos()
-            .saturating_sub(entry.local_start.load(Relaxed))
+            .saturating_sub(super::entry::window_start(entry.local_start.load(Relaxed)))
             < 2 * duration_nanos(self.config.local_window);
         let local = if lapsed || !fresh {
             0

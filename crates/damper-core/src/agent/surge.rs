@@ -291,8 +291,12 @@ impl Quantum {
         let seen = (self.0 >> Self::SEEN_SHIFT).saturating_add(1).min(3);
         let known = u32::from(self.0) & Self::MAX_COST;
         let keep = self.0 & (Self::MIXED | Self::SINGLE);
-        if !self.is_mixed() && self.0 & Self::SINGLE != 0 && known != 0 && cost % known != 0 {
-            return Quantum((seen << Self::SEEN_SHIFT) | keep | Self::MIXED | known as u16);
+        if !self.is_mixed()
+            && self.0 & Self::SINGLE != 0
+            && known != 0
+            && !cost.is_multiple_of(known)
+        {
+            return Quantum((seen << Self::SEEN_SHIFT) | Self::MIXED | known as u16);
         }
         // Saturated: a cost beyond 12 bits stays the lower bound. Mixed:
         // the largest cost seen stands (see `sample`).
@@ -327,12 +331,32 @@ impl Quantum {
             // operation costs this, as far as anything shows yet.
             return Quantum(seen | cost as u16);
         }
-        Quantum(seen | Self::MIXED | known.max(cost) as u16)
+        if self.is_mixed() {
+            return Quantum(seen | Self::MIXED | known.max(cost) as u16);
+        }
+        // Becoming mixed: whether the first operations cost far less than
+        // this one (see `cheap_first`).
+        let cheap_first = if cost >= CHEAP_FIRST * known {
+            Self::SINGLE
+        } else {
+            0
+        };
+        let seen = seen & !Self::SINGLE;
+        Quantum(seen | Self::MIXED | cheap_first | known.max(cost) as u16)
     }
 
     /// Whether operations of different costs were seen.
-    fn is_mixed(self) -> bool {
+    pub(super) fn is_mixed(self) -> bool {
         self.0 & Self::MIXED != 0
+    }
+
+    /// Whether the pair's operations cost differently and its first ones
+    /// cost far less ([`CHEAP_FIRST`] times) than the costliest seen since:
+    /// cost 1 beside cost 51, not publishes of 1 001 beside 1 003. (The
+    /// bit that says, before costs differ, that the divisor is one
+    /// operation's cost, says this once they do.)
+    pub(super) fn cheap_first(self) -> bool {
+        self.is_mixed() && self.0 & Self::SINGLE != 0
     }
 
     /// The cost of one operation, once two sub-windows have taught it; 0
@@ -345,6 +369,10 @@ impl Quantum {
         }
     }
 }
+
+/// How many times the first operations' cost the costliest must be for
+/// [`Quantum::cheap_first`].
+const CHEAP_FIRST: u32 = 4;
 
 fn gcd(mut a: u32, mut b: u32) -> u32 {
     while b != 0 {
@@ -672,6 +700,32 @@ impl Entry {
         Quantum(self.quantum.load(Relaxed)).cost()
     }
 
+    /// The cost of one operation for the noise a rise is judged by: the
+    /// learnt one ([`op_cost`](Self::op_cost)), but 1 for a pair in its
+    /// youth whose first operations cost far less than its costliest
+    /// ([`Quantum::cheap_first`]; see [`Entry::seed_quantum`]). Its checks
+    /// show the scans every cost, so it soon knows its costliest, and
+    /// judged by that from its start, each agent's share of a deluge
+    /// spread over many agents (20 agents, 150 a sub-window each, half
+    /// the cost in operations of 51) stood within the noise of counting
+    /// three such operations, and no agent reported it: a 10× deluge was
+    /// held in its third second rather than its first. Judged as counts
+    /// of 1, as before the costs were seen, every agent reports it, and
+    /// the master weighs the sum by the operations the costliest cost
+    /// counts ([`rise_ops`]): a deluge is proven by twenty such reports,
+    /// and an account at 0.95× of its limit, whose rises are chance, is
+    /// not. Publishes of 1 001 and 1 003 are judged by their own cost:
+    /// judged as counts of 1, every publish read as a rise, and the
+    /// master, weighing hundreds of them, was refused one by chance.
+    pub(super) fn rise_cost(&self) -> u32 {
+        let quantum = Quantum(self.quantum.load(Relaxed));
+        if quantum.cheap_first() && self.local_start.load(Relaxed) & super::entry::YOUTH != 0 {
+            quantum.cost().min(1)
+        } else {
+            quantum.cost()
+        }
+    }
+
     /// The rate this agent last told the pair's master, and whether it was
     /// an early report's (still in the master's surge estimate in `round`,
     /// the round it was sent in or the next) rather than a rollup's.
@@ -701,7 +755,7 @@ impl Entry {
         // The mean squared step between sub-windows is twice their
         // variance.
         let steps = f64::from(f32::from_bits(steps));
-        let quantum = self.op_cost();
+        let quantum = self.rise_cost();
         ((steps / 2.0).sqrt() * scale).max(counting_noise(quantum, baseline, secs))
     }
 
@@ -715,7 +769,7 @@ impl Entry {
     /// [`RISE_NOISE_SHARE`] for a rise), and never under the noise of
     /// counting.
     fn noise_after_report(&self, noise: f64, baseline: f64, secs: f64, share: f64) -> f64 {
-        let quantum = self.op_cost();
+        let quantum = self.rise_cost();
         let floor = counting_noise(quantum, baseline, secs);
         noise.min((share * baseline).max(floor))
     }
@@ -1088,13 +1142,86 @@ mod tests {
             1e6,
             Duration::from_secs(600),
         );
-        for ms in 1..5_000 {
+        // Past its youth (eight windows of cost 1), only the windows'
+        // closing operations show their cost.
+        for ms in 1..2_600 {
+            state.check(at(ms), "acme", "messages", 1, &mut rng);
+        }
+        let op_cost = || {
+            let pinned = state.pairs.pin();
+            pinned.find("acme", "messages").unwrap().op_cost()
+        };
+        assert_eq!(op_cost(), 1);
+        for ms in 2_600..7_600 {
             let cost = if ms % 200 == 0 { 51 } else { 1 };
             state.check(at(ms), "acme", "messages", cost, &mut rng);
         }
-        let pinned = state.pairs.pin();
-        let entry = pinned.find("acme", "messages").unwrap();
-        assert_eq!(entry.op_cost(), 51);
+        assert_eq!(op_cost(), 51);
+    }
+
+    /// A new pair's checks show the scans every cost for its first eight
+    /// windows: one operation of 51 among operations of 1, in its first
+    /// window, is seen at once, and the pair is one of cheap operations
+    /// first. Past its youth, one that closes no window is not.
+    #[test]
+    fn a_new_pair_shows_every_cost_in_its_youth() {
+        let state = AgentState::new(AgentConfig::default());
+        let mut rng = SmallRng::seed_from_u64(1);
+        let quantum = |account: &str| {
+            let pinned = state.pairs.pin();
+            Quantum(
+                pinned
+                    .find(account, "messages")
+                    .unwrap()
+                    .quantum
+                    .load(Relaxed),
+            )
+        };
+        for account in ["young", "grown"] {
+            state.check(at(0), account, "messages", 1, &mut rng);
+            state.apply(
+                at(0),
+                account,
+                "messages",
+                0.0,
+                1e6,
+                Duration::from_secs(600),
+            );
+        }
+        state.check(at(10), "young", "messages", 51, &mut rng);
+        assert_eq!(quantum("young").cost(), 51);
+        assert!(quantum("young").cheap_first());
+        // Ten windows of cost 1, then a 51 in the middle of a window.
+        for ms in (1..2_500).step_by(5) {
+            state.check(at(ms), "grown", "messages", 1, &mut rng);
+        }
+        // Its last window began at 2 251 ms: 2 498 closes none.
+        state.check(at(2_498), "grown", "messages", 51, &mut rng);
+        assert_eq!(quantum("grown").cost(), 1);
+        assert!(!quantum("grown").is_mixed());
+    }
+
+    #[test]
+    fn costs_far_apart_are_cheap_first_and_close_ones_are_not() {
+        // Costs of 1 and 51, the 1 first: cheap first.
+        assert!(Quantum::seeded(1).sample(51).cheap_first());
+        // Publishes of 1 001 and 1 003, either way: mixed, not cheap first.
+        assert!(!Quantum::seeded(1_001).sample(1_003).cheap_first());
+        assert!(Quantum::seeded(1_001).sample(1_003).is_mixed());
+        assert!(!Quantum::seeded(1_001).learn(2_004).cheap_first());
+        // The costly one first: its sub-windows show the costs differ,
+        // and the costly one stands, not cheap first.
+        let costly_first = Quantum::seeded(51).learn(16);
+        assert!(costly_first.is_mixed() && !costly_first.cheap_first());
+        assert_eq!(costly_first.cost(), 51);
+        // Once mixed, more samples keep what the first said.
+        assert!(
+            Quantum::seeded(1)
+                .sample(51)
+                .sample(1)
+                .sample(101)
+                .cheap_first()
+        );
     }
 
     /// 5 000/s of cost 1 on `acme` over `ms`, in 10-ms steps.

@@ -210,7 +210,7 @@ impl AgentState {
             let again = if follow_up {
                 (rate - f64::from(baseline)).abs() > RESAY * f64::from(baseline)
             } else {
-                let noise = counting_noise(entry.op_cost(), f64::from(baseline), secs);
+                let noise = counting_noise(entry.rise_cost(), f64::from(baseline), secs);
                 rule.is_surge(rate, f64::from(baseline), false, limit, noise)
             };
             // A reported pair waits for twice the operations, within its

@@ -628,7 +628,10 @@ fn first_reporters_of_a_first_round_under_an_early_report_ask_again() {
     };
     // Agent a's share of the first round: under the limit, and the early
     // report's estimate still stands over it.
-    let first = m.ingest(at(2_010), &report(0.3 * L * 2.0)).unwrap().unwrap();
+    let first = m
+        .ingest(at(2_010), &report(0.3 * L * 2.0))
+        .unwrap()
+        .unwrap();
     assert_eq!(first.factor, 0.0, "{first:?}");
     assert_eq!(
         first.recheck_at,
@@ -636,7 +639,10 @@ fn first_reporters_of_a_first_round_under_an_early_report_ask_again() {
         "told to ask again when the first round is whole"
     );
     // Agent b's share makes the round read twice the limit.
-    let second = m.ingest(at(2_020), &report(1.8 * L * 2.0)).unwrap().unwrap();
+    let second = m
+        .ingest(at(2_020), &report(1.8 * L * 2.0))
+        .unwrap()
+        .unwrap();
     assert!(second.factor > 0.4, "{second:?}");
     // Agent a, asking again when told, is suppressed too.
     let again = m.verdict(at(2_500), "acme", "messages").unwrap();

@@ -46,7 +46,8 @@ impl MasterState {
         rates: SurgeRates,
     ) -> Option<Verdict> {
         self.hints.hints += 1;
-        let verdict = self.conclude(i, pair.account, pair.op, now);
+        let mut window = self.entries.take_window(i);
+        let verdict = self.conclude(i, &window, pair.account, pair.op, now);
         let key = self.entries.get_mut(i);
         key.last_report = key.last_report.later(now);
         let hint = HintFrom {
@@ -57,10 +58,8 @@ impl MasterState {
         // Only limited pairs are polled; an exempt one's limit is infinite.
         let limit = verdict.map_or(f64::INFINITY, |v| v.limit.get());
         let factor = verdict.map_or(0.0, |v| v.factor);
-        let poll = limit.is_finite()
-            && key
-                .window
-                .hint(&self.config.window, now, hint, limit, factor);
+        let poll = limit.is_finite() && window.hint(&self.config.window, now, hint, limit, factor);
+        self.entries.put_window(i, window);
         if poll && self.pushes.is_some() {
             let interval = crate::time::duration_nanos(self.config.window.rollup_interval).max(1);
             let this = now.as_nanos() / interval;

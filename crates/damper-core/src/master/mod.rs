@@ -345,8 +345,9 @@ impl MasterState {
     /// every window afresh, since old counts no longer fit it.
     pub fn set_config(&mut self, config: MasterConfig) {
         if self.config.window.shape_change(&config.window).is_some() {
-            for entry in self.entries.iter_mut() {
-                entry.window = DemandWindow::new(&config.window);
+            for i in 0..u32::try_from(self.entries.len).expect("fewer than 2^32 pairs") {
+                self.entries
+                    .put_window(i, DemandWindow::new(&config.window));
             }
         }
         self.config = config;
@@ -407,16 +408,21 @@ impl MasterState {
         // under a lost master, and every pair already tracked (every flood
         // being held among them) keeps its state.
         let i = self.find_or_insert_near(op, report.account, now, at)?;
-        let window_config = &self.config.window;
-        let key = self.entries.get_mut(i);
-        let dropped =
-            key.window
-                .record(window_config, start, end, report.attempted, report.admitted);
+        let mut window = self.entries.take_window(i);
+        let dropped = window.record(
+            &self.config.window,
+            start,
+            end,
+            report.attempted,
+            report.admitted,
+        );
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
+        let key = self.entries.get_mut(i);
         key.last_report = key.last_report.later(now);
         let was_suppressed = key.is(table::SUPPRESSED);
-        let verdict = self.conclude(i, report.account, report.op, now);
+        let verdict = self.conclude(i, &window, report.account, report.op, now);
+        self.entries.put_window(i, window);
         self.queue_release_push(report.account, report.op, was_suppressed, verdict.as_ref());
         verdict
     }
@@ -449,24 +455,33 @@ impl MasterState {
         if rates.hint {
             return Ok(self.hint(now, i, agent, pair, rates));
         }
-        let key = self.entries.get_mut(i);
+        let mut window = self.entries.take_window(i);
         // An agent whose clock runs ahead: its sub-window ended by now.
-        key.window
-            .surge(&self.config.window, now, at.min(now), rates);
+        window.surge(&self.config.window, now, at.min(now), rates);
+        let key = self.entries.get_mut(i);
         key.last_report = key.last_report.later(now);
         let was_suppressed = key.is(table::SUPPRESSED);
         let recheck_at = now + self.config.policy.surge_recheck;
-        let verdict = self.conclude(i, pair.account, pair.op, now);
-        self.queue_surge_push(i, pair, was_suppressed, verdict.as_ref(), now);
+        let verdict = self.conclude(i, &window, pair.account, pair.op, now);
+        self.queue_surge_push(&mut window, pair, was_suppressed, verdict.as_ref(), now);
+        self.entries.put_window(i, window);
         Ok(verdict.map(|v| Verdict {
             recheck_at: Some(recheck_at),
             ..v
         }))
     }
 
-    /// The verdict of entry `i` after a report, with its limit looked up
+    /// The verdict of entry `i`, whose window is `window` (taken out of
+    /// the table by the caller), after a report, with its limit looked up
     /// again if the config changed, and its transition noted.
-    fn conclude(&mut self, i: u32, account: &str, op: &str, now: Nanos) -> Option<Verdict> {
+    fn conclude(
+        &mut self,
+        i: u32,
+        window: &DemandWindow,
+        account: &str,
+        op: &str,
+        now: Nanos,
+    ) -> Option<Verdict> {
         let key = self.entries.get_mut(i);
         if key.generation != self.generation {
             key.limit = self.config.limits.lookup(account, op).map(|m| m.id);
@@ -475,11 +490,12 @@ impl MasterState {
             key.generation = self.generation;
         }
         let verdict = if key.is(table::EXEMPT) {
-            Some(exempt_verdict(&self.config, Some(&key.window), now))
+            Some(exempt_verdict(&self.config, Some(window), now))
         } else {
+            let held = key.is(table::SUPPRESSED);
             key.limit
                 .and_then(|id| self.config.limits.get(id))
-                .map(|limit| verdict(&self.config, key, limit, now))
+                .map(|limit| verdict(&self.config, window, held, limit, now))
         };
         let suppressed = verdict.is_some_and(|v| v.factor > 0.0);
         let shadow = verdict.is_some_and(|v| v.shadow);
@@ -532,7 +548,7 @@ impl MasterState {
     /// order is unspecified.
     pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
-        for key in self.entries.iter() {
+        for (i, key) in (0u32..).zip(self.entries.iter()) {
             let (op, account) = (&*self.ops[key.op as usize].name, key.account.as_str());
             if !keep(Pair::new(account, op)) {
                 continue;
@@ -543,12 +559,13 @@ impl MasterState {
                 .limits
                 .lookup(account, op)
                 .filter(|_| exempt.is_none());
+            let window = self.entries.window_of(i, key);
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let v = verdict(&self.config, key, m, now);
+                    let v = verdict(&self.config, &window, key.is(table::SUPPRESSED), m, now);
                     (v.factor, v.rates)
                 }
-                None => (0.0, key.window.estimate(&self.config.window, now).rates),
+                None => (0.0, window.estimate(&self.config.window, now).rates),
             };
             views.push(KeyView {
                 account: account.to_string(),
@@ -571,12 +588,15 @@ impl MasterState {
     /// reports for reads as zero demand.
     pub fn verdict(&self, now: Nanos, account: &str, op: &str) -> Option<Verdict> {
         if self.config.exempt.covers(account, op).is_some() {
-            let window = self.find(op, account).map(|i| &self.entries.get(i).window);
-            return Some(exempt_verdict(&self.config, window, now));
+            let window = self.find(op, account).map(|i| self.entries.window(i));
+            return Some(exempt_verdict(&self.config, window.as_ref(), now));
         }
         let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => verdict(&self.config, self.entries.get(i), limit, now),
+            Some(i) => {
+                let held = self.entries.get(i).is(table::SUPPRESSED);
+                verdict(&self.config, &self.entries.window(i), held, limit, now)
+            }
             None => {
                 let rates = Rates::default();
                 Verdict {
@@ -665,13 +685,13 @@ impl MasterState {
     /// Copies out every (account, op)'s window as it stands at `now`, for a
     /// snapshot that a restarted master loads with [`import`](Self::import).
     pub fn export(&self, now: Nanos) -> Vec<KeySnapshot> {
-        self.entries
-            .iter()
-            .map(|key| KeySnapshot {
+        (0u32..)
+            .zip(self.entries.iter())
+            .map(|(i, key)| KeySnapshot {
                 op: self.ops[key.op as usize].name.to_string(),
                 account: key.account.to_string(),
                 last_report: key.last_report.when(now),
-                window: key.window.clone(),
+                window: self.entries.window_of(i, key),
             })
             .collect()
     }
@@ -694,8 +714,7 @@ impl MasterState {
                 continue;
             };
             if self.entries.len > before {
-                let key = self.entries.get_mut(i);
-                key.window = k.window;
+                self.entries.put_window(i, k.window);
                 taken += 1;
             }
         }
@@ -806,15 +825,15 @@ fn exempt_verdict(config: &MasterConfig, window: Option<&DemandWindow>, now: Nan
     }
 }
 
-/// The verdict for the pair of entry `key`, limited by `matched`, from its
-/// window and whether its last verdict suppressed it (`held`).
+/// The verdict for a pair limited by `matched`, from its `window` and
+/// whether its last verdict suppressed it (`held`).
 fn verdict(
     config: &MasterConfig,
-    key: &table::Entry,
+    window: &DemandWindow,
+    held: bool,
     matched: LimitMatch<'_>,
     now: Nanos,
 ) -> Verdict {
-    let (window, held) = (&key.window, key.is(table::SUPPRESSED));
     let limit = matched.rate;
     let mut estimate = window.estimate(&config.window, now);
     // A surge estimate reads as the limit (no suppression) while it may

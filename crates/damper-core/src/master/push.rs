@@ -26,6 +26,7 @@ use super::{MasterState, Verdict};
 use crate::Pair;
 use crate::config::MasterConfig;
 use crate::time::Nanos;
+use crate::window::DemandWindow;
 use crate::wire::{Listed, OpAccounts, OpVerdicts, Reply, Unlisted};
 
 /// How far under its limit a rollup must bring a suppressed account's
@@ -104,10 +105,9 @@ impl MasterState {
     /// more than [`REPUSH_MOVED`] since the last push, at most every
     /// [`REPUSH_SPACING`] (see [`DemandWindow::surge_repush`]).
     ///
-    /// [`DemandWindow::surge_repush`]: crate::window::DemandWindow::surge_repush
     pub(super) fn queue_surge_push(
         &mut self,
-        i: u32,
+        window: &mut DemandWindow,
         pair: Pair<'_>,
         was_suppressed: bool,
         verdict: Option<&Verdict>,
@@ -117,7 +117,6 @@ impl MasterState {
             return;
         };
         let keep = 1.0 - verdict.factor;
-        let window = &mut self.entries.get_mut(i).window;
         let cfg = &self.config.window;
         let flipped = (verdict.factor > 0.0) != was_suppressed;
         let moved = verdict.factor > 0.0

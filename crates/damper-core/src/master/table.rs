@@ -1,7 +1,10 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 88
+//! Where a master keeps its (account, op) pairs: one entry each, 80
 //! bytes with the account name inline, in chunks of 384 KiB that never
-//! move, found by one probe of a hash index; op names interned.
+//! move, found by one probe of a hash index; op names interned. What few
+//! windows hold beyond the rest (a surge, hints, the `ably-mma`
+//! sub-intervals) is kept beside the entries, by position.
 
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use compact_str::CompactString;
@@ -12,10 +15,10 @@ use super::{MasterState, ReportTime};
 use crate::Pair;
 use crate::limits::LimitId;
 use crate::time::Nanos;
-use crate::window::DemandWindow;
+use crate::window::{DemandWindow, WindowCore, WindowExtras};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (88 bytes, the account name inline up to 24 bytes) and in one place:
+/// (80 bytes, the account name inline up to 24 bytes) and in one place:
 /// finding it is one probe of the index and one cache miss here.
 #[derive(Debug)]
 pub(super) struct Entry {
@@ -30,7 +33,10 @@ pub(super) struct Entry {
     pub(super) flags: u8,
     /// When its last report came, for eviction and views.
     pub(super) last_report: ReportTime,
-    pub(super) window: DemandWindow,
+    /// Its window, but for what only some windows hold: whether it holds
+    /// any is [`EXTRAS`], and [`Entries`] keeps them (see
+    /// [`Entries::take_window`]).
+    pub(super) window: WindowCore,
 }
 
 /// Whether the last verdict had a positive factor: a change is a
@@ -44,6 +50,8 @@ pub(super) const EXEMPT: u8 = 4;
 /// Whether the last verdict's limit was in shadow: a change while
 /// suppressed is a [`Transition`].
 pub(super) const SHADOW: u8 = 8;
+/// Whether its window holds extras, kept in [`Entries`] by position.
+const EXTRAS: u8 = 16;
 
 impl Entry {
     pub(super) fn is(&self, flag: u8) -> bool {
@@ -74,13 +82,18 @@ pub(super) struct Op {
 pub(super) struct Entries {
     pub(super) chunks: Vec<Vec<Entry>>,
     pub(super) len: usize,
+    /// The extras of the windows that hold some ([`EXTRAS`]), by
+    /// position: a pointer in every entry cost 8 bytes and the padding
+    /// its alignment asked for, 88 bytes an entry rather than 80, for
+    /// what few windows hold.
+    extras: HashMap<u32, WindowExtras, RandomState>,
 }
 
 /// Entries per chunk: as many as fill [`CHUNK_BYTES`].
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
 // What `state_memory` measures: a change of size should be on purpose.
-const _: () = assert!(std::mem::size_of::<Entry>() == 88);
+const _: () = assert!(std::mem::size_of::<Entry>() == 80);
 
 /// A chunk's allocation: 384 KiB, one of mimalloc's size classes (they
 /// run 1.25, 1.5, 1.75 and 2 times each power of two), so the chunk fills
@@ -99,6 +112,53 @@ impl Entries {
         &mut self.chunks[i as usize / CHUNK][i as usize % CHUNK]
     }
 
+    /// Entry `i`'s window, whole, taken out of the table until
+    /// [`put_window`](Self::put_window) puts it back: its core is copied,
+    /// its extras (if any) moved.
+    pub(super) fn take_window(&mut self, i: u32) -> DemandWindow {
+        let entry = self.get_mut(i);
+        let core = entry.window;
+        let extras = if entry.is(EXTRAS) {
+            entry.set(EXTRAS, false);
+            self.extras.remove(&i)
+        } else {
+            None
+        };
+        DemandWindow::join(core, extras)
+    }
+
+    /// Puts back entry `i`'s window (see [`take_window`](Self::take_window)).
+    pub(super) fn put_window(&mut self, i: u32, window: DemandWindow) {
+        let (core, extras) = window.split();
+        let entry = self.get_mut(i);
+        let had = entry.is(EXTRAS);
+        entry.window = core;
+        entry.set(EXTRAS, extras.is_some());
+        match extras {
+            Some(extras) => {
+                self.extras.insert(i, extras);
+            }
+            None if had => {
+                self.extras.remove(&i);
+            }
+            None => {}
+        }
+    }
+
+    /// A copy of entry `i`'s window, whole (for views and snapshots).
+    pub(super) fn window(&self, i: u32) -> DemandWindow {
+        self.window_of(i, self.get(i))
+    }
+
+    /// A copy of the window of `entry`, the entry at `i`.
+    pub(super) fn window_of(&self, i: u32, entry: &Entry) -> DemandWindow {
+        let extras = entry
+            .is(EXTRAS)
+            .then(|| self.extras.get(&i).cloned())
+            .flatten();
+        DemandWindow::join(entry.window, extras)
+    }
+
     pub(super) fn push(&mut self, entry: Entry) {
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(entry),
@@ -111,7 +171,8 @@ impl Entries {
         self.len += 1;
     }
 
-    /// Removes entry `i`, moving the last one into its place.
+    /// Removes entry `i`, moving the last one into its place, with their
+    /// windows' extras.
     pub(super) fn swap_remove(&mut self, i: u32) -> Entry {
         let last = self
             .chunks
@@ -122,19 +183,26 @@ impl Entries {
             self.chunks.pop();
         }
         self.len -= 1;
-        if i as usize == self.len {
-            last
-        } else {
-            std::mem::replace(self.get_mut(i), last)
+        let from = u32::try_from(self.len).expect("fewer than 2^32 pairs");
+        if i == from {
+            if last.is(EXTRAS) {
+                self.extras.remove(&i);
+            }
+            return last;
         }
+        let moved_extras = last.is(EXTRAS).then(|| self.extras.remove(&from)).flatten();
+        let removed = std::mem::replace(self.get_mut(i), last);
+        if removed.is(EXTRAS) {
+            self.extras.remove(&i);
+        }
+        if let Some(extras) = moved_extras {
+            self.extras.insert(i, extras);
+        }
+        removed
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
         self.chunks.iter().flatten()
-    }
-
-    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
-        self.chunks.iter_mut().flatten()
     }
 }
 
@@ -208,6 +276,7 @@ impl MasterState {
                 if let Some(left) = &mut self.new_pairs_allowed {
                     *left -= 1;
                 }
+                let (window, extras) = DemandWindow::new(&self.config.window).split();
                 self.entries.push(Entry {
                     account: CompactString::from(account),
                     op,
@@ -215,8 +284,12 @@ impl MasterState {
                     generation: self.generation.wrapping_sub(1),
                     flags: 0,
                     last_report: ReportTime::at(now),
-                    window: DemandWindow::new(&self.config.window),
+                    window,
                 });
+                if extras.is_some() {
+                    self.entries
+                        .put_window(next, DemandWindow::join(window, extras));
+                }
                 self.ops[op as usize].keys += 1;
                 Some(next)
             }

@@ -824,13 +824,15 @@ fn an_entry_stays_within_its_memory_budget() {
     // rounds' spread (8 bytes: suppress only with confidence) to 104;
     // boxing the surge estimate with the sub-intervals, back to 96; the
     // last report in 32 bits of milliseconds and a limit index that is
-    // never zero, to 88.
+    // never zero, to 88; the window's extras kept beside the entries and
+    // its round index in 32 bits, to 80 (its core 36 bytes).
     assert!(
-        size_of::<table::Entry>() <= 88,
+        size_of::<table::Entry>() <= 80,
         "{}",
         size_of::<table::Entry>()
     );
     assert_eq!(size_of::<DemandWindow>(), 48);
+    assert_eq!(size_of::<crate::window::WindowCore>(), 36);
 }
 
 #[test]
@@ -868,7 +870,7 @@ fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
                         (key.account.as_str(), &*m.ops[key.op as usize].name),
                         (name.as_str(), op)
                     );
-                    let rates = key.window.estimate(&m.config.window, now).rates;
+                    let rates = m.entries.window(e).estimate(&m.config.window, now).rates;
                     assert_eq!(rates.demand, (8_000 + i) as f64 / 2.0);
                 }
                 None if i % 2 == 1 => {}
@@ -892,6 +894,48 @@ fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
     assert_eq!(m.len(), 5_001);
     assert_eq!(m.evict_idle(at(1_000_000), Duration::from_secs(30)), 5_001);
     assert!(m.is_empty() && m.suppressed_by_op().next().is_none());
+}
+
+/// The few windows holding extras (here an early report's surge estimate)
+/// keep them beside the entries, by position: evicting pairs moves the
+/// last entries into the gaps, and each keeps its own.
+#[test]
+fn evicting_pairs_moves_each_surge_with_its_pair() {
+    let mut m = master("latest-round");
+    let names: Vec<String> = (0..3_000).map(|i| format!("acct-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let end = if i % 2 == 0 { 40_000 } else { 2_000 };
+        let report = Report {
+            account: name,
+            op: "messages",
+            start: at(end - 2_000),
+            end: at(end),
+            attempted: 2,
+            admitted: 2,
+        };
+        m.ingest(at(end + 5), &report).unwrap();
+        if i % 3 == 0 {
+            let rates = SurgeRates {
+                rate: (200 + i) as f32,
+                ..SurgeRates::default()
+            };
+            let pair = Pair::new(name, "messages");
+            m.surge(at(end + 10), at(end + 10), "a", pair, rates)
+                .unwrap();
+        }
+    }
+    assert_eq!(m.evict_idle(at(45_000), Duration::from_secs(30)), 1_500);
+    let now = at(40_100);
+    for (i, name) in names.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let e = m.find("messages", name).expect("kept");
+        let estimate = m.entries.window(e).estimate(&m.config.window, now);
+        let expected = if i % 3 == 0 { (200 + i) as f64 } else { 1.0 };
+        assert_eq!(
+            (estimate.surge, estimate.rates.demand),
+            (i % 3 == 0, expected),
+            "{name}"
+        );
+    }
 }
 
 /// Past `max_pairs`, made-up names are not tracked (counted), while a
@@ -1083,8 +1127,12 @@ fn a_hint_counts_only_the_pair_it_holds() {
         admitted: cost,
     };
     let demand = |m: &MasterState, account: &str, op: &str| {
-        let e = m.entries.get(m.find(op, account).expect("tracked"));
-        e.window.estimate(&m.config.window, at(2_010)).rates.demand
+        let e = m.find(op, account).expect("tracked");
+        m.entries
+            .window(e)
+            .estimate(&m.config.window, at(2_010))
+            .rates
+            .demand
     };
     // Unknown: found by the index, and where it is told back.
     let mut at_b = 0;

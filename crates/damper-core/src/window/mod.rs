@@ -139,7 +139,9 @@ pub struct Dropped {
 /// Holds the rounds always, and the sub-intervals only when the configured
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
-/// window is 48 bytes with no allocation of its own.
+/// window is 48 bytes with no allocation of its own, and a master's table
+/// keeps 36 of them in each entry ([`WindowCore`]) and the rest beside,
+/// for the few windows that hold more.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a
 /// window only fits the [`WindowConfig`] shape it was made for
@@ -147,9 +149,14 @@ pub struct Dropped {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(from = "WindowSnapshot", into = "WindowSnapshot")]
 pub struct DemandWindow {
-    /// Grid index of the current round: the one whose reports end at
-    /// `round × rollup_interval`. The previous round is `round − 1`.
-    round: u64,
+    /// Grid index of the current round, its low 32 bits: the one whose
+    /// reports end at `round × rollup_interval`. The previous round is
+    /// `round − 1`. Read back by [`round_near`](Self::round_near), as the
+    /// index within 2^31 rounds of the time asked about: 24 days of the
+    /// shortest rounds (1 ms), longer than a master keeps an idle window.
+    /// Four bytes rather than eight: a master's entry holds the window's
+    /// core (all but `extras`) in 36 bytes.
+    round: u32,
     /// The summed rates of the reports of the current round (`[0]`) and of
     /// the round before (`[1]`), as `f32`: 7 significant digits are plenty
     /// for a probability, and halve what millions of windows hold.
@@ -166,6 +173,30 @@ pub struct DemandWindow {
     /// [`confidently_over`](Self::confidently_over).
     spread: spread::Spread,
 }
+
+/// A window without its [`extras`](DemandWindow::split), as a master's
+/// table keeps it: 36 bytes and no pointer, so an entry need not be
+/// aligned or padded for one; the few windows with extras keep them
+/// beside the table.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WindowCore {
+    round: u32,
+    rates: [RoundRates; 2],
+    reports: [u16; 2],
+    spread: spread::Spread,
+}
+
+impl WindowCore {
+    /// Reads fields at both ends of the window, changing nothing: lets a
+    /// batch's cache misses on its windows overlap (`MasterState::warm`).
+    pub(crate) fn touch(&self) -> u64 {
+        u64::from(self.round) ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
+    }
+}
+
+/// What only some windows hold (see [`DemandWindow::split`]).
+#[derive(Clone, Debug)]
+pub(crate) struct WindowExtras(Box<Extras>);
 
 /// What a window holds only some of the time.
 #[derive(Clone, Debug, Default)]
@@ -197,7 +228,9 @@ struct WindowSnapshot {
 impl From<WindowSnapshot> for DemandWindow {
     fn from(s: WindowSnapshot) -> DemandWindow {
         DemandWindow {
-            round: s.round,
+            // Truncated: read back near the present (`round_near`). At
+            // the default 2-s round every index until 2106 fits whole.
+            round: s.round as u32,
             rates: s.rates,
             reports: s.reports,
             extras: s.sub_intervals.map(|sub| {
@@ -215,7 +248,7 @@ impl From<WindowSnapshot> for DemandWindow {
 impl From<DemandWindow> for WindowSnapshot {
     fn from(w: DemandWindow) -> WindowSnapshot {
         WindowSnapshot {
-            round: w.round,
+            round: u64::from(w.round),
             rates: w.rates,
             reports: w.reports,
             sub_intervals: w.extras.and_then(|e| e.sub_intervals).map(Box::new),
@@ -257,6 +290,44 @@ fn ring_len(cfg: &WindowConfig) -> usize {
 }
 
 impl DemandWindow {
+    /// The window as a master's table keeps it: the part every window
+    /// has, and what only some hold.
+    pub(crate) fn split(self) -> (WindowCore, Option<WindowExtras>) {
+        let DemandWindow {
+            round,
+            rates,
+            reports,
+            extras,
+            spread,
+        } = self;
+        (
+            WindowCore {
+                round,
+                rates,
+                reports,
+                spread,
+            },
+            extras.map(WindowExtras),
+        )
+    }
+
+    /// The window [`split`](Self::split) gave.
+    pub(crate) fn join(core: WindowCore, extras: Option<WindowExtras>) -> DemandWindow {
+        let WindowCore {
+            round,
+            rates,
+            reports,
+            spread,
+        } = core;
+        DemandWindow {
+            round,
+            rates,
+            reports,
+            extras: extras.map(|e| e.0),
+            spread,
+        }
+    }
+
     /// An empty window for `cfg`.
     pub fn new(cfg: &WindowConfig) -> DemandWindow {
         DemandWindow {
@@ -341,19 +412,20 @@ impl DemandWindow {
             demand: attempted as f64 / secs,
             admitted: admitted as f64 / secs,
         };
-        let slot = if id == self.round {
+        let round = self.round_near(id);
+        let slot = if id == round {
             0
-        } else if id > self.round {
+        } else if id > round {
             self.close_round();
-            (self.rates[1], self.reports[1]) = if id == self.round + 1 {
+            (self.rates[1], self.reports[1]) = if id == round + 1 {
                 (self.rates[0], self.reports[0])
             } else {
                 (RoundRates::default(), 0)
             };
             (self.rates[0], self.reports[0]) = (RoundRates::default(), 0);
-            self.round = id;
+            self.round = id as u32;
             0
-        } else if id + 1 == self.round {
+        } else if id + 1 == round {
             1
         } else {
             // Older rounds no longer matter to the estimate.
@@ -363,6 +435,17 @@ impl DemandWindow {
         self.rates[slot].admitted += rates.admitted as f32;
         self.reports[slot] = self.reports[slot].saturating_add(1);
         true
+    }
+
+    /// The full index of the current round: the one within 2^31 rounds of
+    /// round `near` whose low 32 bits the window keeps. 0 (before every
+    /// round) while nothing was ever recorded, as a new window's was.
+    pub(super) fn round_near(&self, near: u64) -> u64 {
+        if self.reports == [0, 0] {
+            return 0;
+        }
+        let behind = (near as u32).wrapping_sub(self.round) as i32;
+        near.wrapping_sub(i64::from(behind) as u64)
     }
 
     /// The current round is over (a report of a later one arrived): its
@@ -530,12 +613,13 @@ impl DemandWindow {
         let r = duration_nanos(cfg.rollup_interval);
         // The newest round every agent must have reported by now.
         let due = (now - cfg.settle()).as_nanos() / r;
-        if self.reports[0] == 0 || self.round < due {
+        let round = self.round_near(due);
+        if self.reports[0] == 0 || round < due {
             // Nothing reported for a round that is due: no agent had demand.
             return Estimate::default();
         }
         // Reports of this round still arrive until its end plus the grace.
-        let whole_by = Nanos::from_nanos(self.round.saturating_mul(r)) + cfg.grace;
+        let whole_by = Nanos::from_nanos(round.saturating_mul(r)) + cfg.grace;
         // A report ending up to half a round after the grid point counts in
         // this round (`record_round`): past this, none can still come.
         let past_due = whole_by + cfg.rollup_interval / 2;
@@ -564,12 +648,6 @@ impl DemandWindow {
                 false,
             )
         }
-    }
-
-    /// Reads fields at both ends of the window, changing nothing: lets a
-    /// batch's cache misses on its windows overlap (`MasterState::warm`).
-    pub(crate) fn touch(&self) -> u64 {
-        self.round ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
     }
 
     /// Total attempted and admitted cost held in the sub-intervals (zero

@@ -153,7 +153,7 @@ impl DemandWindow {
     pub fn surge(&mut self, cfg: &WindowConfig, now: Nanos, at: Nanos, rates: SurgeRates) -> bool {
         let r = duration_nanos(cfg.rollup_interval).max(1);
         let round = at.as_nanos().saturating_sub(1) / r + 1;
-        if round < self.round {
+        if round < self.round_near(round) {
             return false;
         }
         let rounds = self.round_estimate(cfg, now).rates.demand;
@@ -263,8 +263,9 @@ impl DemandWindow {
         let surge = self.extras.as_deref()?.surge.as_ref()?;
         let r = duration_nanos(cfg.rollup_interval).max(1);
         let after = surge.round + 1;
-        let whole = self.round > after
-            || (self.round == after && self.reports[1] > 0 && self.reports[0] >= self.reports[1]);
+        let round = self.round_near(after);
+        let whole = round > after
+            || (round == after && self.reports[1] > 0 && self.reports[0] >= self.reports[1]);
         // Reports lost or agents gone: the estimate lapses all the same
         // once the round after it should have been whole.
         let lapsed = now >= Nanos::from_nanos(after.saturating_mul(r)) + cfg.settle();

@@ -548,7 +548,7 @@ impl MasterState {
     /// order is unspecified.
     pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
-        for (i, key) in (0u32..).zip(self.entries.iter()) {
+        for key in self.entries.iter() {
             let (op, account) = (&*self.ops[key.op as usize].name, key.account.as_str());
             if !keep(Pair::new(account, op)) {
                 continue;
@@ -559,7 +559,7 @@ impl MasterState {
                 .limits
                 .lookup(account, op)
                 .filter(|_| exempt.is_none());
-            let window = self.entries.window_of(i, key);
+            let window = self.entries.window_of(key);
             let (factor, rates) = match limit {
                 Some(m) => {
                     let v = verdict(&self.config, &window, key.is(table::SUPPRESSED), m, now);
@@ -685,13 +685,13 @@ impl MasterState {
     /// Copies out every (account, op)'s window as it stands at `now`, for a
     /// snapshot that a restarted master loads with [`import`](Self::import).
     pub fn export(&self, now: Nanos) -> Vec<KeySnapshot> {
-        (0u32..)
-            .zip(self.entries.iter())
-            .map(|(i, key)| KeySnapshot {
+        self.entries
+            .iter()
+            .map(|key| KeySnapshot {
                 op: self.ops[key.op as usize].name.to_string(),
                 account: key.account.to_string(),
                 last_report: key.last_report.when(now),
-                window: self.entries.window_of(i, key),
+                window: self.entries.window_of(key),
             })
             .collect()
     }

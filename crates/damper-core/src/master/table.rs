@@ -4,8 +4,8 @@
 //! windows hold beyond the rest (a surge, hints, the `ably-mma`
 //! sub-intervals) is kept beside the entries, by position.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::num::NonZeroU32;
 
 use compact_str::CompactString;
 use foldhash::fast::RandomState;
@@ -33,10 +33,13 @@ pub(super) struct Entry {
     pub(super) flags: u8,
     /// When its last report came, for eviction and views.
     pub(super) last_report: ReportTime,
-    /// Its window, but for what only some windows hold: whether it holds
-    /// any is [`EXTRAS`], and [`Entries`] keeps them (see
+    /// Its window, but for what only some windows hold (see
     /// [`Entries::take_window`]).
     pub(super) window: WindowCore,
+    /// Where [`Entries`] keeps what its window holds beyond the core, if
+    /// anything (its place plus one): four bytes the entry's alignment
+    /// left free.
+    extras: Option<NonZeroU32>,
 }
 
 /// Whether the last verdict had a positive factor: a change is a
@@ -50,8 +53,6 @@ pub(super) const EXEMPT: u8 = 4;
 /// Whether the last verdict's limit was in shadow: a change while
 /// suppressed is a [`Transition`].
 pub(super) const SHADOW: u8 = 8;
-/// Whether its window holds extras, kept in [`Entries`] by position.
-const EXTRAS: u8 = 16;
 
 impl Entry {
     pub(super) fn is(&self, flag: u8) -> bool {
@@ -82,11 +83,14 @@ pub(super) struct Op {
 pub(super) struct Entries {
     pub(super) chunks: Vec<Vec<Entry>>,
     pub(super) len: usize,
-    /// The extras of the windows that hold some ([`EXTRAS`]), by
-    /// position: a pointer in every entry cost 8 bytes and the padding
-    /// its alignment asked for, 88 bytes an entry rather than 80, for
-    /// what few windows hold.
-    extras: HashMap<u32, WindowExtras, RandomState>,
+    /// The extras of the windows that hold some, each at the place its
+    /// entry names: a pointer in every window cost 8 bytes and the
+    /// padding its alignment asked for, 88 bytes an entry rather than 80,
+    /// for what few windows hold. A place stays its entry's while the
+    /// entry moves (eviction fills gaps with the last entry).
+    extras: Vec<Option<WindowExtras>>,
+    /// Places in `extras` no entry holds.
+    free_extras: Vec<u32>,
 }
 
 /// Entries per chunk: as many as fill [`CHUNK_BYTES`].
@@ -118,12 +122,9 @@ impl Entries {
     pub(super) fn take_window(&mut self, i: u32) -> DemandWindow {
         let entry = self.get_mut(i);
         let core = entry.window;
-        let extras = if entry.is(EXTRAS) {
-            entry.set(EXTRAS, false);
-            self.extras.remove(&i)
-        } else {
-            None
-        };
+        let extras = entry
+            .extras
+            .and_then(|place| self.extras[place.get() as usize - 1].take());
         DemandWindow::join(core, extras)
     }
 
@@ -131,31 +132,47 @@ impl Entries {
     pub(super) fn put_window(&mut self, i: u32, window: DemandWindow) {
         let (core, extras) = window.split();
         let entry = self.get_mut(i);
-        let had = entry.is(EXTRAS);
         entry.window = core;
-        entry.set(EXTRAS, extras.is_some());
-        match extras {
-            Some(extras) => {
-                self.extras.insert(i, extras);
+        match (entry.extras, extras) {
+            (Some(place), extras @ Some(_)) => self.extras[place.get() as usize - 1] = extras,
+            (None, extras @ Some(_)) => {
+                let place = match self.free_extras.pop() {
+                    Some(free) => {
+                        self.extras[free as usize] = extras;
+                        free
+                    }
+                    None => {
+                        self.extras.push(extras);
+                        u32::try_from(self.extras.len() - 1).expect("fewer than 2^32 pairs")
+                    }
+                };
+                self.get_mut(i).extras = NonZeroU32::new(place + 1);
             }
-            None if had => {
-                self.extras.remove(&i);
+            (Some(place), None) => {
+                entry.extras = None;
+                self.free_place(place);
             }
-            None => {}
+            (None, None) => {}
         }
+    }
+
+    /// Gives back a place in `extras`.
+    fn free_place(&mut self, place: NonZeroU32) {
+        let free = place.get() - 1;
+        self.extras[free as usize] = None;
+        self.free_extras.push(free);
     }
 
     /// A copy of entry `i`'s window, whole (for views and snapshots).
     pub(super) fn window(&self, i: u32) -> DemandWindow {
-        self.window_of(i, self.get(i))
+        self.window_of(self.get(i))
     }
 
-    /// A copy of the window of `entry`, the entry at `i`.
-    pub(super) fn window_of(&self, i: u32, entry: &Entry) -> DemandWindow {
+    /// A copy of the window of `entry`, one of these entries.
+    pub(super) fn window_of(&self, entry: &Entry) -> DemandWindow {
         let extras = entry
-            .is(EXTRAS)
-            .then(|| self.extras.get(&i).cloned())
-            .flatten();
+            .extras
+            .and_then(|place| self.extras[place.get() as usize - 1].clone());
         DemandWindow::join(entry.window, extras)
     }
 
@@ -183,20 +200,13 @@ impl Entries {
             self.chunks.pop();
         }
         self.len -= 1;
-        let from = u32::try_from(self.len).expect("fewer than 2^32 pairs");
-        if i == from {
-            if last.is(EXTRAS) {
-                self.extras.remove(&i);
-            }
-            return last;
-        }
-        let moved_extras = last.is(EXTRAS).then(|| self.extras.remove(&from)).flatten();
-        let removed = std::mem::replace(self.get_mut(i), last);
-        if removed.is(EXTRAS) {
-            self.extras.remove(&i);
-        }
-        if let Some(extras) = moved_extras {
-            self.extras.insert(i, extras);
+        let mut removed = if i as usize == self.len {
+            last
+        } else {
+            std::mem::replace(self.get_mut(i), last)
+        };
+        if let Some(place) = removed.extras.take() {
+            self.free_place(place);
         }
         removed
     }
@@ -285,6 +295,7 @@ impl MasterState {
                     flags: 0,
                     last_report: ReportTime::at(now),
                     window,
+                    extras: None,
                 });
                 if extras.is_some() {
                     self.entries

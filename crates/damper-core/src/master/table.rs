@@ -2,7 +2,8 @@
 //! bytes with the account name inline, in chunks of 384 KiB that never
 //! move, found by one probe of a hash index; op names interned. What few
 //! windows hold beyond the rest (a surge, hints, the `ably-mma`
-//! sub-intervals) is kept beside the entries, by position.
+//! sub-intervals) is kept beside the entries, in a slab at a place each
+//! such entry names.
 
 use std::hash::BuildHasher;
 use std::num::NonZeroU32;

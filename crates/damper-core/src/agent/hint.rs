@@ -119,7 +119,7 @@ const EXACT_BELOW: f64 = 50.0;
 
 /// Whether a count of `ops` operations, where a Poisson count of mean
 /// `due` was expected, is more than chance: its Poisson tail at most
-/// `alpha` below [`EXACT_BELOW`] operations (where the normal law misjudges
+/// `alpha` below `EXACT_BELOW` (50) operations (where the normal law misjudges
 /// small counts), else `sigmas` standard deviations (`√due`) above `due`.
 /// The local guard's windows and the master's counted surges both weigh
 /// their counts by it.

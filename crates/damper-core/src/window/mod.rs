@@ -140,7 +140,7 @@ pub struct Dropped {
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
 /// window is 48 bytes with no allocation of its own, and a master's table
-/// keeps 36 of them in each entry ([`WindowCore`]) and the rest beside,
+/// keeps 36 of them in each entry (`WindowCore`) and the rest beside,
 /// for the few windows that hold more.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a

@@ -267,7 +267,7 @@ pub(super) struct Entry {
 /// The low bits of [`Entry::local_start`] that count the windows left of
 /// a new pair's youth (see [`Entry::seed_quantum`]); the window's start
 /// is the rest, to 16 ns.
-pub(super) const YOUTH: u64 = 0xf;
+const YOUTH: u64 = 0xf;
 /// The windows of a new pair's youth.
 const YOUTH_WINDOWS: u64 = 8;
 const _: () = assert!(YOUTH_WINDOWS <= YOUTH);
@@ -276,6 +276,12 @@ const _: () = assert!(YOUTH_WINDOWS <= YOUTH);
 #[inline(always)]
 pub(super) fn window_start(word: u64) -> u64 {
     word & !YOUTH
+}
+
+/// Whether `word` ([`Entry::local_start`]) says its pair is in its youth.
+#[inline(always)]
+pub(super) fn young(word: u64) -> bool {
+    word & YOUTH != 0
 }
 
 /// Whether a scan already asked the master for this pair's verdict
@@ -353,7 +359,7 @@ impl Entry {
         active_last_drain.store(false, Relaxed);
         scan_flags.store(0, Relaxed);
         stored_limit.store(limit, Relaxed);
-        local_start.store(now.as_nanos() & !YOUTH, Relaxed);
+        local_start.store(window_start(now.as_nanos()), Relaxed);
     }
 
     /// Total attempted cost. Wraps like the counters it adds, so the
@@ -665,7 +671,7 @@ impl Entry {
         config: &AgentConfig,
     ) -> u32 {
         let word = self.local_start.load(Relaxed);
-        if word & YOUTH != 0 {
+        if young(word) {
             self.sample_quantum(cost);
         }
         let start = window_start(word);

@@ -719,7 +719,7 @@ impl Entry {
     /// master, weighing hundreds of them, was refused one by chance.
     pub(super) fn rise_cost(&self) -> u32 {
         let quantum = Quantum(self.quantum.load(Relaxed));
-        if quantum.cheap_first() && self.local_start.load(Relaxed) & super::entry::YOUTH != 0 {
+        if quantum.cheap_first() && super::entry::young(self.local_start.load(Relaxed)) {
             quantum.cost().min(1)
         } else {
             quantum.cost()

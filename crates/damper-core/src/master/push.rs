@@ -98,13 +98,12 @@ impl MasterState {
         }
     }
 
-    /// After an early report to entry `i`: queues `verdict` if pushes are
-    /// tracked and it flips the pair's suppression (`was_suppressed`
-    /// before the report), or if it still suppresses under the surge
-    /// estimate whose flip was pushed and the share it keeps moved by
-    /// more than [`REPUSH_MOVED`] since the last push, at most every
-    /// [`REPUSH_SPACING`] (see [`DemandWindow::surge_repush`]).
-    ///
+    /// After an early report to a pair whose window is `window`: queues
+    /// `verdict` if pushes are tracked and it flips the pair's suppression
+    /// (`was_suppressed` before the report), or if it still suppresses
+    /// under the surge estimate whose flip was pushed and the share it
+    /// keeps moved by more than [`REPUSH_MOVED`] since the last push, at
+    /// most every [`REPUSH_SPACING`] (see [`DemandWindow::surge_repush`]).
     pub(super) fn queue_surge_push(
         &mut self,
         window: &mut DemandWindow,

@@ -134,8 +134,8 @@ impl DemandWindow {
         factor: f64,
     ) -> bool {
         let suppressed = factor > 0.0;
-        let known = self.reports[1] > 0;
-        let agents = self.reports[0].max(self.reports[1]);
+        let known = self.core.reports[1] > 0;
+        let agents = self.core.reports[0].max(self.core.reports[1]);
         let needed = hints_needed(u32::from(agents), hint.fall, factor);
         let hints = self
             .extras

@@ -149,13 +149,27 @@ pub struct Dropped {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(from = "WindowSnapshot", into = "WindowSnapshot")]
 pub struct DemandWindow {
+    /// What every window holds.
+    core: WindowCore,
+    /// What only some windows hold, in one box (one pointer in every
+    /// window rather than one for each): the `ably-mma` estimator's
+    /// sub-intervals, and the estimate of early reports once a surge came.
+    extras: Option<Box<Extras>>,
+}
+
+/// What every window holds: all of it but its
+/// [`extras`](DemandWindow::split). As a master's table keeps a window:
+/// 36 bytes and no pointer, so an entry need not be aligned or padded for
+/// one; the few windows with extras keep them beside the table.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WindowCore {
     /// Grid index of the current round, its low 32 bits: the one whose
     /// reports end at `round × rollup_interval`. The previous round is
-    /// `round − 1`. Read back by [`round_near`](Self::round_near), as the
-    /// index within 2^31 rounds of the time asked about: 24 days of the
-    /// shortest rounds (1 ms), longer than a master keeps an idle window.
-    /// Four bytes rather than eight: a master's entry holds the window's
-    /// core (all but `extras`) in 36 bytes.
+    /// `round − 1`. Read back by
+    /// [`round_near`](DemandWindow::round_near), as the index within 2^31
+    /// rounds of the time asked about: 24 days of the shortest rounds
+    /// (1 ms), longer than a master keeps an idle window. Four bytes
+    /// rather than eight: 36 bytes in all, not 40.
     round: u32,
     /// The summed rates of the reports of the current round (`[0]`) and of
     /// the round before (`[1]`), as `f32`: 7 significant digits are plenty
@@ -165,24 +179,8 @@ pub struct DemandWindow {
     /// activity): a round is whole once it has as many as the one before.
     /// Saturating at 65 535 agents, where a round is whole at the cap.
     reports: [u16; 2],
-    /// What only some windows hold, in one box (one pointer in every
-    /// window rather than one for each): the `ably-mma` estimator's
-    /// sub-intervals, and the estimate of early reports once a surge came.
-    extras: Option<Box<Extras>>,
     /// The scatter of whole rounds and their slow average, for
-    /// [`confidently_over`](Self::confidently_over).
-    spread: spread::Spread,
-}
-
-/// A window without its [`extras`](DemandWindow::split), as a master's
-/// table keeps it: 36 bytes and no pointer, so an entry need not be
-/// aligned or padded for one; the few windows with extras keep them
-/// beside the table.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct WindowCore {
-    round: u32,
-    rates: [RoundRates; 2],
-    reports: [u16; 2],
+    /// [`confidently_over`](DemandWindow::confidently_over).
     spread: spread::Spread,
 }
 
@@ -228,11 +226,15 @@ struct WindowSnapshot {
 impl From<WindowSnapshot> for DemandWindow {
     fn from(s: WindowSnapshot) -> DemandWindow {
         DemandWindow {
-            // Truncated: read back near the present (`round_near`). At
-            // the default 2-s round every index until 2106 fits whole.
-            round: s.round as u32,
-            rates: s.rates,
-            reports: s.reports,
+            core: WindowCore {
+                // Truncated: read back near the present (`round_near`).
+                // At the default 2-s round every index until 2106 fits
+                // whole.
+                round: s.round as u32,
+                rates: s.rates,
+                reports: s.reports,
+                spread: s.spread,
+            },
             extras: s.sub_intervals.map(|sub| {
                 Box::new(Extras {
                     sub_intervals: Some(*sub),
@@ -240,7 +242,6 @@ impl From<WindowSnapshot> for DemandWindow {
                     hints: None,
                 })
             }),
-            spread: s.spread,
         }
     }
 }
@@ -248,11 +249,11 @@ impl From<WindowSnapshot> for DemandWindow {
 impl From<DemandWindow> for WindowSnapshot {
     fn from(w: DemandWindow) -> WindowSnapshot {
         WindowSnapshot {
-            round: u64::from(w.round),
-            rates: w.rates,
-            reports: w.reports,
+            round: u64::from(w.core.round),
+            rates: w.core.rates,
+            reports: w.core.reports,
             sub_intervals: w.extras.and_then(|e| e.sub_intervals).map(Box::new),
-            spread: w.spread,
+            spread: w.core.spread,
         }
     }
 }
@@ -293,48 +294,21 @@ impl DemandWindow {
     /// The window as a master's table keeps it: the part every window
     /// has, and what only some hold.
     pub(crate) fn split(self) -> (WindowCore, Option<WindowExtras>) {
-        let DemandWindow {
-            round,
-            rates,
-            reports,
-            extras,
-            spread,
-        } = self;
-        (
-            WindowCore {
-                round,
-                rates,
-                reports,
-                spread,
-            },
-            extras.map(WindowExtras),
-        )
+        (self.core, self.extras.map(WindowExtras))
     }
 
     /// The window [`split`](Self::split) gave.
     pub(crate) fn join(core: WindowCore, extras: Option<WindowExtras>) -> DemandWindow {
-        let WindowCore {
-            round,
-            rates,
-            reports,
-            spread,
-        } = core;
         DemandWindow {
-            round,
-            rates,
-            reports,
+            core,
             extras: extras.map(|e| e.0),
-            spread,
         }
     }
 
     /// An empty window for `cfg`.
     pub fn new(cfg: &WindowConfig) -> DemandWindow {
         DemandWindow {
-            round: 0,
-            rates: [RoundRates::default(); 2],
-            reports: [0; 2],
-            spread: spread::Spread::default(),
+            core: WindowCore::default(),
             extras: (cfg.estimator == EstimatorKind::AblyMma).then(|| {
                 Box::new(Extras {
                     sub_intervals: Some(SubIntervals {
@@ -417,13 +391,13 @@ impl DemandWindow {
             0
         } else if id > round {
             self.close_round();
-            (self.rates[1], self.reports[1]) = if id == round + 1 {
-                (self.rates[0], self.reports[0])
+            (self.core.rates[1], self.core.reports[1]) = if id == round + 1 {
+                (self.core.rates[0], self.core.reports[0])
             } else {
                 (RoundRates::default(), 0)
             };
-            (self.rates[0], self.reports[0]) = (RoundRates::default(), 0);
-            self.round = id as u32;
+            (self.core.rates[0], self.core.reports[0]) = (RoundRates::default(), 0);
+            self.core.round = id as u32;
             0
         } else if id + 1 == round {
             1
@@ -431,9 +405,9 @@ impl DemandWindow {
             // Older rounds no longer matter to the estimate.
             return false;
         };
-        self.rates[slot].demand += rates.demand as f32;
-        self.rates[slot].admitted += rates.admitted as f32;
-        self.reports[slot] = self.reports[slot].saturating_add(1);
+        self.core.rates[slot].demand += rates.demand as f32;
+        self.core.rates[slot].admitted += rates.admitted as f32;
+        self.core.reports[slot] = self.core.reports[slot].saturating_add(1);
         true
     }
 
@@ -441,10 +415,10 @@ impl DemandWindow {
     /// round `near` whose low 32 bits the window keeps. 0 (before every
     /// round) while nothing was ever recorded, as a new window's was.
     pub(super) fn round_near(&self, near: u64) -> u64 {
-        if self.reports == [0, 0] {
+        if self.core.reports == [0, 0] {
             return 0;
         }
-        let behind = (near as u32).wrapping_sub(self.round) as i32;
+        let behind = (near as u32).wrapping_sub(self.core.round) as i32;
         near.wrapping_sub(i64::from(behind) as u64)
     }
 
@@ -452,11 +426,13 @@ impl DemandWindow {
     /// demand, whole by now, goes into the spread, with the round before
     /// it when that one was seen.
     fn close_round(&mut self) {
-        if self.reports[0] == 0 {
+        if self.core.reports[0] == 0 {
             return;
         }
-        let previous = (self.reports[1] > 0).then(|| f64::from(self.rates[1].demand));
-        self.spread.close(previous, f64::from(self.rates[0].demand));
+        let previous = (self.core.reports[1] > 0).then(|| f64::from(self.core.rates[1].demand));
+        self.core
+            .spread
+            .close(previous, f64::from(self.core.rates[0].demand));
     }
 
     /// Whether `demand`, an estimate from this window's rounds, is over
@@ -464,7 +440,9 @@ impl DemandWindow {
     /// scatter (see `spread`); `margin` × `limit` decides while the
     /// scatter is unknown; with `sigmas` 0, any excess is.
     pub fn confidently_over(&self, limit: f64, demand: f64, margin: f64, sigmas: f64) -> bool {
-        self.spread.confidently_over(limit, demand, margin, sigmas)
+        self.core
+            .spread
+            .confidently_over(limit, demand, margin, sigmas)
     }
 }
 
@@ -614,7 +592,7 @@ impl DemandWindow {
         // The newest round every agent must have reported by now.
         let due = (now - cfg.settle()).as_nanos() / r;
         let round = self.round_near(due);
-        if self.reports[0] == 0 || round < due {
+        if self.core.reports[0] == 0 || round < due {
             // Nothing reported for a round that is due: no agent had demand.
             return Estimate::default();
         }
@@ -623,25 +601,25 @@ impl DemandWindow {
         // A report ending up to half a round after the grid point counts in
         // this round (`record_round`): past this, none can still come.
         let past_due = whole_by + cfg.rollup_interval / 2;
-        if self.reports[1] == 0 {
+        if self.core.reports[1] == 0 {
             // No round before this one: how many reports make it whole is
             // unknown, so it counts as whole with each report, and is marked
             // as a first round.
             Estimate::of_rounds(
-                self.rates[0].into(),
+                self.core.rates[0].into(),
                 (now < whole_by).then_some(whole_by),
                 true,
             )
-        } else if self.reports[0] >= self.reports[1] || now >= past_due {
+        } else if self.core.reports[0] >= self.core.reports[1] || now >= past_due {
             // Whole: as many reports as the round before, or past the time
             // by which any report of it could arrive. A report lost on the
             // way (its counts come with the agent's next one) must not keep
             // the round before, a deluge's say, in force once its drop
             // shows.
-            Estimate::of_rounds(self.rates[0].into(), None, false)
+            Estimate::of_rounds(self.core.rates[0].into(), None, false)
         } else {
             Estimate::of_rounds(
-                Rates::from(self.rates[0]).max(self.rates[1].into()),
+                Rates::from(self.core.rates[0]).max(self.core.rates[1].into()),
                 // Ask again when it should be whole; if it is not by then
                 // (a report lost), when it counts as whole regardless.
                 Some(if now < whole_by { whole_by } else { past_due }),

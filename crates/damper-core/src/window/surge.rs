@@ -265,7 +265,9 @@ impl DemandWindow {
         let after = surge.round + 1;
         let round = self.round_near(after);
         let whole = round > after
-            || (round == after && self.reports[1] > 0 && self.reports[0] >= self.reports[1]);
+            || (round == after
+                && self.core.reports[1] > 0
+                && self.core.reports[0] >= self.core.reports[1]);
         // Reports lost or agents gone: the estimate lapses all the same
         // once the round after it should have been whole.
         let lapsed = now >= Nanos::from_nanos(after.saturating_mul(r)) + cfg.settle();

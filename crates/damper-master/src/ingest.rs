@@ -51,6 +51,7 @@ pub struct Ingested {
 pub(crate) struct Warned {
     implausible: AtomicU64,
     max_pairs: AtomicU64,
+    max_ops: AtomicU64,
     new_pairs: AtomicU64,
     refused: AtomicU64,
     /// Refused requests not logged since the last line about them.
@@ -434,6 +435,17 @@ impl Master {
                 );
             }
         }
+        if refused.max_ops > 0 {
+            metrics::counter!("damper_master_pairs_refused_total", "cap" => "max_ops")
+                .increment(refused.max_ops);
+            if may_warn(&self.shared.warned.max_ops, now.as_millis()) {
+                tracing::warn!(
+                    agent = %truncated(agent), refused = refused.max_ops,
+                    max_ops = damper_core::master::MAX_OPS,
+                    "reports of new ops not tracked: a master interns at most max_ops op names (logged at most every 10 s)"
+                );
+            }
+        }
         if refused.per_agent > 0 {
             metrics::counter!("damper_master_pairs_refused_total", "cap" => "per_agent")
                 .increment(refused.per_agent);
@@ -567,6 +579,8 @@ struct Refused {
     added: usize,
     max_pairs: u64,
     per_agent: u64,
+    /// Reports of new ops past `MAX_OPS`.
+    max_ops: u64,
 }
 
 impl Refused {
@@ -581,8 +595,10 @@ impl Refused {
         ingest: impl FnOnce(&mut MasterState) -> T,
     ) -> (T, usize) {
         let refused_before = state.refused_pairs();
+        let ops_before = state.refused_ops();
         state.allow_new_pairs(Some(allowance));
         let out = ingest(state);
+        self.max_ops += state.refused_ops() - ops_before;
         let left = state.new_pairs_allowed().unwrap_or(0);
         state.allow_new_pairs(None);
         let refused = state.refused_pairs() - refused_before;

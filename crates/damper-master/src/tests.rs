@@ -546,6 +546,33 @@ fn one_agent_adds_at_most_its_new_pairs_per_round() {
     assert_eq!(m.len(), 80);
 }
 
+/// A client inventing op names gets at most `MAX_OPS` of them tracked per
+/// shard: the rollup is answered, the pairs of further ops fail open, and
+/// the ops known before are held as ever.
+#[test]
+fn op_names_past_the_most_a_shard_interns_fail_open() {
+    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let options = MasterOptions {
+        shards: 1,
+        ..MasterOptions::default()
+    };
+    let m = Master::with_clock(config, options, clock());
+    let flood = request(vec![("messages", vec![counts("flood", 8_000, 8_000)])]);
+    m.rollup(&flood).unwrap();
+    let ops: Vec<String> = (0..damper_core::master::MAX_OPS + 10)
+        .map(|i| format!("made-up-{i}"))
+        .collect();
+    let minting = request(
+        ops.iter()
+            .map(|op| (op.as_str(), vec![counts("acme", 1, 1)]))
+            .collect(),
+    );
+    m.rollup(&minting).unwrap();
+    assert_eq!(m.len(), damper_core::master::MAX_OPS);
+    let reply = m.rollup(&flood).unwrap();
+    assert!(reply.ops[0].accounts[0].factor > 0.5, "{reply:?}");
+}
+
 /// A numbered rollup sent again (its reply was lost) is answered with the
 /// verdicts in force and counted once; unnumbered ones (agents that
 /// predate numbering) are counted each time, as before.

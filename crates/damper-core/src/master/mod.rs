@@ -67,6 +67,7 @@ pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
 pub use report_time::MAX_REPORT_AGE;
 use report_time::ReportTime;
 pub use seen::RollupLog;
+pub use table::MAX_OPS;
 use table::{Entries, Op};
 
 /// What the master tells agents about one limited (account, op).
@@ -248,6 +249,9 @@ pub struct MasterState {
     /// Reports of new pairs not tracked because `max_pairs` were, or the
     /// caller's allowance was spent.
     refused_pairs: u64,
+    /// Reports not tracked because their op was new and [`MAX_OPS`] ops
+    /// were interned already.
+    refused_ops: u64,
     /// How many new pairs the current caller may still add
     /// ([`allow_new_pairs`](Self::allow_new_pairs)); `None`: only
     /// `max_pairs` bounds them.
@@ -280,6 +284,7 @@ impl MasterState {
             dropped: Dropped::default(),
             max_pairs: usize::MAX,
             refused_pairs: 0,
+            refused_ops: 0,
             new_pairs_allowed: None,
             transitions: None,
             pushes: None,
@@ -302,6 +307,13 @@ impl MasterState {
     /// allowance, since the state was made.
     pub fn refused_pairs(&self) -> u64 {
         self.refused_pairs
+    }
+
+    /// Reports not tracked because their op was a new one past the
+    /// [`MAX_OPS`] ops interned, since the state was made: they fail open,
+    /// as past `max_pairs`.
+    pub fn refused_ops(&self) -> u64 {
+        self.refused_ops
     }
 
     /// Lets the reports that follow add at most `allowed` new pairs
@@ -403,7 +415,7 @@ impl MasterState {
             start = start - ahead;
             end = now;
         }
-        let op = self.op_id(report.op);
+        let op = self.op_id(report.op)?;
         // Past `max_pairs`, a new pair is not tracked: it fails open, as
         // under a lost master, and every pair already tracked (every flood
         // being held among them) keeps its state.
@@ -448,7 +460,9 @@ impl MasterState {
     ) -> Result<Option<Verdict>, ReportError> {
         validate_name("account", pair.account)?;
         validate_name("op", pair.op)?;
-        let op = self.op_id(pair.op);
+        let Some(op) = self.op_id(pair.op) else {
+            return Ok(None);
+        };
         let Some(i) = self.find_or_insert(op, pair.account, now) else {
             return Ok(None);
         };
@@ -549,7 +563,7 @@ impl MasterState {
     pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
         for key in self.entries.iter() {
-            let (op, account) = (&*self.ops[key.op as usize].name, key.account.as_str());
+            let (op, account) = (&*self.ops[key.op() as usize].name, key.account.as_str());
             if !keep(Pair::new(account, op)) {
                 continue;
             }
@@ -657,7 +671,7 @@ impl MasterState {
                 ];
                 for (_, kind) in ended.into_iter().filter(|(was, _)| *was) {
                     transitions.push(Transition {
-                        op: self.ops[gone.op as usize].name.to_string(),
+                        op: self.ops[gone.op() as usize].name.to_string(),
                         account: gone.account.to_string(),
                         kind,
                         factor: 0.0,
@@ -675,7 +689,7 @@ impl MasterState {
             let (entries, hasher) = (&self.entries, &self.hasher);
             self.index.shrink_to_fit(|&i| {
                 let e = entries.get(i);
-                Self::hash(hasher, e.op, &e.account)
+                Self::hash(hasher, e.op(), &e.account)
             });
             self.entries.chunks.shrink_to_fit();
         }
@@ -688,7 +702,7 @@ impl MasterState {
         self.entries
             .iter()
             .map(|key| KeySnapshot {
-                op: self.ops[key.op as usize].name.to_string(),
+                op: self.ops[key.op() as usize].name.to_string(),
                 account: key.account.to_string(),
                 last_report: key.last_report.when(now),
                 window: self.entries.window_of(key),
@@ -708,7 +722,9 @@ impl MasterState {
             {
                 continue;
             }
-            let op = self.op_id(&k.op);
+            let Some(op) = self.op_id(&k.op) else {
+                continue;
+            };
             let before = self.entries.len;
             let Some(i) = self.find_or_insert(op, &k.account, k.last_report) else {
                 continue;
@@ -750,7 +766,7 @@ impl MasterState {
     ) -> impl Iterator<Item = (&str, usize)> {
         let mut counts = vec![0usize; self.ops.len()];
         for key in self.entries.iter().filter(|k| counted(k)) {
-            counts[key.op as usize] += 1;
+            counts[key.op() as usize] += 1;
         }
         self.ops
             .iter()

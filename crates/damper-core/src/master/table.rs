@@ -1,4 +1,4 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 80
+//! Where a master keeps its (account, op) pairs: one entry each, 72
 //! bytes with the account name inline, in chunks of 384 KiB that never
 //! move, found by one probe of a hash index; op names interned. What few
 //! windows hold beyond the rest (a surge, hints, the `ably-mma`
@@ -19,19 +19,19 @@ use crate::time::Nanos;
 use crate::window::{DemandWindow, WindowCore, WindowExtras};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (80 bytes, the account name inline up to 24 bytes) and in one place:
+/// (72 bytes, the account name inline up to 24 bytes) and in one place:
 /// finding it is one probe of the index and one cache miss here.
 #[derive(Debug)]
 pub(super) struct Entry {
     pub(super) account: CompactString,
-    /// Index of its op in [`MasterState::ops`].
-    pub(super) op: u32,
+    /// The index of its op in [`MasterState::ops`] (below [`MAX_OPS`]) in
+    /// the low 12 bits ([`OP_BITS`]); [`SUPPRESSED`], [`NEAR`], [`EXEMPT`]
+    /// and [`SHADOW`] in the high four. Two bytes for what took five: the
+    /// entry is 72 bytes, not 80.
+    op_flags: u16,
+    pub(super) generation: u16,
     /// The limit that applied under config `generation`.
     pub(super) limit: Option<LimitId>,
-    pub(super) generation: u16,
-    /// [`SUPPRESSED`], [`NEAR`], [`EXEMPT`] and [`SHADOW`], one byte: the
-    /// entry has one byte to spare, not three.
-    pub(super) flags: u8,
     /// When its last report came, for eviction and views.
     pub(super) last_report: ReportTime,
     /// Its window, but for what only some windows hold (see
@@ -43,28 +43,43 @@ pub(super) struct Entry {
     extras: Option<NonZeroU32>,
 }
 
+/// The bits of [`Entry`]'s op index.
+const OP_BITS: u32 = 12;
+/// The most ops a master interns, as an agent numbers at most as many
+/// (`agent::table::MAX_OPS`): ops are a node's vocabulary (publish,
+/// connect, ...). The pairs of further op names are not tracked (counted
+/// in [`refused_ops`](MasterState::refused_ops)), so a client inventing
+/// op names cannot grow the list, or the time a lookup by name spends in
+/// it, without bound.
+pub const MAX_OPS: usize = 1 << OP_BITS;
+
 /// Whether the last verdict had a positive factor: a change is a
 /// [`Transition`].
-pub(super) const SUPPRESSED: u8 = 1;
+pub(super) const SUPPRESSED: u16 = 1 << OP_BITS;
 /// Whether the last verdict's demand was near the limit
 /// (`policy.near_limit_share`): a change is a [`Transition`].
-pub(super) const NEAR: u8 = 2;
+pub(super) const NEAR: u16 = 2 << OP_BITS;
 /// Whether `[exempt]` covers it, under config `generation`.
-pub(super) const EXEMPT: u8 = 4;
+pub(super) const EXEMPT: u16 = 4 << OP_BITS;
 /// Whether the last verdict's limit was in shadow: a change while
 /// suppressed is a [`Transition`].
-pub(super) const SHADOW: u8 = 8;
+pub(super) const SHADOW: u16 = 8 << OP_BITS;
 
 impl Entry {
-    pub(super) fn is(&self, flag: u8) -> bool {
-        self.flags & flag != 0
+    /// The index of its op in [`MasterState::ops`].
+    pub(super) fn op(&self) -> u32 {
+        u32::from(self.op_flags & ((1 << OP_BITS) - 1))
     }
 
-    pub(super) fn set(&mut self, flag: u8, on: bool) {
+    pub(super) fn is(&self, flag: u16) -> bool {
+        self.op_flags & flag != 0
+    }
+
+    pub(super) fn set(&mut self, flag: u16, on: bool) {
         if on {
-            self.flags |= flag;
+            self.op_flags |= flag;
         } else {
-            self.flags &= !flag;
+            self.op_flags &= !flag;
         }
     }
 }
@@ -98,7 +113,7 @@ pub(super) struct Entries {
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
 // What `state_memory` measures: a change of size should be on purpose.
-const _: () = assert!(std::mem::size_of::<Entry>() == 80);
+const _: () = assert!(std::mem::size_of::<Entry>() == 72);
 
 /// A chunk's allocation: 384 KiB, one of mimalloc's size classes (they
 /// run 1.25, 1.5, 1.75 and 2 times each power of two), so the chunk fills
@@ -218,17 +233,22 @@ impl Entries {
 }
 
 impl MasterState {
-    /// The index of `op`, interned on first sight.
-    pub(super) fn op_id(&mut self, op: &str) -> u32 {
+    /// The index of `op`, interned on first sight; `None` for a new op
+    /// past [`MAX_OPS`] (counted in `refused_ops`).
+    pub(super) fn op_id(&mut self, op: &str) -> Option<u32> {
         if self
             .ops
             .get(self.last_op as usize)
             .is_some_and(|o| *o.name == *op)
         {
-            return self.last_op;
+            return Some(self.last_op);
         }
         let id = match self.ops.iter().position(|o| *o.name == *op) {
             Some(id) => id,
+            None if self.ops.len() >= MAX_OPS => {
+                self.refused_ops += 1;
+                return None;
+            }
             None => {
                 self.ops.push(Op {
                     name: op.into(),
@@ -238,7 +258,7 @@ impl MasterState {
             }
         };
         self.last_op = id as u32;
-        self.last_op
+        Some(self.last_op)
     }
 
     pub(super) fn hash(hasher: &RandomState, op: u32, account: &str) -> u64 {
@@ -252,7 +272,7 @@ impl MasterState {
         self.index
             .find(Self::hash(&self.hasher, op, account), |&i| {
                 let e = entries.get(i);
-                e.op == op && e.account == account
+                e.op() == op && e.account == account
             })
             .copied()
     }
@@ -268,11 +288,11 @@ impl MasterState {
             hash,
             |&i| {
                 let e = entries.get(i);
-                e.op == op && e.account == account
+                e.op() == op && e.account == account
             },
             |&i| {
                 let e = entries.get(i);
-                Self::hash(hasher, e.op, &e.account)
+                Self::hash(hasher, e.op(), &e.account)
             },
         ) {
             hash_table::Entry::Occupied(found) => Some(*found.get()),
@@ -290,10 +310,10 @@ impl MasterState {
                 let (window, extras) = DemandWindow::new(&self.config.window).split();
                 self.entries.push(Entry {
                     account: CompactString::from(account),
-                    op,
+                    // Below `MAX_OPS` (`op_id`): the flags' bits are clear.
+                    op_flags: op as u16,
                     limit: None,
                     generation: self.generation.wrapping_sub(1),
-                    flags: 0,
                     last_report: ReportTime::at(now),
                     window,
                     extras: None,
@@ -321,7 +341,7 @@ impl MasterState {
         if let Some(hint) = self.hinted(*at) {
             let e = self.entries.get(hint);
             if e.account == account {
-                if e.op == op {
+                if e.op() == op {
                     return Some(hint);
                 }
                 // The account's other op: its hint stays.
@@ -346,7 +366,7 @@ impl MasterState {
         let e = entries.get(i);
         if let Ok(found) = self
             .index
-            .find_entry(Self::hash(hasher, e.op, &e.account), |&j| j == i)
+            .find_entry(Self::hash(hasher, e.op(), &e.account), |&j| j == i)
         {
             found.remove();
         }
@@ -354,12 +374,12 @@ impl MasterState {
         let removed = self.entries.swap_remove(i);
         if i != last {
             let moved = self.entries.get(i);
-            let hash = Self::hash(&self.hasher, moved.op, &moved.account);
+            let hash = Self::hash(&self.hasher, moved.op(), &moved.account);
             if let Some(slot) = self.index.find_mut(hash, |&j| j == last) {
                 *slot = i;
             }
         }
-        self.ops[removed.op as usize].keys -= 1;
+        self.ops[removed.op() as usize].keys -= 1;
         removed
     }
 
@@ -401,7 +421,7 @@ impl MasterState {
             {
                 let e = self.entries.get(i);
                 touched = touched
-                    .wrapping_add(u64::from(e.op))
+                    .wrapping_add(u64::from(e.op()))
                     .wrapping_add(e.account.len() as u64)
                     .wrapping_add(u64::from(e.last_report.bits()));
             }

@@ -33,6 +33,7 @@
 //! - `spread`: how much whole rounds scatter, and a slower average of
 //!   them: whether a demand over the limit is more than chance.
 
+mod admitted;
 mod hint;
 mod spread;
 mod surge;
@@ -48,6 +49,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{EstimatorKind, WindowConfig};
 use crate::time::{Nanos, duration_nanos};
+
+use admitted::AdmittedShare;
 
 /// Rates of one (account, op), in cost per second.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -159,7 +162,7 @@ pub struct DemandWindow {
 
 /// What every window holds: all of it but its
 /// [`extras`](DemandWindow::split). As a master's table keeps a window:
-/// 36 bytes and no pointer, so an entry need not be aligned or padded for
+/// 32 bytes and no pointer, so an entry need not be aligned or padded for
 /// one; the few windows with extras keep them beside the table.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct WindowCore {
@@ -171,10 +174,14 @@ pub(crate) struct WindowCore {
     /// (1 ms), longer than a master keeps an idle window. Four bytes
     /// rather than eight: 36 bytes in all, not 40.
     round: u32,
-    /// The summed rates of the reports of the current round (`[0]`) and of
-    /// the round before (`[1]`), as `f32`: 7 significant digits are plenty
-    /// for a probability, and halve what millions of windows hold.
-    rates: [RoundRates; 2],
+    /// The summed attempted rates of the reports of the current round
+    /// (`[0]`) and of the round before (`[1]`), as `f32`: 7 significant
+    /// digits are plenty for a probability, and halve what millions of
+    /// windows hold.
+    demand: [f32; 2],
+    /// Their summed admitted rates, as shares of `demand` (only views
+    /// read them).
+    admitted: [AdmittedShare; 2],
     /// How many reports arrived for those two rounds (one per agent with
     /// activity): a round is whole once it has as many as the one before.
     /// Saturating at 65 535 agents, where a round is whole at the cap.
@@ -231,7 +238,8 @@ impl From<WindowSnapshot> for DemandWindow {
                 // At the default 2-s round every index until 2106 fits
                 // whole.
                 round: s.round as u32,
-                rates: s.rates,
+                demand: s.rates.map(|r| r.demand),
+                admitted: s.rates.map(|r| AdmittedShare::of(r.admitted, r.demand)),
                 reports: s.reports,
                 spread: s.spread,
             },
@@ -250,7 +258,13 @@ impl From<DemandWindow> for WindowSnapshot {
     fn from(w: DemandWindow) -> WindowSnapshot {
         WindowSnapshot {
             round: u64::from(w.core.round),
-            rates: w.core.rates,
+            rates: [0, 1].map(|slot| {
+                let rates = w.core.rates(slot);
+                RoundRates {
+                    demand: w.core.demand[slot],
+                    admitted: rates.admitted as f32,
+                }
+            }),
             reports: w.core.reports,
             sub_intervals: w.extras.and_then(|e| e.sub_intervals).map(Box::new),
             spread: w.core.spread,
@@ -265,12 +279,42 @@ struct RoundRates {
     admitted: f32,
 }
 
-impl From<RoundRates> for Rates {
-    fn from(r: RoundRates) -> Rates {
+impl WindowCore {
+    /// The summed rates of round `slot` (0: the current one, 1: the one
+    /// before).
+    fn rates(&self, slot: usize) -> Rates {
+        let demand = self.demand[slot];
         Rates {
-            demand: r.demand.into(),
-            admitted: r.admitted.into(),
+            demand: demand.into(),
+            admitted: self.admitted[slot].rate(demand).into(),
         }
+    }
+
+    /// Adds one report's `rates` to round `slot`.
+    fn add(&mut self, slot: usize, rates: Rates) {
+        let before = self.demand[slot];
+        self.demand[slot] += rates.demand as f32;
+        self.admitted[slot] =
+            self.admitted[slot].add(before, rates.demand, rates.admitted, self.demand[slot]);
+        self.reports[slot] = self.reports[slot].saturating_add(1);
+    }
+
+    /// Moves to round `id`, after `round`: the current round becomes the
+    /// one before when `id` follows it, else the round before is empty.
+    fn advance(&mut self, round: u64, id: u64) {
+        if id == round + 1 {
+            self.demand[1] = self.demand[0];
+            self.admitted[1] = self.admitted[0];
+            self.reports[1] = self.reports[0];
+        } else {
+            self.demand[1] = 0.0;
+            self.admitted[1] = AdmittedShare::default();
+            self.reports[1] = 0;
+        }
+        self.demand[0] = 0.0;
+        self.admitted[0] = AdmittedShare::default();
+        self.reports[0] = 0;
+        self.round = id as u32;
     }
 }
 
@@ -391,13 +435,7 @@ impl DemandWindow {
             0
         } else if id > round {
             self.close_round();
-            (self.core.rates[1], self.core.reports[1]) = if id == round + 1 {
-                (self.core.rates[0], self.core.reports[0])
-            } else {
-                (RoundRates::default(), 0)
-            };
-            (self.core.rates[0], self.core.reports[0]) = (RoundRates::default(), 0);
-            self.core.round = id as u32;
+            self.core.advance(round, id);
             0
         } else if id + 1 == round {
             1
@@ -405,9 +443,7 @@ impl DemandWindow {
             // Older rounds no longer matter to the estimate.
             return false;
         };
-        self.core.rates[slot].demand += rates.demand as f32;
-        self.core.rates[slot].admitted += rates.admitted as f32;
-        self.core.reports[slot] = self.core.reports[slot].saturating_add(1);
+        self.core.add(slot, rates);
         true
     }
 
@@ -429,10 +465,10 @@ impl DemandWindow {
         if self.core.reports[0] == 0 {
             return;
         }
-        let previous = (self.core.reports[1] > 0).then(|| f64::from(self.core.rates[1].demand));
+        let previous = (self.core.reports[1] > 0).then(|| f64::from(self.core.demand[1]));
         self.core
             .spread
-            .close(previous, f64::from(self.core.rates[0].demand));
+            .close(previous, f64::from(self.core.demand[0]));
     }
 
     /// Whether `demand`, an estimate from this window's rounds, is over
@@ -606,7 +642,7 @@ impl DemandWindow {
             // unknown, so it counts as whole with each report, and is marked
             // as a first round.
             Estimate::of_rounds(
-                self.core.rates[0].into(),
+                self.core.rates(0),
                 (now < whole_by).then_some(whole_by),
                 true,
             )
@@ -616,10 +652,10 @@ impl DemandWindow {
             // way (its counts come with the agent's next one) must not keep
             // the round before, a deluge's say, in force once its drop
             // shows.
-            Estimate::of_rounds(self.core.rates[0].into(), None, false)
+            Estimate::of_rounds(self.core.rates(0), None, false)
         } else {
             Estimate::of_rounds(
-                Rates::from(self.core.rates[0]).max(self.core.rates[1].into()),
+                self.core.rates(0).max(self.core.rates(1)),
                 // Ask again when it should be whole; if it is not by then
                 // (a report lost), when it counts as whole regardless.
                 Some(if now < whole_by { whole_by } else { past_due }),

@@ -424,36 +424,40 @@ impl Master {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .spend(agent, now, refused.added);
-        if refused.max_pairs > 0 {
-            metrics::counter!("damper_master_pairs_refused_total", "cap" => "max_pairs")
-                .increment(refused.max_pairs);
-            if may_warn(&self.shared.warned.max_pairs, now.as_millis()) {
-                tracing::warn!(
-                    agent = %truncated(agent), refused = refused.max_pairs,
-                    max_pairs = self.shared.options.max_pairs,
-                    "new (account, op) pairs not tracked: max_pairs are (logged at most every 10 s)"
-                );
+        let options = &self.shared.options;
+        let warned = &self.shared.warned;
+        let caps = [
+            (
+                refused.max_pairs,
+                "max_pairs",
+                options.max_pairs as u64,
+                &warned.max_pairs,
+                "new (account, op) pairs not tracked: max_pairs are",
+            ),
+            (
+                refused.max_ops,
+                "max_ops",
+                damper_core::master::MAX_OPS as u64,
+                &warned.max_ops,
+                "reports of new ops not tracked: max_ops op names are",
+            ),
+            (
+                refused.per_agent,
+                "per_agent",
+                options.max_new_pairs_per_agent as u64,
+                &warned.new_pairs,
+                "new (account, op) pairs not tracked: this agent added max_new_pairs_per_agent this round",
+            ),
+        ];
+        for (count, cap, bound, last, what) in caps {
+            if count == 0 {
+                continue;
             }
-        }
-        if refused.max_ops > 0 {
-            metrics::counter!("damper_master_pairs_refused_total", "cap" => "max_ops")
-                .increment(refused.max_ops);
-            if may_warn(&self.shared.warned.max_ops, now.as_millis()) {
+            metrics::counter!("damper_master_pairs_refused_total", "cap" => cap).increment(count);
+            if may_warn(last, now.as_millis()) {
                 tracing::warn!(
-                    agent = %truncated(agent), refused = refused.max_ops,
-                    max_ops = damper_core::master::MAX_OPS,
-                    "reports of new ops not tracked: a master interns at most max_ops op names (logged at most every 10 s)"
-                );
-            }
-        }
-        if refused.per_agent > 0 {
-            metrics::counter!("damper_master_pairs_refused_total", "cap" => "per_agent")
-                .increment(refused.per_agent);
-            if may_warn(&self.shared.warned.new_pairs, now.as_millis()) {
-                tracing::warn!(
-                    agent = %truncated(agent), refused = refused.per_agent,
-                    max_new_pairs_per_agent = self.shared.options.max_new_pairs_per_agent,
-                    "new (account, op) pairs not tracked: this agent added max_new_pairs_per_agent this round (logged at most every 10 s)"
+                    agent = %truncated(agent), refused = count, cap, bound,
+                    "{what} (logged at most every 10 s)"
                 );
             }
         }

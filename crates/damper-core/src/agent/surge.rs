@@ -161,20 +161,12 @@ impl SurgeRule {
     /// otherwise ratchet its estimate up on chance rises, since only
     /// 4× falls bring it down.
     ///
-    /// A `follow_up` fall (of a pair its master suppresses, or from this
-    /// agent's own early report of this round) likewise needs only a
-    /// [`FOLLOW_UP_JUMP`]: an overload that falls back to 0.8× its limit
-    /// from 1.8× is let go within a sub-window or two, not at the round,
-    /// and with no floor, since each of many agents sees only its share of
-    /// the fall. A chance dip (two sub-windows 2σ down) moves the master's
-    /// estimate by this agent's share only, until the round. A pair not
-    /// suppressed follows up its own rise's fall because the master holds
-    /// each agent's last early report until the round: the chance lumps of
-    /// an account of sparse costly operations under its limit (one publish
-    /// of 51 in half a sub-window reads 580/s on an agent whose share is
-    /// 140/s), each reported as it came and none taken back, added up to
-    /// twice the limit within half a second (`mixed-costs` at 0.95×: 21
-    /// seeds of 90 refused, 71–2 764 cost each; 1 after).
+    /// A `follow_up` fall (of a pair its master suppresses) likewise needs
+    /// only a [`FOLLOW_UP_JUMP`]: an overload that falls back to 0.8× its
+    /// limit from 1.8× is let go within a sub-window or two, not at the
+    /// round, and with no floor, since each of many agents sees only its
+    /// share of the fall. A chance dip (two sub-windows 2σ down) moves the
+    /// master's estimate by this agent's share only, until the round.
     pub fn is_surge(
         &self,
         rate: f64,
@@ -548,13 +540,10 @@ impl AgentState {
             if young {
                 continue;
             }
-            // Rises follow up this round's early report, and falls any
-            // report, of a pair its master suppresses; falls follow up
-            // this round's early report whatever the master said (see
-            // `SurgeRule::is_surge`).
+            // Rises follow up this round's early report; falls, any
+            // report, of a pair its master suppresses.
             let suppressed = entry.master_suppressed();
-            let fell = rate < f64::from(baseline);
-            let follow_up = suppressed && (surged || fell) || surged && fell;
+            let follow_up = suppressed && (surged || rate < f64::from(baseline));
             let noise = OnceCell::new();
             let noise = || {
                 *noise.get_or_init(|| {
@@ -1423,23 +1412,6 @@ mod tests {
             scan(&state, 200, 400, |ms| u64::from(ms % 100 == 0) * 70),
             vec![]
         );
-    }
-
-    /// A pair its master does not suppress takes back its own early
-    /// report once the rise has passed: the master holds each agent's last
-    /// early report until the round, and chance lumps reported on many
-    /// agents and never taken back added up past the limit. A third of
-    /// the reported rate is enough, where a fall from a rollup's rate must
-    /// be a quarter or less.
-    #[test]
-    fn a_rise_reported_early_is_taken_back_when_it_passes() {
-        let state = reported_at_start_unsuppressed();
-        // Back to 100/s: a fall once it held for two sub-windows.
-        let taken = scan(&state, 200, 800, |ms| u64::from(ms % 100 == 0) * 10);
-        let [(600, fall)] = taken[..] else {
-            panic!("{taken:?}")
-        };
-        assert_eq!((fall.baseline, fall.rate, fall.ops), (300.0, 100.0, 0));
     }
 
     /// A new pair's first check teaches the cost of one operation: two

@@ -1384,9 +1384,11 @@ mod tests {
         );
     }
 
-    /// A pair its master answered with no suppression (a limit of
-    /// 1 000/s), at 300/s from its start, which its first scan reported.
-    fn reported_at_start_unsuppressed() -> AgentState {
+    /// An account under its limit, reported at start as every new pair is
+    /// (it jumps from nothing), is not followed up on chance rises while
+    /// its master does not suppress it: that would ratchet its estimate up.
+    #[test]
+    fn no_follow_up_for_a_pair_its_master_does_not_suppress() {
         let state = AgentState::new(AgentConfig::default());
         state.apply(
             at(0),
@@ -1396,17 +1398,9 @@ mod tests {
             1_000.0,
             Duration::from_secs(6),
         );
+        // 300/s, reported as it starts.
         let taken = scan(&state, 0, 200, |ms| u64::from(ms % 100 == 0) * 30);
         assert_eq!(taken.len(), 1);
-        state
-    }
-
-    /// An account under its limit, reported at start as every new pair is
-    /// (it jumps from nothing), is not followed up on chance rises while
-    /// its master does not suppress it: that would ratchet its estimate up.
-    #[test]
-    fn no_follow_up_for_a_pair_its_master_does_not_suppress() {
-        let state = reported_at_start_unsuppressed();
         // 2.3× that is no follow-up: the master said 0.
         assert_eq!(
             scan(&state, 200, 400, |ms| u64::from(ms % 100 == 0) * 70),

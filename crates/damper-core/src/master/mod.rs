@@ -573,13 +573,15 @@ impl MasterState {
                 .limits
                 .lookup(account, op)
                 .filter(|_| exempt.is_none());
-            let window = self.entries.window_of(key);
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let v = verdict(&self.config, &window, key.is(table::SUPPRESSED), m, now);
+                    let v = self.verdict_of(key, m, now);
                     (v.factor, v.rates)
                 }
-                None => (0.0, window.estimate(&self.config.window, now).rates),
+                None => {
+                    let window = self.entries.window_of(key);
+                    (0.0, window.estimate(&self.config.window, now).rates)
+                }
             };
             views.push(KeyView {
                 account: account.to_string(),
@@ -597,6 +599,19 @@ impl MasterState {
         views
     }
 
+    /// The verdict for the pair of `key`, one of the entries, limited by
+    /// `matched`, without a new report.
+    fn verdict_of(&self, key: &table::Entry, matched: LimitMatch<'_>, now: Nanos) -> Verdict {
+        let window = self.entries.window_of(key);
+        verdict(
+            &self.config,
+            &window,
+            key.is(table::SUPPRESSED),
+            matched,
+            now,
+        )
+    }
+
     /// The verdict for an (account, op) at `now` without a new report:
     /// `None` when no limit applies. An (account, op) the master has no
     /// reports for reads as zero demand.
@@ -607,10 +622,7 @@ impl MasterState {
         }
         let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => {
-                let held = self.entries.get(i).is(table::SUPPRESSED);
-                verdict(&self.config, &self.entries.window(i), held, limit, now)
-            }
+            Some(i) => self.verdict_of(self.entries.get(i), limit, now),
             None => {
                 let rates = Rates::default();
                 Verdict {

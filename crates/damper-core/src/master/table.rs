@@ -109,6 +109,12 @@ pub(super) struct Entries {
     free_extras: Vec<u32>,
 }
 
+/// Where in [`Entries::extras`] an entry's `extras` place (its index plus
+/// one) is.
+fn slab_index(place: NonZeroU32) -> usize {
+    place.get() as usize - 1
+}
+
 /// Entries per chunk: as many as fill [`CHUNK_BYTES`].
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
@@ -140,7 +146,7 @@ impl Entries {
         let core = entry.window;
         let extras = entry
             .extras
-            .and_then(|place| self.extras[place.get() as usize - 1].take());
+            .and_then(|place| self.extras[slab_index(place)].take());
         DemandWindow::join(core, extras)
     }
 
@@ -150,7 +156,7 @@ impl Entries {
         let entry = self.get_mut(i);
         entry.window = core;
         match (entry.extras, extras) {
-            (Some(place), extras @ Some(_)) => self.extras[place.get() as usize - 1] = extras,
+            (Some(place), extras @ Some(_)) => self.extras[slab_index(place)] = extras,
             (None, extras @ Some(_)) => {
                 let place = match self.free_extras.pop() {
                     Some(free) => {
@@ -174,9 +180,8 @@ impl Entries {
 
     /// Gives back a place in `extras`.
     fn free_place(&mut self, place: NonZeroU32) {
-        let free = place.get() - 1;
-        self.extras[free as usize] = None;
-        self.free_extras.push(free);
+        self.extras[slab_index(place)] = None;
+        self.free_extras.push(place.get() - 1);
     }
 
     /// A copy of entry `i`'s window, whole (for views and snapshots).
@@ -188,7 +193,7 @@ impl Entries {
     pub(super) fn window_of(&self, entry: &Entry) -> DemandWindow {
         let extras = entry
             .extras
-            .and_then(|place| self.extras[place.get() as usize - 1].clone());
+            .and_then(|place| self.extras[slab_index(place)].clone());
         DemandWindow::join(entry.window, extras)
     }
 

@@ -15,6 +15,19 @@ fn at(ms: u64) -> Nanos {
     Nanos::from_millis(T0_MS + ms)
 }
 
+/// A report of `cost` on (`account`, `op`) over the 2 s round ending at
+/// `end_ms`, all of it admitted.
+fn admitted_report<'a>(account: &'a str, op: &'a str, end_ms: u64, cost: u64) -> Report<'a> {
+    Report {
+        account,
+        op,
+        start: at(end_ms - 2_000),
+        end: at(end_ms),
+        attempted: cost,
+        admitted: cost,
+    }
+}
+
 /// One agent's report of `rate` cost/s over the 2 s round ending at `end_ms`,
 /// ingested 5 ms after the round ends. Returns the factor in the reply.
 fn round(m: &mut MasterState, end_ms: u64, rate: f64) -> f64 {
@@ -846,26 +859,12 @@ fn ops_past_the_most_a_master_interns_are_not_tracked() {
     let mut m = master("latest-round");
     for i in 1..super::MAX_OPS {
         let op = format!("op-{i}");
-        let report = Report {
-            account: "acme",
-            op: &op,
-            start: at(0),
-            end: at(2_000),
-            attempted: 10,
-            admitted: 10,
-        };
-        m.ingest(at(2_005), &report).unwrap();
+        m.ingest(at(2_005), &admitted_report("acme", &op, 2_000, 10))
+            .unwrap();
     }
     round(&mut m, 2_000, 10_000.0);
     assert_eq!((m.len(), m.refused_ops()), (super::MAX_OPS, 0));
-    let past = Report {
-        account: "acme",
-        op: "one-too-many",
-        start: at(0),
-        end: at(2_000),
-        attempted: 1_000_000,
-        admitted: 1_000_000,
-    };
+    let past = admitted_report("acme", "one-too-many", 2_000, 1_000_000);
     assert!(m.ingest(at(2_005), &past).unwrap().is_none());
     assert_eq!(
         (m.len(), m.refused_ops(), m.refused_pairs()),
@@ -885,22 +884,12 @@ fn ops_past_the_most_a_master_interns_are_not_tracked() {
 #[test]
 fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
     let mut m = master("latest-round");
-    fn report<'a>(account: &'a str, op: &'a str, end_ms: u64, cost: u64) -> Report<'a> {
-        Report {
-            account,
-            op,
-            start: at(end_ms - 2_000),
-            end: at(end_ms),
-            attempted: cost,
-            admitted: cost,
-        }
-    }
     // 10 000 pairs over two ops, more than two chunks; the odd ones go quiet.
     let names: Vec<String> = (0..5_000).map(|i| format!("acct-{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         for op in ["messages", "connections"] {
             let end = if i % 2 == 0 { 60_000 } else { 2_000 };
-            m.ingest(at(end), &report(name, op, end, 8_000 + i as u64))
+            m.ingest(at(end), &admitted_report(name, op, end, 8_000 + i as u64))
                 .unwrap();
         }
     }
@@ -936,8 +925,11 @@ fn evicting_many_pairs_keeps_every_other_one_findable_with_its_window() {
         "only messages has a limit; every kept account is over it"
     );
     // Evicted pairs come back as new ones.
-    m.ingest(at(62_000), &report(&names[1], "messages", 62_000, 1))
-        .unwrap();
+    m.ingest(
+        at(62_000),
+        &admitted_report(&names[1], "messages", 62_000, 1),
+    )
+    .unwrap();
     assert_eq!(m.len(), 5_001);
     assert_eq!(m.evict_idle(at(1_000_000), Duration::from_secs(30)), 5_001);
     assert!(m.is_empty() && m.suppressed_by_op().next().is_none());
@@ -952,15 +944,8 @@ fn evicting_pairs_moves_each_surge_with_its_pair() {
     let names: Vec<String> = (0..3_000).map(|i| format!("acct-{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         let end = if i % 2 == 0 { 40_000 } else { 2_000 };
-        let report = Report {
-            account: name,
-            op: "messages",
-            start: at(end - 2_000),
-            end: at(end),
-            attempted: 2,
-            admitted: 2,
-        };
-        m.ingest(at(end + 5), &report).unwrap();
+        m.ingest(at(end + 5), &admitted_report(name, "messages", end, 2))
+            .unwrap();
         if i % 3 == 0 {
             let rates = SurgeRates {
                 rate: (200 + i) as f32,
@@ -1046,15 +1031,11 @@ fn reports_claiming_more_than_the_ceiling_are_implausible() {
 fn eviction_in_steps_forgets_the_idle_and_keeps_what_reports_meanwhile() {
     let mut m = master("latest-round");
     let report = |m: &mut MasterState, name: &str, now_ms: u64| {
-        let r = Report {
-            account: name,
-            op: "messages",
-            start: at(now_ms - 2_000),
-            end: at(now_ms),
-            attempted: 10,
-            admitted: 10,
-        };
-        m.ingest(at(now_ms + 5), &r).unwrap();
+        m.ingest(
+            at(now_ms + 5),
+            &admitted_report(name, "messages", now_ms, 10),
+        )
+        .unwrap();
     };
     for i in 0..1_000 {
         report(&mut m, &format!("old-{i}"), 2_000);

@@ -142,8 +142,8 @@ pub struct Dropped {
 /// Holds the rounds always, and the sub-intervals only when the configured
 /// estimator reads them ([`EstimatorKind::AblyMma`]): a master keeps one
 /// window per (account, op) it tracks, millions of them, so the default
-/// window is 48 bytes with no allocation of its own, and a master's table
-/// keeps 36 of them in each entry (`WindowCore`) and the rest beside,
+/// window is 40 bytes with no allocation of its own, and a master's table
+/// keeps 32 of them in each entry (`WindowCore`) and the rest beside,
 /// for the few windows that hold more.
 ///
 /// Serializable, so a master can snapshot its windows across a restart; a
@@ -172,15 +172,15 @@ pub(crate) struct WindowCore {
     /// [`round_near`](DemandWindow::round_near), as the index within 2^31
     /// rounds of the time asked about: 24 days of the shortest rounds
     /// (1 ms), longer than a master keeps an idle window. Four bytes
-    /// rather than eight: 36 bytes in all, not 40.
+    /// rather than eight.
     round: u32,
     /// The summed attempted rates of the reports of the current round
     /// (`[0]`) and of the round before (`[1]`), as `f32`: 7 significant
     /// digits are plenty for a probability, and halve what millions of
     /// windows hold.
     demand: [f32; 2],
-    /// Their summed admitted rates, as shares of `demand` (only views
-    /// read them).
+    /// Their summed admitted rates, as shares of `demand` (views, metrics
+    /// and the `linear-ramp` policy read them; see [`AdmittedShare`]).
     admitted: [AdmittedShare; 2],
     /// How many reports arrived for those two rounds (one per agent with
     /// activity): a round is whole once it has as many as the one before.
@@ -189,14 +189,6 @@ pub(crate) struct WindowCore {
     /// The scatter of whole rounds and their slow average, for
     /// [`confidently_over`](DemandWindow::confidently_over).
     spread: spread::Spread,
-}
-
-impl WindowCore {
-    /// Reads fields at both ends of the window, changing nothing: lets a
-    /// batch's cache misses on its windows overlap (`MasterState::warm`).
-    pub(crate) fn touch(&self) -> u64 {
-        u64::from(self.round) ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
-    }
 }
 
 /// What only some windows hold (see [`DemandWindow::split`]).
@@ -259,10 +251,10 @@ impl From<DemandWindow> for WindowSnapshot {
         WindowSnapshot {
             round: u64::from(w.core.round),
             rates: [0, 1].map(|slot| {
-                let rates = w.core.rates(slot);
+                let demand = w.core.demand[slot];
                 RoundRates {
-                    demand: w.core.demand[slot],
-                    admitted: rates.admitted as f32,
+                    demand,
+                    admitted: w.core.admitted[slot].rate(demand),
                 }
             }),
             reports: w.core.reports,
@@ -280,6 +272,12 @@ struct RoundRates {
 }
 
 impl WindowCore {
+    /// Reads fields at both ends of the window, changing nothing: lets a
+    /// batch's cache misses on its windows overlap (`MasterState::warm`).
+    pub(crate) fn touch(&self) -> u64 {
+        u64::from(self.round) ^ u64::from(self.reports[0]) ^ u64::from(self.spread.noise.to_bits())
+    }
+
     /// The summed rates of round `slot` (0: the current one, 1: the one
     /// before).
     fn rates(&self, slot: usize) -> Rates {

@@ -524,8 +524,11 @@ fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
 /// 51 operations: the master, summing such early reports, read 1.3–1.6×
 /// the limit, counted in thousands of operations. A new pair's checks now
 /// show the scans every cost, and its rises are counted in operations of
-/// its costliest. At 10×, the same account is still held in its first
-/// second.
+/// its costliest. Seeds 17, 22, 24 and 29 were still refused 80–1 568
+/// cost after that: each agent's early report of a chance lump stood at
+/// the master until the round, and the lumps added up; an agent now takes
+/// back its own early report of a chance lump when the lump has passed.
+/// At 10×, the same account is still held in its first second.
 #[test]
 fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
     let scaled = |share: f64, seed: u64| {
@@ -536,7 +539,7 @@ fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
         }
         s
     };
-    for seed in 1..=6 {
+    for seed in (1..=6).chain([17, 22, 24, 29]) {
         let (_, summary) = simulate(scaled(0.95, seed));
         let a = account(&summary, "mixed-costs");
         assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");

@@ -227,7 +227,9 @@ pub(super) struct Entry {
     /// baseline a surge is measured against (drainer only).
     pub(super) reported_rate: AtomicU32,
     /// The attempted rate the last early report said (`f32` bits), the
-    /// baseline while the master's surge estimate lasts (scanner only).
+    /// baseline while the master's surge estimate lasts; its sign bit,
+    /// whether that report was of a chance lump (see
+    /// [`CHANCE_OPS`](super::surge::CHANCE_OPS); scanner only).
     pub(super) surge_rate: AtomicU32,
     /// The rate over the last sub-window scanned (`f32` bits) (scanner
     /// only).

@@ -161,12 +161,14 @@ impl SurgeRule {
     /// otherwise ratchet its estimate up on chance rises, since only
     /// 4× falls bring it down.
     ///
-    /// A `follow_up` fall (of a pair its master suppresses) likewise needs
-    /// only a [`FOLLOW_UP_JUMP`]: an overload that falls back to 0.8× its
-    /// limit from 1.8× is let go within a sub-window or two, not at the
-    /// round, and with no floor, since each of many agents sees only its
-    /// share of the fall. A chance dip (two sub-windows 2σ down) moves the
-    /// master's estimate by this agent's share only, until the round.
+    /// A `follow_up` fall (of a pair its master suppresses, or from this
+    /// agent's own early report of this round of a chance lump, see
+    /// [`CHANCE_OPS`]) likewise needs only a [`FOLLOW_UP_JUMP`]: an
+    /// overload that falls back to 0.8× its limit from 1.8× is let go
+    /// within a sub-window or two, not at the round, and with no floor,
+    /// since each of many agents sees only its share of the fall. A chance
+    /// dip (two sub-windows 2σ down) moves the master's estimate by this
+    /// agent's share only, until the round.
     pub fn is_surge(
         &self,
         rate: f64,
@@ -540,10 +542,13 @@ impl AgentState {
             if young {
                 continue;
             }
-            // Rises follow up this round's early report; falls, any
-            // report, of a pair its master suppresses.
+            // Rises follow up this round's early report, and falls any
+            // report, of a pair its master suppresses; falls also follow
+            // up this round's early report of a chance lump, whatever the
+            // master said (see `CHANCE_OPS`).
             let suppressed = entry.master_suppressed();
-            let follow_up = suppressed && (surged || rate < f64::from(baseline));
+            let fell = rate < f64::from(baseline);
+            let follow_up = suppressed && (surged || fell) || surged && fell && entry.told_chance();
             let noise = OnceCell::new();
             let noise = || {
                 *noise.get_or_init(|| {
@@ -610,13 +615,32 @@ impl AgentState {
                 ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
-                entry.told_early(rates.rate, round);
+                entry.told_early(rates.rate, round, rates.ops);
                 taken += 1;
             }
         }
         taken
     }
 }
+
+/// The most operations an early report of a rise may count and still be
+/// taken back, when it passes, by a pair its master does not suppress
+/// (and the falls that follow it, down to the next rise): a lump this
+/// small is as likely chance as the start of a surge. The master holds
+/// each agent's last early report until the round, so the chance lumps of
+/// an account of sparse costly operations under its limit (one publish of
+/// 51 in half a sub-window reads 580/s on an agent whose share is 140/s),
+/// each reported as it came and none taken back, added up to twice its
+/// limit within half a second (`mixed-costs` at 0.95×: 21 seeds of 90
+/// refused, 71–2 764 cost each; 3 after, 76–388). A rise of many
+/// operations is not taken back: a flood that comes in lumps a second
+/// apart (the `fleet` bench) reads as falls between them, and following
+/// those up released one such flood at 10× its limit to 1.4×.
+pub(super) const CHANCE_OPS: u32 = 4;
+
+/// [`Entry::surge_rate`]'s sign bit (rates are never negative): whether
+/// the early report counted a chance lump (see [`CHANCE_OPS`]).
+const TOLD_CHANCE: u32 = 1 << 31;
 
 /// How many operations of `quantum` each (0: not known) a measured `cost`
 /// holds: 0 when unknown.
@@ -682,9 +706,18 @@ impl Entry {
     }
 
     /// Notes that an early report told the pair's master `rate` in
-    /// `round` (see [`told_rate`](Self::told_rate)).
-    pub(super) fn told_early(&self, rate: f32, round: u16) {
-        self.surge_rate.store(rate.to_bits(), Relaxed);
+    /// `round` (see [`told_rate`](Self::told_rate)), counting `ops`
+    /// operations (0: a fall, or not known): a rise of a chance lump, or a
+    /// fall from one, is marked so (see [`CHANCE_OPS`]).
+    pub(super) fn told_early(&self, rate: f32, round: u16, ops: u32) {
+        let before = self.surge_rate.load(Relaxed);
+        let chance = if ops > 0 {
+            ops <= CHANCE_OPS
+        } else {
+            before & TOLD_CHANCE != 0 && rate < f32::from_bits(before & !TOLD_CHANCE)
+        };
+        let word = rate.abs().to_bits() | if chance { TOLD_CHANCE } else { 0 };
+        self.surge_rate.store(word, Relaxed);
         self.surge_round.store(round, Relaxed);
     }
 
@@ -732,10 +765,21 @@ impl Entry {
     pub(super) fn told_rate(&self, round: u16) -> (f32, bool) {
         let surge_round = self.surge_round.load(Relaxed);
         if surge_round != 0 && round.wrapping_sub(surge_round) <= 1 {
-            (f32::from_bits(self.surge_rate.load(Relaxed)), true)
+            (self.told_early_rate(), true)
         } else {
             (f32::from_bits(self.reported_rate.load(Relaxed)), false)
         }
+    }
+
+    /// The rate the last early report said, of whichever round.
+    pub(super) fn told_early_rate(&self) -> f32 {
+        f32::from_bits(self.surge_rate.load(Relaxed) & !TOLD_CHANCE)
+    }
+
+    /// Whether the last early report was of a chance lump, or a fall from
+    /// one (see [`CHANCE_OPS`]).
+    fn told_chance(&self) -> bool {
+        self.surge_rate.load(Relaxed) & TOLD_CHANCE != 0
     }
 
     /// Whether the last two sub-windows were empty and the noise has
@@ -1406,6 +1450,49 @@ mod tests {
             scan(&state, 200, 400, |ms| u64::from(ms % 100 == 0) * 70),
             vec![]
         );
+    }
+
+    /// A pair its master does not suppress takes back its own early
+    /// report of a chance lump once the lump has passed (a third of the
+    /// reported rate is enough), and of nothing larger: there a fall must
+    /// be to a quarter, as from a rollup's rate. The master holds each
+    /// agent's last early report until the round, and chance lumps
+    /// reported on many agents and never taken back added up past the
+    /// limit; the falls between a lumpy flood's seconds, taken back, let
+    /// the flood go.
+    #[test]
+    fn only_a_chance_lump_reported_early_is_taken_back_when_it_passes() {
+        for (ops, taken_back) in [(1, true), (CHANCE_OPS, true), (CHANCE_OPS + 1, false)] {
+            let state = AgentState::new(AgentConfig::default());
+            state.apply(
+                at(0),
+                "acme",
+                "messages",
+                0.0,
+                1_000.0,
+                Duration::from_secs(6),
+            );
+            // 100/s throughout.
+            let traffic = |ms: u64| u64::from(ms.is_multiple_of(100)) * 10;
+            scan(&state, 0, 400, traffic);
+            // An early report said 300/s.
+            let round = state.report_round(at(400));
+            let pinned = state.pairs.pin();
+            let entry = pinned.find("acme", "messages").unwrap();
+            entry.told_early(300.0, round, ops);
+            let taken = scan(&state, 400, 1_000, traffic);
+            if !taken_back {
+                assert_eq!(taken, [], "{ops} operations");
+                continue;
+            }
+            // A fall at the next close (the two sub-windows it is judged
+            // on held 100/s); still of the lump.
+            let [(600, fall)] = taken[..] else {
+                panic!("{ops} operations: {taken:?}")
+            };
+            assert_eq!((fall.baseline, fall.rate, fall.ops), (300.0, 100.0, 0));
+            assert!(entry.told_chance());
+        }
     }
 
     /// A new pair's first check teaches the cost of one operation: two

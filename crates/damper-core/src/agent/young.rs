@@ -23,7 +23,6 @@
 //! round wakes on a finer grid when nothing is new.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use compact_str::CompactString;
@@ -176,7 +175,7 @@ impl AgentState {
             };
             let age = now.since(start);
             let (baseline, surged) = entry.told_rate(round);
-            let ours = pair.reported == Some(entry.surge_rate.load(Relaxed));
+            let ours = pair.reported == Some(entry.told_early_rate().to_bits());
             let grown = age >= rule.window();
             if pair.due > start + YOUNG_SPAN {
                 // Measured over its whole span at the last peek.
@@ -241,7 +240,7 @@ impl AgentState {
                 pair.due = next(follow_up);
                 return true;
             }
-            entry.told_early(rates.rate, round);
+            entry.told_early(rates.rate, round, rates.ops);
             if !grown {
                 // The sub-window the next scan closes began before it.
                 entry.set_scanned(YOUNG_REPORTED, true);

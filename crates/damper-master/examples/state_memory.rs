@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
+//! `--name-len N` pads every account's name to `N` bytes (at least the 15
+//! of `account-0000000`): a master keeps names of up to 15 bytes inline,
+//! longer ones on the heap.
 
 // It reports wall time for the fill, by definition.
 #![allow(clippy::disallowed_types)]
@@ -32,6 +35,7 @@ fn resident_bytes() -> u64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut accounts = 1_000_000usize;
+    let mut name_len = 0usize;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--accounts" => {
@@ -44,13 +48,30 @@ fn main() {
                         std::process::exit(2)
                     })
             }
+            "--name-len" => {
+                name_len = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| (1..=damper_core::MAX_NAME_LEN).contains(n))
+                    .unwrap_or_else(|| {
+                        eprintln!(
+                            "state_memory: --name-len takes a whole number from 1 to {}",
+                            damper_core::MAX_NAME_LEN
+                        );
+                        std::process::exit(2)
+                    })
+            }
             other => {
-                eprintln!("state_memory: unknown argument {other:?}; usage: --accounts N");
+                eprintln!(
+                    "state_memory: unknown argument {other:?}; usage: --accounts N [--name-len N]"
+                );
                 std::process::exit(2)
             }
         }
     }
-    let names: Vec<String> = (0..accounts).map(|i| format!("account-{i:07}")).collect();
+    let names: Vec<String> = (0..accounts)
+        .map(|i| format!("account-{i:0>width$}", width = name_len.saturating_sub(8).max(7)))
+        .collect();
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let t0 = 1_800_000_000_000u64;
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(t0)));

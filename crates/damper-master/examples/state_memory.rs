@@ -70,7 +70,12 @@ fn main() {
         }
     }
     let names: Vec<String> = (0..accounts)
-        .map(|i| format!("account-{i:0>width$}", width = name_len.saturating_sub(8).max(7)))
+        .map(|i| {
+            format!(
+                "account-{i:0>width$}",
+                width = name_len.saturating_sub(8).max(7)
+            )
+        })
         .collect();
     let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
     let t0 = 1_800_000_000_000u64;

@@ -528,7 +528,10 @@ fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
 /// cost after that: each agent's early report of a chance lump stood at
 /// the master until the round, and the lumps added up; an agent now takes
 /// back its own early report of a chance lump when the lump has passed.
-/// At 10×, the same account is still held in its first second.
+/// Seed 34 was refused 76 cost after that, by an agent that met no
+/// publish of 51 in its youth and counted its later rises in operations
+/// of 1; a pair's youth is now twice as long. At 10×, the same account is
+/// still held in its first second.
 #[test]
 fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
     let scaled = |share: f64, seed: u64| {
@@ -539,7 +542,7 @@ fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
         }
         s
     };
-    for seed in (1..=6).chain([17, 22, 24, 29]) {
+    for seed in (1..=6).chain([17, 22, 24, 29, 34]) {
         let (_, summary) = simulate(scaled(0.95, seed));
         let a = account(&summary, "mixed-costs");
         assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");

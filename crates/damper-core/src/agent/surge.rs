@@ -734,8 +734,9 @@ impl Entry {
     }
 
     /// The cost of one operation for the noise a rise is judged by: the
-    /// learnt one ([`op_cost`](Self::op_cost)), but 1 for a pair in its
-    /// youth whose first operations cost far less than its costliest
+    /// learnt one ([`op_cost`](Self::op_cost)), but 1 for a pair in the
+    /// first two seconds of its youth (`young_for_rises`) whose first
+    /// operations cost far less than its costliest
     /// ([`Quantum::cheap_first`]; see [`Entry::seed_quantum`]). Its checks
     /// show the scans every cost, so it soon knows its costliest, and
     /// judged by that from its start, each agent's share of a deluge
@@ -752,7 +753,7 @@ impl Entry {
     /// master, weighing hundreds of them, was refused one by chance.
     pub(super) fn rise_cost(&self) -> u32 {
         let quantum = Quantum(self.quantum.load(Relaxed));
-        if quantum.cheap_first() && super::entry::young(self.local_start.load(Relaxed)) {
+        if quantum.cheap_first() && super::entry::young_for_rises(self.local_start.load(Relaxed)) {
             quantum.cost().min(1)
         } else {
             quantum.cost()
@@ -1203,25 +1204,25 @@ mod tests {
         assert_eq!(op_cost(), 51);
     }
 
-    /// A new pair's checks show the scans every cost for its first eight
+    /// A new pair's checks show the scans every cost for its first fifteen
     /// windows: one operation of 51 among operations of 1, in its first
     /// window, is seen at once, and the pair is one of cheap operations
-    /// first. Past its youth, one that closes no window is not.
+    /// first, whose rises are judged as counts of 1 for its first eight
+    /// windows. In its ninth to fifteenth windows a 51 is still seen, and
+    /// its rises are judged by the costliest cost. Past its youth, one
+    /// that closes no window is not seen.
     #[test]
     fn a_new_pair_shows_every_cost_in_its_youth() {
         let state = AgentState::new(AgentConfig::default());
         let mut rng = SmallRng::seed_from_u64(1);
-        let quantum = |account: &str| {
+        let entry = |account: &str, read: &dyn Fn(&Entry) -> u32| {
             let pinned = state.pairs.pin();
-            Quantum(
-                pinned
-                    .find(account, "messages")
-                    .unwrap()
-                    .quantum
-                    .load(Relaxed),
-            )
+            read(pinned.find(account, "messages").unwrap())
         };
-        for account in ["young", "grown"] {
+        let quantum =
+            |account: &str| Quantum(entry(account, &|e| u32::from(e.quantum.load(Relaxed))) as u16);
+        let rise_cost = |account: &str| entry(account, &|e| e.rise_cost());
+        for account in ["young", "older", "grown"] {
             state.check(at(0), account, "messages", 1, &mut rng);
             state.apply(
                 at(0),
@@ -1235,12 +1236,23 @@ mod tests {
         state.check(at(10), "young", "messages", 51, &mut rng);
         assert_eq!(quantum("young").cost(), 51);
         assert!(quantum("young").cheap_first());
+        assert_eq!(rise_cost("young"), 1);
         // Ten windows of cost 1, then a 51 in the middle of a window.
         for ms in (1..2_500).step_by(5) {
-            state.check(at(ms), "grown", "messages", 1, &mut rng);
+            for account in ["older", "grown"] {
+                state.check(at(ms), account, "messages", 1, &mut rng);
+            }
         }
         // Its last window began at 2 251 ms: 2 498 closes none.
-        state.check(at(2_498), "grown", "messages", 51, &mut rng);
+        state.check(at(2_498), "older", "messages", 51, &mut rng);
+        assert_eq!(quantum("older").cost(), 51);
+        assert!(quantum("older").cheap_first());
+        assert_eq!(rise_cost("older"), 51);
+        // Seventeen windows of cost 1, then a 51 in the middle of one.
+        for ms in (2_501..4_250).step_by(5) {
+            state.check(at(ms), "grown", "messages", 1, &mut rng);
+        }
+        state.check(at(4_248), "grown", "messages", 51, &mut rng);
         assert_eq!(quantum("grown").cost(), 1);
         assert!(!quantum("grown").is_mixed());
     }

@@ -79,6 +79,7 @@ pub fn damper(keys: &[String]) -> Damper {
     // benchmark, to tell their share.
     let damper = Damper::start(std::env::var("BENCH_FAST_ONSET").as_deref() != Ok("off"));
     damper.flood(keys);
+    damper.age(keys);
     damper
 }
 
@@ -118,6 +119,23 @@ impl Damper {
         Damper {
             agent,
             _runtime: runtime,
+        }
+    }
+
+    /// Checks every key on both ops once every local guard window (250 ms)
+    /// for sixteen of them, so the benchmarks measure keys past a new
+    /// pair's youth (its first 15 windows with traffic, during which every
+    /// check also shows the scans its cost: `damper_core::agent`'s
+    /// `Entry::seed_quantum`), as a node's known keys are. Before 27
+    /// November (thirteenth session) the first seconds of a run measured
+    /// young keys.
+    pub fn age(&self, keys: &[String]) {
+        for _ in 0..16 {
+            for k in keys {
+                self.agent.check(k, CALM, 1);
+                self.agent.check(k, FLOOD, 1_000_000);
+            }
+            std::thread::sleep(Duration::from_millis(250));
         }
     }
 

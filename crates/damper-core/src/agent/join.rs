@@ -59,7 +59,7 @@ impl AgentState {
                 ..SurgeRates::default()
             };
             if report(pair, join) {
-                entry.told_early(rate, round, 0);
+                entry.told_early(rate, round, None);
                 taken += 1;
             }
         }

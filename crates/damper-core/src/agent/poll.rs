@@ -150,7 +150,7 @@ impl AgentState {
                 return true;
             }
             taken += 1;
-            entry.told_early(rates.rate, round, rates.ops);
+            entry.told_early(rates.rate, round, None);
             pair.reported = Some(span);
             pair.due = pair.start + span * 2;
             span < POLL_SPAN

@@ -615,7 +615,7 @@ impl AgentState {
                 ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
-                entry.told_early(rates.rate, round, rates.ops);
+                entry.told_early(rates.rate, round, Some(rates.ops));
                 taken += 1;
             }
         }
@@ -706,15 +706,18 @@ impl Entry {
     }
 
     /// Notes that an early report told the pair's master `rate` in
-    /// `round` (see [`told_rate`](Self::told_rate)), counting `ops`
-    /// operations (0: a fall, or not known): a rise of a chance lump, or a
-    /// fall from one, is marked so (see [`CHANCE_OPS`]).
-    pub(super) fn told_early(&self, rate: f32, round: u16, ops: u32) {
+    /// `round` (see [`told_rate`](Self::told_rate)): a change the scans
+    /// judged, counting `judged` operations (`Some(0)`: a fall, or not
+    /// known), or (`None`) a poll's answer or a join, which the master
+    /// asked for or the ring moved. A rise of a chance lump, or a fall
+    /// from one, is marked so (see [`CHANCE_OPS`]); a poll's answer or a
+    /// join never is.
+    pub(super) fn told_early(&self, rate: f32, round: u16, judged: Option<u32>) {
         let before = self.surge_rate.load(Relaxed);
-        let chance = if ops > 0 {
-            ops <= CHANCE_OPS
-        } else {
-            before & TOLD_CHANCE != 0 && rate < f32::from_bits(before & !TOLD_CHANCE)
+        let chance = match judged {
+            None => false,
+            Some(0) => before & TOLD_CHANCE != 0 && rate < f32::from_bits(before & !TOLD_CHANCE),
+            Some(ops) => ops <= CHANCE_OPS,
         };
         let word = rate.abs().to_bits() | if chance { TOLD_CHANCE } else { 0 };
         self.surge_rate.store(word, Relaxed);
@@ -1466,7 +1469,8 @@ mod tests {
 
     /// A pair its master does not suppress takes back its own early
     /// report of a chance lump once the lump has passed (a third of the
-    /// reported rate is enough), and of nothing larger: there a fall must
+    /// reported rate is enough), and of nothing larger, nor a poll's
+    /// answer: there a fall must
     /// be to a quarter, as from a rollup's rate. The master holds each
     /// agent's last early report until the round, and chance lumps
     /// reported on many agents and never taken back added up past the
@@ -1474,7 +1478,13 @@ mod tests {
     /// the flood go.
     #[test]
     fn only_a_chance_lump_reported_early_is_taken_back_when_it_passes() {
-        for (ops, taken_back) in [(1, true), (CHANCE_OPS, true), (CHANCE_OPS + 1, false)] {
+        // A poll's answer (`None`) is no chance lump: the master asked.
+        for (ops, taken_back) in [
+            (Some(1), true),
+            (Some(CHANCE_OPS), true),
+            (Some(CHANCE_OPS + 1), false),
+            (None, false),
+        ] {
             let state = AgentState::new(AgentConfig::default());
             state.apply(
                 at(0),
@@ -1494,13 +1504,13 @@ mod tests {
             entry.told_early(300.0, round, ops);
             let taken = scan(&state, 400, 1_000, traffic);
             if !taken_back {
-                assert_eq!(taken, [], "{ops} operations");
+                assert_eq!(taken, [], "{ops:?} operations");
                 continue;
             }
             // A fall at the next close (the two sub-windows it is judged
             // on held 100/s); still of the lump.
             let [(600, fall)] = taken[..] else {
-                panic!("{ops} operations: {taken:?}")
+                panic!("{ops:?} operations: {taken:?}")
             };
             assert_eq!((fall.baseline, fall.rate, fall.ops), (300.0, 100.0, 0));
             assert!(entry.told_chance());

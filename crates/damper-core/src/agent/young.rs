@@ -240,7 +240,7 @@ impl AgentState {
                 pair.due = next(follow_up);
                 return true;
             }
-            entry.told_early(rates.rate, round, rates.ops);
+            entry.told_early(rates.rate, round, Some(rates.ops));
             if !grown {
                 // The sub-window the next scan closes began before it.
                 entry.set_scanned(YOUNG_REPORTED, true);

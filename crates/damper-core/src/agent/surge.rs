@@ -1443,11 +1443,9 @@ mod tests {
         );
     }
 
-    /// An account under its limit, reported at start as every new pair is
-    /// (it jumps from nothing), is not followed up on chance rises while
-    /// its master does not suppress it: that would ratchet its estimate up.
-    #[test]
-    fn no_follow_up_for_a_pair_its_master_does_not_suppress() {
+    /// An agent whose master answered for acme's messages: not suppressed,
+    /// under a limit of 1 000/s.
+    fn unsuppressed() -> AgentState {
         let state = AgentState::new(AgentConfig::default());
         state.apply(
             at(0),
@@ -1457,6 +1455,15 @@ mod tests {
             1_000.0,
             Duration::from_secs(6),
         );
+        state
+    }
+
+    /// An account under its limit, reported at start as every new pair is
+    /// (it jumps from nothing), is not followed up on chance rises while
+    /// its master does not suppress it: that would ratchet its estimate up.
+    #[test]
+    fn no_follow_up_for_a_pair_its_master_does_not_suppress() {
+        let state = unsuppressed();
         // 300/s, reported as it starts.
         let taken = scan(&state, 0, 200, |ms| u64::from(ms % 100 == 0) * 30);
         assert_eq!(taken.len(), 1);
@@ -1485,15 +1492,7 @@ mod tests {
             (Some(CHANCE_OPS + 1), false),
             (None, false),
         ] {
-            let state = AgentState::new(AgentConfig::default());
-            state.apply(
-                at(0),
-                "acme",
-                "messages",
-                0.0,
-                1_000.0,
-                Duration::from_secs(6),
-            );
+            let state = unsuppressed();
             // 100/s throughout.
             let traffic = |ms: u64| u64::from(ms.is_multiple_of(100)) * 10;
             scan(&state, 0, 400, traffic);

@@ -424,6 +424,12 @@ impl Entry {
         let local = if limit > 0.0 {
             self.local_guard(now, limit, master == 0, cost, config)
         } else {
+            // No limit known (no answer yet, or an expired one): no guard,
+            // but a young pair's checks still show the scans their costs.
+            // Before its first answer a new pair's every check came here,
+            // and its early reports counted a publish of 51 among cheap
+            // ones as 51 operations of 1.
+            self.sample_if_young(cost);
             0
         };
         InForce {
@@ -848,6 +854,16 @@ impl Entry {
     /// [`seed_quantum`](Self::seed_quantum)). One attempt: a scan that
     /// wrote meanwhile wins, and the next sample comes soon.
     ///
+    /// [`sample_quantum`](Self::sample_quantum) for a young pair with no
+    /// limit known: out of line, off the path of a pair with one.
+    #[cold]
+    #[inline(never)]
+    fn sample_if_young(&self, cost: u64) {
+        if young(self.local_start.load(Relaxed)) {
+            self.sample_quantum(cost);
+        }
+    }
+
     /// [`Quantum::sample`]: super::surge::Quantum::sample
     #[cold]
     #[inline(never)]

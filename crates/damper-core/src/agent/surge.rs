@@ -1260,6 +1260,25 @@ mod tests {
         assert!(!quantum("grown").is_mixed());
     }
 
+    /// A young pair shows the scans its costs before any master has
+    /// answered for it too, when no limit is known and the local guard
+    /// does not run: its early reports went out then, and one that held a
+    /// publish of 51 among operations of 1 counted it as 65 operations of
+    /// 1 (`mixed-costs` at 0.95×: 12 seeds of 180 refused; 1 after).
+    #[test]
+    fn a_new_pair_shows_its_costs_before_its_first_answer() {
+        let state = AgentState::new(AgentConfig::default());
+        let mut rng = SmallRng::seed_from_u64(1);
+        state.check(at(0), "acme", "messages", 1, &mut rng);
+        state.check(at(20), "acme", "messages", 51, &mut rng);
+        let pinned = state.pairs.pin();
+        let entry = pinned.find("acme", "messages").unwrap();
+        assert_eq!(entry.limit.load(Relaxed), 0, "no limit known");
+        let quantum = Quantum(entry.quantum.load(Relaxed));
+        assert_eq!(quantum.cost(), 51);
+        assert!(quantum.cheap_first());
+    }
+
     #[test]
     fn costs_far_apart_are_cheap_first_and_close_ones_are_not() {
         // Costs of 1 and 51, the 1 first: cheap first.

@@ -429,7 +429,7 @@ impl Entry {
             // Before its first answer a new pair's every check came here,
             // and its early reports counted a publish of 51 among cheap
             // ones as 51 operations of 1.
-            self.sample_if_young(cost);
+            self.sample_if_young(now, cost, config);
             0
         };
         InForce {
@@ -855,13 +855,26 @@ impl Entry {
     /// wrote meanwhile wins, and the next sample comes soon.
     ///
     /// [`sample_quantum`](Self::sample_quantum) for a young pair with no
-    /// limit known: out of line, off the path of a pair with one.
+    /// limit known, at `now`: out of line, off the path of a pair with one.
+    /// With no limit the local guard closes no windows, so the youth they
+    /// count would never end (a pair of an op with no limit would sample
+    /// every check for ever): it ends once as long has passed since the
+    /// pair's start as its windows would have taken.
     #[cold]
     #[inline(never)]
-    fn sample_if_young(&self, cost: u64) {
-        if young(self.local_start.load(Relaxed)) {
-            self.sample_quantum(cost);
+    fn sample_if_young(&self, now: u64, cost: u64, config: &AgentConfig) {
+        let word = self.local_start.load(Relaxed);
+        if !young(word) {
+            return;
         }
+        let youth = duration_nanos(config.local_window).saturating_mul(YOUTH_WINDOWS);
+        if now.saturating_sub(window_start(word)) >= youth {
+            // A guard closing its window meanwhile (a limit just came)
+            // finds the word changed and leaves the window to this one.
+            self.local_start.fetch_and(!YOUTH, Relaxed);
+            return;
+        }
+        self.sample_quantum(cost);
     }
 
     /// [`Quantum::sample`]: super::surge::Quantum::sample

@@ -1277,6 +1277,23 @@ mod tests {
         let quantum = Quantum(entry.quantum.load(Relaxed));
         assert_eq!(quantum.cost(), 51);
         assert!(quantum.cheap_first());
+        // With no limit no guard window closes, so the youth ends with
+        // time: as long as its fifteen windows take, 3.75 s. A pair of an
+        // op with no limit would otherwise sample its every check for
+        // ever.
+        for ms in [0, 3_700] {
+            state.check(at(ms), "quiet", "messages", 1, &mut rng);
+        }
+        let pinned = state.pairs.pin();
+        let quiet = pinned.find("quiet", "messages").unwrap();
+        let young = || super::super::entry::young(quiet.local_start.load(Relaxed));
+        assert!(young());
+        state.check(at(3_800), "quiet", "messages", 1, &mut rng);
+        assert!(!young());
+        state.check(at(3_900), "quiet", "messages", 51, &mut rng);
+        let quantum = Quantum(quiet.quantum.load(Relaxed));
+        assert_eq!(quantum.cost(), 1);
+        assert!(!quantum.is_mixed());
     }
 
     #[test]

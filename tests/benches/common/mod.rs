@@ -131,11 +131,16 @@ impl Damper {
     /// young keys.
     pub fn age(&self, keys: &[String]) {
         for _ in 0..16 {
-            for k in keys {
-                self.agent.check(k, CALM, 1);
-                self.agent.check(k, FLOOD, 1_000_000);
-            }
+            self.touch(keys);
             std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Checks every key once on [`CALM`] and once, flooding, on [`FLOOD`].
+    fn touch(&self, keys: &[String]) {
+        for k in keys {
+            self.agent.check(k, CALM, 1);
+            self.agent.check(k, FLOOD, 1_000_000);
         }
     }
 
@@ -145,11 +150,7 @@ impl Damper {
     /// flood stops.
     pub fn flood(&self, keys: &[String]) {
         let agent = &self.agent;
-        let touch = |k: &String| {
-            agent.check(k, CALM, 1);
-            agent.check(k, FLOOD, 1_000_000);
-        };
-        keys.iter().for_each(touch);
+        self.touch(keys);
         let ready = |k: &String| {
             agent.factor(k, CALM) == Some(0.0) && agent.factor(k, FLOOD).is_some_and(|f| f > 0.999)
         };
@@ -167,7 +168,7 @@ impl Damper {
             // ready (a run that waited a minute with half of them ready,
             // 25 November).
             if tick % 10 == 0 {
-                keys.iter().for_each(touch);
+                self.touch(keys);
             }
         }
         panic!(

@@ -824,9 +824,9 @@ impl Entry {
     /// new entry's first check, or the simulator's batches).
     ///
     /// And begins the pair's youth: for its first [`YOUTH_WINDOWS`] local
-    /// guard windows (about four seconds of 250 ms, when it has traffic), every
-    /// check shows the scans its cost ([`Quantum::sample`]), not only the
-    /// one that closes a window. An account whose operations mostly cost 1
+    /// guard windows (about four seconds of 250 ms, when it has traffic),
+    /// every check shows the scans its cost ([`Quantum::sample`]), not only
+    /// the one that closes a window. An account whose operations mostly cost 1
     /// and sometimes 51 begins, on most agents, with an operation of 1,
     /// which divides every cost and shows nothing; until an agent saw a 51,
     /// a sub-window with one more of them than due read as a rise of 51
@@ -847,13 +847,6 @@ impl Entry {
         }
     }
 
-    /// Shows the scans' cost of one operation ([`Quantum::sample`]) the
-    /// cost of the operation that closed a local guard's window (once a
-    /// window per pair, off `check`'s path for the other operations), or
-    /// of every check in the pair's youth (see
-    /// [`seed_quantum`](Self::seed_quantum)). One attempt: a scan that
-    /// wrote meanwhile wins, and the next sample comes soon.
-    ///
     /// [`sample_quantum`](Self::sample_quantum) for a young pair with no
     /// limit known, at `now`: out of line, off the path of a pair with one.
     /// With no limit the local guard closes no windows, so the youth they
@@ -877,6 +870,13 @@ impl Entry {
         self.sample_quantum(cost);
     }
 
+    /// Shows the scans' cost of one operation ([`Quantum::sample`]) the
+    /// cost of the operation that closed a local guard's window (once a
+    /// window per pair, off `check`'s path for the other operations), or
+    /// of every check in the pair's youth (see
+    /// [`seed_quantum`](Self::seed_quantum)). One attempt: a scan that
+    /// wrote meanwhile wins, and the next sample comes soon.
+    ///
     /// [`Quantum::sample`]: super::surge::Quantum::sample
     #[cold]
     #[inline(never)]

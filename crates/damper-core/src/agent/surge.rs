@@ -1218,13 +1218,15 @@ mod tests {
     fn a_new_pair_shows_every_cost_in_its_youth() {
         let state = AgentState::new(AgentConfig::default());
         let mut rng = SmallRng::seed_from_u64(1);
-        let entry = |account: &str, read: &dyn Fn(&Entry) -> u32| {
+        // What a pair's scans know of its costs, and the cost its rises
+        // are judged by.
+        let learnt = |account: &str| {
             let pinned = state.pairs.pin();
-            read(pinned.find(account, "messages").unwrap())
+            let entry = pinned.find(account, "messages").unwrap();
+            (Quantum(entry.quantum.load(Relaxed)), entry.rise_cost())
         };
-        let quantum =
-            |account: &str| Quantum(entry(account, &|e| u32::from(e.quantum.load(Relaxed))) as u16);
-        let rise_cost = |account: &str| entry(account, &|e| e.rise_cost());
+        let quantum = |account: &str| learnt(account).0;
+        let rise_cost = |account: &str| learnt(account).1;
         for account in ["young", "older", "grown"] {
             state.check(at(0), account, "messages", 1, &mut rng);
             state.apply(
@@ -1513,12 +1515,11 @@ mod tests {
     /// A pair its master does not suppress takes back its own early
     /// report of a chance lump once the lump has passed (a third of the
     /// reported rate is enough), and of nothing larger, nor a poll's
-    /// answer: there a fall must
-    /// be to a quarter, as from a rollup's rate. The master holds each
-    /// agent's last early report until the round, and chance lumps
-    /// reported on many agents and never taken back added up past the
-    /// limit; the falls between a lumpy flood's seconds, taken back, let
-    /// the flood go.
+    /// answer: there a fall must be to a quarter, as from a rollup's rate.
+    /// The master holds each agent's last early report until the round,
+    /// and chance lumps reported on many agents and never taken back added
+    /// up past the limit; the falls between a lumpy flood's seconds, taken
+    /// back, let the flood go.
     #[test]
     fn only_a_chance_lump_reported_early_is_taken_back_when_it_passes() {
         // A poll's answer (`None`) is no chance lump: the master asked.

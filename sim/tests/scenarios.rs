@@ -556,6 +556,30 @@ fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
     assert!(deluge.peak_6s_ratio.unwrap() < 1.2, "{deluge:?}");
 }
 
+/// `mixed-costs` held deep, at 5× and 10× of its limit (a factor of 0.8
+/// and 0.9): the costly publisher keeps the cheap one's share within 5%.
+/// Paced, each lane held its publisher to what the pair offered each of
+/// its operations, and the cheap operations, whose probability the credit
+/// leans hardest, took the catching up after every costly admission: the
+/// costly publisher kept 13% (5×) and 23% (10×) less than its share at
+/// these seeds. Lanes now hold every publisher to what an operation of
+/// the pair's costliest cost is offered.
+#[test]
+fn a_costly_publisher_beside_a_cheap_one_keeps_its_share_under_a_deep_factor() {
+    for (times, seed) in [(5.0, 1), (10.0, 2)] {
+        let mut s = scenario("mixed-costs");
+        s.seed = seed;
+        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
+            point.rate *= times / 2.0;
+        }
+        let (_, summary) = simulate(s);
+        let a = account(&summary, "mixed-costs");
+        let fairness = a.fairness_10s.unwrap();
+        assert!(fairness < 0.05, "{times}× at seed {seed}: {a:?}");
+        assert!(a.steady_admitted_ratio.unwrap() < 1.01, "{a:?}");
+    }
+}
+
 /// `near-limit-one-node`: accounts each on one node at 0.9×, 0.95× and
 /// 0.99× of their limits (cost 1, in the steps' bursts; cost 51 at 0.95×;
 /// limits of 100 and 10 a second at 0.95×) are refused nothing, where the

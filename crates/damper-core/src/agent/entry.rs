@@ -489,11 +489,17 @@ impl Entry {
     /// The `sender`'s lane on this pair, and what it holds the publisher
     /// to (see [`publisher`](super::publisher)): the pair's share while its
     /// credit follows the share, what the pair offers while it is paced or
-    /// `frozen`.
+    /// `frozen` (as it offers it to an operation of the pair's costliest
+    /// cost, see [`Share::Offered`]).
     fn lane<'l>(&self, sender: Sender<'l>, frozen: Option<f64>) -> (&'l AtomicI64, Share) {
         let lane = sender.lane();
-        let share = if frozen.is_some() || self.scanned(PACED) {
-            Share::Offered
+        let share = if frozen.is_some() {
+            // The same probability for every cost: no reference to read.
+            Share::Offered { reference: 0.0 }
+        } else if self.scanned(PACED) {
+            Share::Offered {
+                reference: f64::from(self.op_cost()),
+            }
         } else {
             Share::Kept
         };

@@ -82,6 +82,48 @@ fn a_jump_within_the_noise_of_the_operations_it_counted_does_not_suppress() {
     assert!(factor(0) > 0.1, "uncounted: past the fixed margin");
 }
 
+/// Early reports of an account the rounds say nothing of (new to this
+/// master) suppress it only past `FIRST_SURGE_MARGIN` (2×) its limit:
+/// ten agents' first reports of 190/s each, 19 operations each (190
+/// counted, well past chance at 1.9×), are let through until the first
+/// round; 210/s each suppresses at once. The same 1.9× over rounds that
+/// said 950/s is a jump from a known demand, and suppresses.
+#[test]
+fn early_reports_of_an_account_the_rounds_say_nothing_of_suppress_only_past_twice_the_limit() {
+    let factor = |per_agent: f32, rounds_before: bool| {
+        let mut m = master("latest-round");
+        if rounds_before {
+            for end in (2_000..=10_000).step_by(2_000) {
+                for _ in 0..10 {
+                    round(&mut m, end, 95.0);
+                }
+            }
+        }
+        let mut last = None;
+        for agent in 0..10 {
+            let rates = SurgeRates {
+                rate: per_agent,
+                baseline: if rounds_before { 95.0 } else { 0.0 },
+                ops: 19,
+                ..SurgeRates::default()
+            };
+            last = m
+                .surge(
+                    at(10_110 + agent),
+                    at(10_100),
+                    &format!("agent-{agent}"),
+                    Pair::new("acme", "messages"),
+                    rates,
+                )
+                .unwrap();
+        }
+        last.unwrap().factor
+    };
+    assert_eq!(factor(190.0, false), 0.0, "1.9x from nothing");
+    assert!(factor(210.0, false) > 0.5, "2.1x from nothing");
+    assert!(factor(190.0, true) > 0.4, "1.9x over known rounds");
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

@@ -107,6 +107,11 @@ pub struct Estimate {
     /// a flood of costly operations at twice what it is one time in
     /// twenty.
     pub surge_fall_noise: f64,
+    /// With `surge`: whether the rounds say no demand at all (an account
+    /// new to this master, or back from quiet), so that the estimate is
+    /// the early reports' alone, each an agent's sub-window read as a rate
+    /// (see `master::FIRST_SURGE_MARGIN`).
+    pub surge_from_nothing: bool,
     /// With `surge`: whether early reports are bringing the demand down
     /// (a flood ending), the last of them within [`FALLING_FOR`]. An agent
     /// still suppressed by such an estimate is told to ask again soon: the
@@ -587,6 +592,7 @@ impl DemandWindow {
                 // ask again when it is whole, whatever the surge says.
                 first_round: estimate.first_round,
                 surge: true,
+                surge_from_nothing: estimate.rates.demand <= 0.0,
                 surge_ops: surge.ops,
                 surge_fall_noise: surge.fall_noise,
                 surge_falling: surge.falling,

@@ -11,6 +11,16 @@ fn scenario(name: &str) -> Scenario {
     Scenario::from_toml(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
+/// Scenario `name` at `seed`, every traffic rate multiplied by `by`.
+fn scaled(name: &str, seed: u64, by: f64) -> Scenario {
+    let mut s = scenario(name);
+    s.seed = seed;
+    for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
+        point.rate *= by;
+    }
+    s
+}
+
 fn simulate(s: Scenario) -> (Run, Summary) {
     let run = engine::run(s, |_| {});
     let summary = summarize(&run);
@@ -481,12 +491,7 @@ fn a_costly_flood_spread_thin_over_many_agents_is_held_from_its_first_second() {
 #[test]
 fn traffic_that_moves_just_under_its_limit_is_never_refused() {
     for (share, seed) in [(0.95, 14), (0.99, 13), (0.99, 8)] {
-        let mut s = scenario("migration");
-        s.seed = seed;
-        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
-            point.rate *= share / 0.8;
-        }
-        let (_, summary) = simulate(s);
+        let (_, summary) = simulate(scaled("migration", seed, share / 0.8));
         let mover = account(&summary, "mover");
         assert_eq!(
             mover.false_rejections, 0,
@@ -505,12 +510,7 @@ fn traffic_that_moves_just_under_its_limit_is_never_refused() {
 #[test]
 fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
     for seed in [7, 18, 19, 21] {
-        let mut s = scenario("varying-fanout");
-        s.seed = seed;
-        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
-            point.rate *= 0.95 / 2.0;
-        }
-        let (_, summary) = simulate(s);
+        let (_, summary) = simulate(scaled("varying-fanout", seed, 0.95 / 2.0));
         let fanout = account(&summary, "fanout");
         assert_eq!(fanout.admitted, fanout.attempted, "seed {seed}: {fanout:?}");
     }
@@ -542,20 +542,13 @@ fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
 /// first second.
 #[test]
 fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
-    let scaled = |share: f64, seed: u64| {
-        let mut s = scenario("mixed-costs");
-        s.seed = seed;
-        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
-            point.rate *= share / 2.0;
-        }
-        s
-    };
+    let at = |share: f64, seed: u64| scaled("mixed-costs", seed, share / 2.0);
     for seed in (1..=6).chain([17, 22, 24, 29, 34, 44, 89, 173, 312, 525]) {
-        let (_, summary) = simulate(scaled(0.95, seed));
+        let (_, summary) = simulate(at(0.95, seed));
         let a = account(&summary, "mixed-costs");
         assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
     }
-    let (_, summary) = simulate(scaled(10.0, 1));
+    let (_, summary) = simulate(at(10.0, 1));
     let deluge = account(&summary, "mixed-costs");
     assert_eq!(deluge.reaction_s, Some(1.0), "{deluge:?}");
     assert!(deluge.peak_6s_ratio.unwrap() < 1.2, "{deluge:?}");
@@ -572,12 +565,7 @@ fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
 #[test]
 fn a_costly_publisher_beside_a_cheap_one_keeps_its_share_under_a_deep_factor() {
     for (times, seed) in [(5.0, 1), (10.0, 2)] {
-        let mut s = scenario("mixed-costs");
-        s.seed = seed;
-        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
-            point.rate *= times / 2.0;
-        }
-        let (_, summary) = simulate(s);
+        let (_, summary) = simulate(scaled("mixed-costs", seed, times / 2.0));
         let a = account(&summary, "mixed-costs");
         let fairness = a.fairness_10s.unwrap();
         assert!(fairness < 0.05, "{times}× at seed {seed}: {a:?}");

@@ -208,6 +208,19 @@ impl Hints {
         self.rates[place] = hint.rate.max(0.0) as f32;
     }
 
+    /// Whether it says nothing any more at `now`: no poll held back, and
+    /// every hint past its span, so that a tally made afresh would weigh
+    /// the next hint the same.
+    pub(super) fn lapsed(&self, now: Nanos) -> bool {
+        now >= self.rise_polled_until
+            && now >= self.fall_polled_until
+            && self
+                .agents
+                .iter()
+                .zip(&self.at)
+                .all(|(agent, at)| *agent == 0 || now.since(*at) > HINT_SPAN)
+    }
+
     /// The rates the agents counted hinted, summed.
     fn rates_sum(&self) -> f64 {
         self.agents
@@ -292,6 +305,30 @@ mod tests {
         // After it, hints count afresh.
         assert!(!hint(&mut w, 7_000, 12));
         assert!(hint(&mut w, 7_100, 13));
+    }
+
+    /// A window's hints are let go of, and its extras with them, at the
+    /// first round that begins once they say nothing (past their span, no
+    /// poll held back); not before.
+    #[test]
+    fn hints_that_say_nothing_any_more_are_let_go_of_as_a_round_begins() {
+        let (c, mut w) = (cfg(), window(4));
+        assert!(!w.hint(&c, ms(4_100), rise(7, 500.0), 1_000.0, 0.0));
+        assert!(w.hint(&c, ms(4_200), rise(8, 500.0), 1_000.0, 0.0));
+        // The poll holds back others until 6.2 s: the round that begins
+        // at 6 s keeps them.
+        let round = |w: &mut DemandWindow, end: u64| {
+            for _ in 0..4 {
+                w.record(&c, ms(end - 2_000), ms(end), 20, 20);
+            }
+        };
+        round(&mut w, 6_000);
+        assert!(w.extras.is_some());
+        round(&mut w, 8_000);
+        assert!(w.extras.is_none());
+        // And a hint after that is weighed afresh.
+        assert!(!w.hint(&c, ms(8_100), rise(9, 500.0), 1_000.0, 0.0));
+        assert!(w.hint(&c, ms(8_200), rise(10, 500.0), 1_000.0, 0.0));
     }
 
     #[test]

@@ -259,7 +259,7 @@ impl DemandWindow {
             && (keep - pushed).abs() > moved * pushed
     }
 
-    fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
+    pub(super) fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
         let surge = self.extras.as_deref()?.surge.as_ref()?;
         let r = duration_nanos(cfg.rollup_interval).max(1);
         let after = surge.round + 1;
@@ -314,6 +314,25 @@ mod tests {
         for _ in 0..20 {
             w.record(&cfg(), ms(end - R), ms(end), per_agent * 2, per_agent * 2);
         }
+    }
+
+    /// A surge estimate is let go of, with the extras that held it, when
+    /// a round begins after it lapsed: the window then holds no more than
+    /// one that never surged, and says the same.
+    #[test]
+    fn a_lapsed_surge_is_let_go_of_as_the_next_round_begins() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 25);
+        assert!(w.surge(&c, ms(2_800), ms(2_800), rates(500.0, 25.0, false)));
+        round(&mut w, 4_000, 25);
+        // Its round after (to 6 s) is whole, but the round that begins
+        // then cannot know it yet: kept.
+        round(&mut w, 6_000, 25);
+        assert!(w.extras.is_some());
+        assert!(!w.estimate(&c, ms(6_100)).surge);
+        round(&mut w, 8_000, 25);
+        assert!(w.extras.is_none());
+        assert_eq!(w.estimate(&c, ms(8_100)).rates.demand, 500.0);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
 //! `--name-len N` pads every account's name to `N` bytes (at least the 15
-//! of `account-0000000`): a master keeps names of up to 15 bytes inline,
+//! of `account-0000000`): a master keeps names of up to 24 bytes inline,
 //! longer ones on the heap.
 
 // It reports wall time for the fill, by definition.

@@ -599,6 +599,30 @@ fn accounts_on_one_node_just_under_their_limits_are_never_refused() {
     assert!(over.admitted < over.attempted * 4 / 5, "{over:?}");
 }
 
+/// A new account's first rounds, before their scatter is known, suppress
+/// only past what a count of operations of the reports' cost step gives
+/// by chance (`docs/design.md`, "Suppress only with confidence"): at these
+/// seeds, of 1 000 each, a round read 1.5–1.58× the limit by chance (up to
+/// 62 operations of 51 where 35 were due, or 61 of 1 where 36 were), and
+/// the account at 0.9× was refused 4 to 8 operations of 51, or 9 of 1.
+#[test]
+fn a_new_account_under_its_limit_is_not_refused_for_a_chance_round() {
+    for (name, seed, refused) in [
+        ("near-limit", 124, "costly-90"),
+        ("near-limit", 343, "costly-90"),
+        ("near-limit", 526, "costly-90"),
+        ("near-limit-small", 441, "tiny-90"),
+    ] {
+        let (_, s) = simulate(scaled(name, seed, 1.0));
+        let a = account(&s, refused);
+        assert_eq!(
+            (a.false_rejections, a.admitted),
+            (0, a.attempted),
+            "{name} at seed {seed}"
+        );
+    }
+}
+
 /// Where nothing floods, sparse hints cost next to nothing: no poll, at
 /// most 5% more requests and bytes (chance hints, a few a minute), and no
 /// account refused that was not without them.

@@ -117,7 +117,7 @@ use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
 pub use hint::{
     DEEP_FALL_ALPHA, DEEP_FALL_FROM, FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE,
-    SPARSE_OPS, beyond_chance, fall_alpha, poisson_tail,
+    SPARSE_OPS, beyond_chance, fall_alpha, normal_tail, poisson_tail,
 };
 pub use pace::{DENSE_MARGIN, DENSE_PACE_FROM, PACE_FROM, PACE_SLACK, paced_under};
 pub use peek::Standing;

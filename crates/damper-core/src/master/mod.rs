@@ -913,6 +913,7 @@ fn verdict(
         && matches!(config.policy.kind, PolicyKind::Demand)
         && config.window.estimator == EstimatorKind::LatestRound
         && !window.confidently_over(
+            &config.window,
             limit.get(),
             estimate.rates.demand,
             UNKNOWN_NOISE_MARGIN,

@@ -448,6 +448,7 @@ impl DemandWindow {
             return false;
         };
         self.core.add(slot, rates);
+        self.core.spread.note_report(attempted);
         true
     }
 
@@ -502,12 +503,24 @@ impl DemandWindow {
 
     /// Whether `demand`, an estimate from this window's rounds, is over
     /// `limit` by more than `sigmas` standard deviations of the rounds' own
-    /// scatter (see `spread`); `margin` × `limit` decides while the
-    /// scatter is unknown; with `sigmas` 0, any excess is.
-    pub fn confidently_over(&self, limit: f64, demand: f64, margin: f64, sigmas: f64) -> bool {
-        self.core
-            .spread
-            .confidently_over(limit, demand, margin, sigmas)
+    /// scatter (see `spread`); while the scatter is unknown, by `margin` ×
+    /// `limit` and by more than a round's count of operations of the
+    /// reports' cost step has by chance; with `sigmas` 0, any excess is.
+    pub fn confidently_over(
+        &self,
+        cfg: &WindowConfig,
+        limit: f64,
+        demand: f64,
+        margin: f64,
+        sigmas: f64,
+    ) -> bool {
+        self.core.spread.confidently_over(
+            limit,
+            demand,
+            margin,
+            sigmas,
+            cfg.rollup_interval.as_secs_f64(),
+        )
     }
 }
 

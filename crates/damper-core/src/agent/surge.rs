@@ -162,8 +162,8 @@ impl SurgeRule {
     /// 4× falls bring it down.
     ///
     /// A `follow_up` fall (of a pair its master suppresses, or from this
-    /// agent's own early report of this round of a chance lump, see
-    /// [`CHANCE_OPS`]) likewise needs only a [`FOLLOW_UP_JUMP`]: an
+    /// agent's own early report of this round of a chance lump: a rise of
+    /// at most four operations) likewise needs only a [`FOLLOW_UP_JUMP`]: an
     /// overload that falls back to 0.8× its limit from 1.8× is let go
     /// within a sub-window or two, not at the round, and with no floor,
     /// since each of many agents sees only its share of the fall. A chance

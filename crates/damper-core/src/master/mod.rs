@@ -854,7 +854,10 @@ pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
 /// window has seen enough whole rounds to know their scatter (eight
 /// changes between them): a deluge is far above, and a round of a small
 /// account (18 operations a second against 20) reads 1.15× its limit by
-/// chance one time in twenty.
+/// chance one time in twenty. Not enough alone for a new account of
+/// costly operations, whose rounds pass it by chance: the round must also
+/// be a count of operations chance does not give (see
+/// [`DemandWindow::confidently_over`]).
 pub const UNKNOWN_NOISE_MARGIN: f64 = 1.5;
 
 /// The verdict for an exempt pair: never suppressed, and no limit, so the

@@ -623,6 +623,34 @@ fn a_new_account_under_its_limit_is_not_refused_for_a_chance_round() {
     }
 }
 
+/// An account of publishes of 51 on one node at 0.95× of its limit, in
+/// lumps of a 100-ms step's arrivals, is not suppressed by one chance lump
+/// its agent reports early (`master::surge_proven_by`): at seed 55 a
+/// follow-up of the agent's own earlier lump began a new estimate with no
+/// count, which the master took for proof; at seeds 206 and 328 a single
+/// sub-window of 10–11 where 1.86 were due was weighed as if several
+/// agents had said it. Each refused 1–8 publishes. And the same seeds'
+/// `costly-flood` (40 agents at 5×) keeps its hold: seeds 11 and 82, where
+/// one agent's rise over rounds already over the limit was once weighed
+/// as one sub-window of many, lost it for four seconds.
+#[test]
+fn a_chance_lump_of_one_agent_does_not_suppress_an_account_under_its_limit() {
+    for seed in [55, 206, 328] {
+        let (_, s) = simulate(scaled("near-limit-one-node", seed, 1.0));
+        let a = account(&s, "costly-95");
+        assert_eq!(
+            (a.false_rejections, a.admitted),
+            (0, a.attempted),
+            "seed {seed}"
+        );
+    }
+    for seed in [11, 82] {
+        let (_, s) = simulate(scaled("costly-flood", seed, 1.0));
+        let a = account(&s, "costly");
+        assert!(a.peak_6s_ratio.unwrap() < 1.5, "seed {seed}: {a:?}");
+    }
+}
+
 /// Where nothing floods, sparse hints cost next to nothing: no poll, at
 /// most 5% more requests and bytes (chance hints, a few a minute), and no
 /// account refused that was not without them.

@@ -99,6 +99,11 @@ pub struct Estimate {
     /// when not known. A rate summed from `n` operations is off by
     /// `1 / √n` by chance.
     pub surge_ops: u32,
+    /// With `surge_ops`: how many reports counted them. One is a single
+    /// agent's sub-window, of the many each agent measures.
+    pub surge_reports: u16,
+    /// With `surge`: the demand the rounds alone say, cost per second.
+    pub surge_rounds: f64,
     /// With `surge` and a fall some of whose reports counted their
     /// operations (a poll's answers): the chance spread of the demand
     /// those answers make up (their summed rate over the square root of
@@ -633,6 +638,8 @@ impl DemandWindow {
                 surge: true,
                 surge_from_nothing: estimate.rates.demand <= 0.0,
                 surge_ops: surge.ops,
+                surge_reports: surge.counted,
+                surge_rounds: estimate.rates.demand,
                 surge_fall_noise: surge.fall_noise,
                 surge_falling: surge.falling,
             },

@@ -43,6 +43,8 @@ pub(super) struct SurgeDemand {
     /// or a fall): a rise summed from few operations waits for more
     /// before it suppresses (`master::surge_proven`).
     pub(super) ops: u32,
+    /// How many reports those are.
+    pub(super) counted: u16,
     /// For a fall, the chance spread of the part of the demand its counted
     /// answers make up ([`Surge::answers_noise`]); 0 for a rise. A fall is
     /// weighed by the part its answers measured alone: weighed by a margin
@@ -78,6 +80,11 @@ pub(super) struct Surge {
     /// ones measure the same operations again over longer spans.
     #[serde(default)]
     ops: u32,
+    /// How many reports `ops` sums (saturating): one is a single agent's
+    /// sub-window, tested against chance by the master more strictly than
+    /// several (see `master::surge_proven_by`).
+    #[serde(default)]
+    counted: u16,
     /// The share kept (`1 − factor`) of the last verdict pushed for this
     /// estimate to every agent, and when (nanoseconds); 0 for none. See
     /// [`DemandWindow::surge_repush`].
@@ -192,8 +199,16 @@ impl DemandWindow {
         }
         surge.delta += rate - baseline;
         surge.up += rate - if rates.surged { baseline } else { 0.0 };
-        if !rates.surged {
+        // An agent's first report in this estimate: one that follows up
+        // its own report of an estimate since lapsed (`surged`) is the
+        // first here all the same. Not counted, a chance lump of 10
+        // publishes of 51 where 4 were due, an agent's follow-up of its
+        // lump of the round before, stood as a new estimate with no count
+        // (`master::surge_proven` takes none for proof): an account at
+        // 0.95× on one node was refused for a second.
+        if (!rates.surged || fresh) && rates.ops > 0 {
             surge.ops = surge.ops.saturating_add(rates.ops);
+            surge.counted = surge.counted.saturating_add(1);
         }
         true
     }
@@ -211,6 +226,7 @@ impl DemandWindow {
             SurgeDemand {
                 demand: s.demand(rounds),
                 ops: if fall { 0 } else { s.ops },
+                counted: if fall { 0 } else { s.counted },
                 fall_noise: if fall { s.answers_noise() } else { 0.0 },
                 falling: fall
                     && now.as_nanos() <= s.moved_at.saturating_add(duration_nanos(FALLING_FOR)),
@@ -380,6 +396,32 @@ mod tests {
         let e = w.estimate(&c, ms(4_400));
         assert!(e.surge);
         assert_eq!(e.rates.demand, 10_000.0);
+    }
+
+    /// The operations an estimate's reports counted, and how many reports
+    /// said: each agent's first report in the estimate, a follow-up of its
+    /// own report of an estimate since lapsed (`surged`) too.
+    #[test]
+    fn an_estimates_count_is_of_each_agents_first_report_in_it() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        let counted = |ops: u32, surged: bool| SurgeRates {
+            ops,
+            ..rates(2_550.0, 255.0, surged)
+        };
+        round(&mut w, 2_000, 25);
+        // A follow-up of a report the master no longer holds, first in a
+        // fresh estimate: counted (it used to stand with no count, which
+        // the master takes for proof).
+        assert!(w.surge(&c, ms(2_800), ms(2_800), counted(10, true)));
+        let e = w.estimate(&c, ms(2_810));
+        assert_eq!((e.surge_ops, e.surge_reports), (10, 1), "{e:?}");
+        // Another agent's first report adds; a follow-up within the same
+        // estimate measures the same operations again and does not.
+        assert!(w.surge(&c, ms(2_820), ms(2_800), counted(9, false)));
+        assert!(w.surge(&c, ms(2_900), ms(2_900), counted(12, true)));
+        let e = w.estimate(&c, ms(2_910));
+        assert_eq!((e.surge_ops, e.surge_reports), (19, 2));
+        assert_eq!(e.surge_rounds, 500.0);
     }
 
     #[test]

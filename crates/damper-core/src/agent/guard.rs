@@ -28,22 +28,27 @@
 //! bursts (95 operations at once every 100 ms, 0.95× the limit) spends a
 //! window's allowance within 200 ms whenever three bursts fall in it, and
 //! its rate read there, 1 330/s, passed the limit by four of its
-//! deviations, and the next window refused a quarter: 11% of its
+//! deviations (4.6), and the next window refused a quarter: 11% of its
 //! operations in all. A moderate overload is measured over whole windows.
 
 use super::hint::beyond_chance;
 
 /// How many standard deviations of its counting noise a window's rate must
-/// stand above the limit for the guard to refuse: at 0.99× of the limit,
-/// with about 250 operations a window, one window in 10^5 reads that high
-/// by chance (one every seven hours of a node's checks of the pair), where
-/// three would be one every seven minutes.
-pub(super) const GUARD_SIGMAS: f64 = 4.0;
+/// stand above the limit for the guard to refuse: the masters' standard
+/// (`policy.confidence_sigmas`). At four, an account at 0.95× of a limit
+/// of 100/s on one node, its operations in lumps of a 100-ms step's
+/// arrivals (a window of three lumps holds 28.5 where 30 are due), read
+/// that high about once in 30 000 windows, two hours of a node's checks
+/// of the pair, and was refused a dozen operations each time
+/// (`near-limit-one-node`: 14 seeds of 1 000 simulated 2-minute runs; at
+/// five, 1). A deluge stands tens of deviations out; a single node's
+/// overload of 1.5× is the masters' to judge within a round.
+pub(super) const GUARD_SIGMAS: f64 = 5.0;
 
 /// The same, as the chance of a Poisson count at least that high: what a
 /// window of few operations is weighed by, where the normal law is far
-/// off (3 operations where 0.06 were due are as unlikely as 4σ).
-const GUARD_ALPHA: f64 = 3.17e-5;
+/// off. The normal law's tail at [`GUARD_SIGMAS`].
+const GUARD_ALPHA: f64 = 2.867e-7;
 
 /// How many times the limit a window must confidently read to close
 /// early: a deluge is far above it, bursts of traffic under the limit are
@@ -110,6 +115,12 @@ mod tests {
     }
 
     #[test]
+    fn the_guards_alpha_is_the_normal_laws_tail_at_its_sigmas() {
+        let tail = crate::agent::normal_tail(GUARD_SIGMAS);
+        assert!((GUARD_ALPHA / tail - 1.0).abs() < 1e-3, "{tail}");
+    }
+
+    #[test]
     fn a_burst_of_costly_operations_is_no_deluge() {
         // Two publishes to 1 000 subscribers a microsecond apart.
         assert!(!closes_early(2_002.0, 1e-6, 1_000.0, 0.25, 1_001));
@@ -119,9 +130,10 @@ mod tests {
 
     #[test]
     fn bursts_under_the_limit_close_no_window_early_and_a_deluge_does() {
-        // Three bursts of 95 within 200 ms: past the allowance of 250, and
-        // 1 330/s is confidently over 1 000/s, but not over 2 000/s.
-        assert!(confidently_over(266.0, 0.2, 1_000.0, 1));
+        // Three bursts of 95 within 200 ms: past the allowance of 250, but
+        // 1 330/s is 4.6σ over 1 000/s, and far from 2 000/s.
+        assert!(!confidently_over(266.0, 0.2, 1_000.0, 1));
+        assert!(confidently_over(280.0, 0.2, 1_000.0, 1));
         assert!(!closes_early(266.0, 0.2, 1_000.0, 0.25, 1));
         // A deluge's first 251 within 50 ms.
         assert!(closes_early(251.0, 0.05, 1_000.0, 0.25, 1));

@@ -853,11 +853,13 @@ pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
 /// sub-window, 10 a day), and was refused for a second in 12 of 1 000
 /// simulated seeds. A deluge's single report stands far above it; a flood
 /// spread over many agents is reported by several. The verdict asks it
-/// only of a surge the rounds do not bear out: one agent's report of a
-/// flood the rounds already show (a costly flood's hold, its estimate
-/// moved by a chance fall and then by one agent's rise) is weighed as
-/// several; taken as one, `costly-flood` lost its hold for four seconds
-/// in 7 seeds of 100.
+/// only of a surge the rounds do not prove: one agent's report of a flood
+/// the rounds already show confidently over the limit (a costly flood's
+/// hold, its estimate moved by a chance fall and then by one agent's
+/// rise) is weighed as several; taken as one, `costly-flood` lost its
+/// hold for four seconds in 7 seeds of 100. Rounds over the limit by
+/// chance prove nothing: an account at 0.95× whose rounds read 1.12× let
+/// one agent's lump through.
 pub fn surge_proven_by(demand: f64, limit: f64, ops: u32, reports: u16) -> bool {
     if demand <= limit * SURGE_MARGIN {
         return false;
@@ -928,8 +930,16 @@ fn verdict(
             demand,
             limit.get(),
             estimate.surge_ops,
-            if estimate.surge_rounds > limit.get() {
-                // The rounds say so too: not one sub-window against them.
+            if estimate.surge_reports == 1
+                && window.confidently_over(
+                    &config.window,
+                    limit.get(),
+                    estimate.surge_rounds,
+                    UNKNOWN_NOISE_MARGIN,
+                    config.policy.confidence_sigmas,
+                )
+            {
+                // The rounds prove it too: not one sub-window against them.
                 u16::MAX
             } else {
                 estimate.surge_reports

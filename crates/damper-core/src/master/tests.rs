@@ -124,43 +124,50 @@ fn early_reports_of_an_account_the_rounds_say_nothing_of_suppress_only_past_twic
     assert!(factor(190.0, true) > 0.4, "1.9x over known rounds");
 }
 
-/// One agent's sub-window against rounds under the limit is weighed as
-/// one of the many sub-windows every agent measures (`surge_proven_by`):
-/// a lump of 11 publishes of 51 in 100 ms where 1.86 are due (5 610/s,
-/// a chance of 10⁻⁵) does not suppress an account whose rounds read
-/// 0.95× its limit, as it did; a second agent's alike does. Over rounds
-/// that already read over the limit, one agent's report is enough.
+/// One agent's sub-window against rounds that do not prove an overload
+/// is weighed as one of the many sub-windows every agent measures
+/// (`surge_proven_by`): a lump of 11 publishes of 51 in 100 ms where 1.86
+/// are due (5 610/s, a chance of 10⁻⁵) does not suppress an account
+/// whose rounds read 0.95× its limit, as it did, nor one whose few rounds
+/// read 1.12× by chance; a second agent's alike does. Over rounds that
+/// prove the account over its limit, one agent's report is enough.
 #[test]
 fn one_agents_lump_against_rounds_under_the_limit_is_weighed_as_one_sub_window_of_many() {
-    let factor = |agents: u64, rounds_rate: f64| {
+    let factor = |agents: u64, rounds: &[f64]| {
         let mut m = master("latest-round");
-        for end in (2_000..=10_000).step_by(2_000) {
-            round(&mut m, end, rounds_rate);
+        for (i, rate) in rounds.iter().enumerate() {
+            round(&mut m, 2_000 * (i as u64 + 1), rate * L);
         }
+        let end = 2_000 * rounds.len() as u64;
         let mut last = None;
         for agent in 0..agents {
             let lump = SurgeRates {
                 rate: 5_610.0,
-                baseline: if agent == 0 { rounds_rate as f32 } else { 0.0 },
+                baseline: if agent == 0 {
+                    (rounds[rounds.len() - 1] * L) as f32
+                } else {
+                    0.0
+                },
                 ops: 11,
                 ..SurgeRates::default()
             };
             let pair = Pair::new("acme", "messages");
+            let (now, at_) = (at(end + 310 + agent), at(end + 300));
             last = m
-                .surge(
-                    at(10_310 + agent),
-                    at(10_300),
-                    &format!("agent-{agent}"),
-                    pair,
-                    lump,
-                )
+                .surge(now, at_, &format!("agent-{agent}"), pair, lump)
                 .unwrap();
         }
         last.unwrap().factor
     };
-    assert_eq!(factor(1, 0.95 * L), 0.0, "one lump");
-    assert!(factor(2, 0.95 * L) > 0.5, "two");
-    assert!(factor(1, 1.3 * L) > 0.5, "one, over rounds already over");
+    let under = [0.95; 5];
+    assert_eq!(factor(1, &under), 0.0, "one lump");
+    assert!(factor(2, &under) > 0.5, "two");
+    assert_eq!(factor(1, &[0.95, 1.0, 0.9, 1.12]), 0.0, "over by chance");
+    // Fourteen rounds of 1.29-1.31×: over the limit beyond their scatter.
+    let over: Vec<f64> = (0..14)
+        .map(|i| if i % 2 == 0 { 1.29 } else { 1.31 })
+        .collect();
+    assert!(factor(1, &over) > 0.5, "one, over rounds that prove it");
 }
 
 #[test]

@@ -170,6 +170,28 @@ fn one_agents_lump_against_rounds_under_the_limit_is_weighed_as_one_sub_window_o
     assert!(factor(1, &over) > 0.5, "one, over rounds that prove it");
 }
 
+/// A single node's deluge whose first early report counted few
+/// operations (a young pair's first peek: 10 of cost 5 at 4.75× its
+/// limit, a chance of 2·10⁻⁵ were it at the limit, too much for one
+/// report) is suppressed by that agent's next report, which counts more,
+/// rather than at its round.
+#[test]
+fn a_single_nodes_deluge_is_proven_by_its_next_report() {
+    let mut m = master("latest-round");
+    let pair = Pair::new("acme", "messages");
+    let report = |ops: u32, baseline: f32, surged: bool| SurgeRates {
+        rate: 4_750.0,
+        baseline,
+        surged,
+        ops,
+        ..SurgeRates::default()
+    };
+    let first = m.surge(at(40), at(40), "a", pair, report(10, 0.0, false));
+    assert_eq!(first.unwrap().unwrap().factor, 0.0);
+    let next = m.surge(at(140), at(140), "a", pair, report(95, 4_750.0, true));
+    assert!(next.unwrap().unwrap().factor > 0.7);
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

@@ -209,6 +209,13 @@ impl DemandWindow {
         if (!rates.surged || fresh) && rates.ops > 0 {
             surge.ops = surge.ops.saturating_add(rates.ops);
             surge.counted = surge.counted.saturating_add(1);
+        } else if surge.counted == 1 && rates.ops > surge.ops {
+            // A single agent's later sub-window, more than its first
+            // counted: its count is the larger. A young pair's first peek
+            // of a single node's deluge may hold ten operations, too few
+            // alone (see `master::surge_proven_by`), and its follow-ups
+            // would otherwise wait for the round.
+            surge.ops = rates.ops;
         }
         true
     }
@@ -422,6 +429,30 @@ mod tests {
         let e = w.estimate(&c, ms(2_910));
         assert_eq!((e.surge_ops, e.surge_reports), (19, 2));
         assert_eq!(e.surge_rounds, 500.0);
+    }
+
+    /// While a single agent's report is all an estimate counted, that
+    /// agent's later sub-window, counting more, stands for it: a young
+    /// pair's first peek of a single node's deluge may count too few.
+    #[test]
+    fn a_single_reporters_larger_count_stands_for_its_first() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        let counted = |ops: u32, surged: bool| SurgeRates {
+            ops,
+            ..rates(4_750.0, if surged { 4_750.0 } else { 25.0 }, surged)
+        };
+        round(&mut w, 2_000, 25);
+        assert!(w.surge(&c, ms(2_100), ms(2_100), counted(10, false)));
+        assert!(w.surge(&c, ms(2_200), ms(2_200), counted(83, true)));
+        let e = w.estimate(&c, ms(2_210));
+        assert_eq!((e.surge_ops, e.surge_reports), (83, 1));
+        // A smaller one does not lower it; once two agents counted, a
+        // follow-up adds nothing.
+        assert!(w.surge(&c, ms(2_300), ms(2_300), counted(40, true)));
+        assert!(w.surge(&c, ms(2_310), ms(2_300), counted(9, false)));
+        assert!(w.surge(&c, ms(2_400), ms(2_400), counted(200, true)));
+        let e = w.estimate(&c, ms(2_410));
+        assert_eq!((e.surge_ops, e.surge_reports), (92, 2));
     }
 
     #[test]

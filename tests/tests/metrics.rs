@@ -78,17 +78,26 @@ async fn agent_and_master_record_the_documented_series() {
     assert!(value(&text, "damper_agent_rollups_total{result=\"ok\"}").unwrap() >= 1.0);
     assert!(value(&text, "damper_agent_rollup_duration_seconds_count").unwrap() >= 1.0);
     assert_eq!(value(&text, "damper_agent_pending_bytes"), Some(0.0));
-    // The master's side, recorded in the same process.
+    // The master's side, recorded in the same process. The agent's own
+    // local guard may refuse before the master's verdict comes (a single
+    // node's deluge is its to catch), so the master's is waited for.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        served.master.record_gauges();
+        let text = handle.render();
+        if value(&text, "damper_master_accounts_suppressed{op=\"messages\"}") == Some(1.0) {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never suppressed by the master:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(value(&text, "damper_master_accounts_tracked"), Some(1.0));
     assert!(value(&text, "damper_master_rollups_total").unwrap() >= 1.0);
     assert!(value(&text, "damper_master_entries_total").unwrap() >= 1.0);
     assert!(value(&text, "damper_master_factors_sent_total").unwrap() >= 1.0);
-    served.master.record_gauges();
-    let text = handle.render();
-    assert_eq!(value(&text, "damper_master_accounts_tracked"), Some(1.0));
-    assert_eq!(
-        value(&text, "damper_master_accounts_suppressed{op=\"messages\"}"),
-        Some(1.0)
-    );
 
     // The link drops everything: rollups fail, counts wait, the factor
     // lapses and the agent fails open, each of which shows.

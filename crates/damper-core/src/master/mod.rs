@@ -853,7 +853,11 @@ pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
 /// sub-window, 10 a day), and was refused for a second in 12 of 1 000
 /// simulated seeds. A deluge's single report stands far above it; a flood
 /// spread over many agents is reported by several. The verdict asks it
-/// only of a surge the rounds do not prove: one agent's report of a flood
+/// only to begin a suppression, and only of a surge the rounds do not
+/// prove. A pair already suppressed is not released by one agent's next
+/// estimate counting few (a single node's deluge, suppressed at once,
+/// was released and suppressed again within a second when a fresh
+/// estimate's first report was a peek of a few operations); one agent's report of a flood
 /// the rounds already show confidently over the limit (a costly flood's
 /// hold, its estimate moved by a chance fall and then by one agent's
 /// rise) is weighed as several; taken as one, `costly-flood` lost its
@@ -931,15 +935,17 @@ fn verdict(
             limit.get(),
             estimate.surge_ops,
             if estimate.surge_reports == 1
-                && window.confidently_over(
-                    &config.window,
-                    limit.get(),
-                    estimate.surge_rounds,
-                    UNKNOWN_NOISE_MARGIN,
-                    config.policy.confidence_sigmas,
-                )
+                && (held
+                    || window.confidently_over(
+                        &config.window,
+                        limit.get(),
+                        estimate.surge_rounds,
+                        UNKNOWN_NOISE_MARGIN,
+                        config.policy.confidence_sigmas,
+                    ))
             {
-                // The rounds prove it too: not one sub-window against them.
+                // Suppressed already, or the rounds prove it too: not one
+                // sub-window against them.
                 u16::MAX
             } else {
                 estimate.surge_reports

@@ -192,6 +192,27 @@ fn a_single_nodes_deluge_is_proven_by_its_next_report() {
     assert!(next.unwrap().unwrap().factor > 0.7);
 }
 
+/// A single report's strict test is asked only to begin a suppression: a
+/// pair already suppressed is not released by an estimate that one agent's
+/// peek of few operations began (a single node's deluge was released and
+/// suppressed again within a second that way, which the accounts page's
+/// browser test saw as two starts).
+#[test]
+fn a_suppressed_pair_is_not_released_by_one_reports_small_count() {
+    let m = master("latest-round");
+    let matched = m.config.limits.lookup("acme", "messages").unwrap();
+    let mut window = DemandWindow::new(&m.config.window);
+    let peek = SurgeRates {
+        rate: 4_750.0,
+        ops: 10,
+        ..SurgeRates::default()
+    };
+    assert!(window.surge(&m.config.window, at(40), at(40), peek));
+    let factor = |held| verdict(&m.config, &window, held, matched, at(50)).factor;
+    assert_eq!(factor(false), 0.0, "not enough to begin");
+    assert!(factor(true) > 0.7, "enough to go on");
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

@@ -645,6 +645,18 @@ fn a_chance_lump_of_one_agent_does_not_suppress_an_account_under_its_limit() {
             "seed {seed}"
         );
     }
+    // 9.5 a second against 10 on one node: rounds of 19 operations whose
+    // measured scatter, learnt from below, read 1.15× as 5σ over (seeds
+    // 389, 457 and 624); the scatter is now at least the count's.
+    for seed in [389, 457, 624] {
+        let (_, s) = simulate(scaled("near-limit-one-node", seed, 1.0));
+        let a = account(&s, "tiny-95");
+        assert_eq!(
+            (a.false_rejections, a.admitted),
+            (0, a.attempted),
+            "seed {seed}"
+        );
+    }
     for seed in [11, 82] {
         let (_, s) = simulate(scaled("costly-flood", seed, 1.0));
         let a = account(&s, "costly");

@@ -235,9 +235,26 @@ impl Spread {
         if self.changes < MIN_CHANGES {
             return demand > limit * margin && self.counted_over(limit, demand, sigmas, round_secs);
         }
-        let sigma = f64::from(self.noise).sqrt() * estimate_allowance(self.changes);
-        let long_sigma = sigma * long_noise_share(self.changes.saturating_add(1));
-        demand - sigmas * sigma > limit || f64::from(self.long) - sigmas * long_sigma > limit
+        // The measured scatter, but never less than a round's count of
+        // operations of the step has by chance: the first changes enter
+        // clipped, so a small account's noise is learnt from below, and
+        // an account at 0.95× of 10/s on one node (19 operations a round)
+        // read 1.15× of its limit as 5σ over after 26 s.
+        let measured = f64::from(self.noise).sqrt() * estimate_allowance(self.changes);
+        let sigma = measured.max(self.count_sigma(demand, round_secs));
+        let long = f64::from(self.long);
+        let long_sigma = measured.max(self.count_sigma(long, round_secs))
+            * long_noise_share(self.changes.saturating_add(1));
+        demand - sigmas * sigma > limit || long - sigmas * long_sigma > limit
+    }
+
+    /// The chance scatter of a round of `demand` over `round_secs`, read
+    /// as a Poisson count of operations of the step, cost per second.
+    fn count_sigma(&self, demand: f64, round_secs: f64) -> f64 {
+        if round_secs <= 0.0 || demand <= 0.0 {
+            return 0.0;
+        }
+        (demand * self.cost_step() / round_secs).sqrt()
     }
 
     /// Whether a round of `demand`, `round_secs` long, is more operations
@@ -477,6 +494,25 @@ mod tests {
             known.confidently_over(1_000.0, 1_581.0, 1.5, CONFIDENCE_SIGMAS, 0.0),
             "the round's length no longer matters"
         );
+    }
+
+    /// Once the noise is known, it is never taken as less than a round's
+    /// count of operations of the step has by chance: a small account's
+    /// first changes enter clipped, and its measured noise can read far
+    /// under its counting noise. 10/s of operations of 1 in 2-s rounds
+    /// (20 a round, 2.2/s of noise) whose changes read 0.05/s: 11.5/s is
+    /// not proof, 30/s is.
+    #[test]
+    fn the_noise_is_at_least_the_counts() {
+        let mut spread = heard(&[19, 21, 20, 18]);
+        for i in 0..12 {
+            spread.close(Some(9.5), if i % 2 == 0 { 9.55 } else { 9.45 });
+        }
+        assert!(spread.changes >= MIN_CHANGES);
+        assert!(f64::from(spread.noise).sqrt() < 0.1, "{spread:?}");
+        let over = |demand: f64| spread.confidently_over(10.0, demand, 1.5, CONFIDENCE_SIGMAS, 2.0);
+        assert!(!over(11.5));
+        assert!(over(30.0));
     }
 
     /// The tail weighed is the normal law's at the sigmas asked.

@@ -853,17 +853,7 @@ pub fn surge_proven(demand: f64, limit: f64, ops: u32) -> bool {
 /// sub-window, 10 a day), and was refused for a second in 12 of 1 000
 /// simulated seeds. A deluge's single report stands far above it; a flood
 /// spread over many agents is reported by several. The verdict asks it
-/// only to begin a suppression, and only of a surge the rounds do not
-/// prove. A pair already suppressed is not released by one agent's next
-/// estimate counting few (a single node's deluge, suppressed at once,
-/// was released and suppressed again within a second when a fresh
-/// estimate's first report was a peek of a few operations); one agent's report of a flood
-/// the rounds already show confidently over the limit (a costly flood's
-/// hold, its estimate moved by a chance fall and then by one agent's
-/// rise) is weighed as several; taken as one, `costly-flood` lost its
-/// hold for four seconds in 7 seeds of 100. Rounds over the limit by
-/// chance prove nothing: an account at 0.95× whose rounds read 1.12× let
-/// one agent's lump through.
+/// only where one report is all there is to go on (see `verdict`).
 pub fn surge_proven_by(demand: f64, limit: f64, ops: u32, reports: u16) -> bool {
     if demand <= limit * SURGE_MARGIN {
         return false;
@@ -934,23 +924,8 @@ fn verdict(
             demand,
             limit.get(),
             estimate.surge_ops,
-            if estimate.surge_reports == 1
-                && (held
-                    || window.confidently_over(
-                        &config.window,
-                        limit.get(),
-                        estimate.surge_rounds,
-                        UNKNOWN_NOISE_MARGIN,
-                        config.policy.confidence_sigmas,
-                    ))
-            {
-                // Suppressed already, or the rounds prove it too: not one
-                // sub-window against them.
-                u16::MAX
-            } else {
-                estimate.surge_reports
-            },
-        ) || (estimate.surge_from_nothing && demand <= limit.get() * FIRST_SURGE_MARGIN)
+            reports_weighed(config, window, &estimate, held, limit.get()),
+        ) || (estimate.surge_from_nothing() && demand <= limit.get() * FIRST_SURGE_MARGIN)
             || demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get())
     {
         estimate.rates.demand = demand.min(limit.get());
@@ -987,6 +962,41 @@ fn verdict(
         rates: estimate.rates,
         shadow: matched.shadow,
         recheck_at: recheck_at(config, &estimate, factor, now),
+    }
+}
+
+/// How many reports [`surge_proven_by`] weighs the count of a surge
+/// `estimate` as: as it counted them, but as several when a single one is
+/// not all there is to go on. A pair already suppressed (`held`) is not
+/// released by one agent's next estimate counting few: a single node's
+/// deluge, suppressed at once, was released and suppressed again within a
+/// second when a fresh estimate's first report was a peek of a few
+/// operations. And one agent's report of a flood the rounds prove over
+/// the limit (a costly flood's hold, its estimate moved by a chance fall
+/// and then by one agent's rise) is not one sub-window against them:
+/// taken as one, `costly-flood` lost its hold for four seconds in 7 seeds
+/// of 100. Rounds over the limit by chance prove nothing: an account at
+/// 0.95× whose rounds read 1.12× let one agent's lump through.
+fn reports_weighed(
+    config: &MasterConfig,
+    window: &DemandWindow,
+    estimate: &Estimate,
+    held: bool,
+    limit: f64,
+) -> u16 {
+    if estimate.surge_reports == 1
+        && (held
+            || window.confidently_over(
+                &config.window,
+                limit,
+                estimate.surge_rounds,
+                UNKNOWN_NOISE_MARGIN,
+                config.policy.confidence_sigmas,
+            ))
+    {
+        u16::MAX
+    } else {
+        estimate.surge_reports
     }
 }
 

@@ -102,7 +102,8 @@ pub struct Estimate {
     /// With `surge_ops`: how many reports counted them. One is a single
     /// agent's sub-window, of the many each agent measures.
     pub surge_reports: u16,
-    /// With `surge`: the demand the rounds alone say, cost per second.
+    /// With `surge`: the demand the rounds alone say, cost per second (0
+    /// when they say none: see [`surge_from_nothing`](Self::surge_from_nothing)).
     pub surge_rounds: f64,
     /// With `surge` and a fall some of whose reports counted their
     /// operations (a poll's answers): the chance spread of the demand
@@ -112,11 +113,6 @@ pub struct Estimate {
     /// a flood of costly operations at twice what it is one time in
     /// twenty.
     pub surge_fall_noise: f64,
-    /// With `surge`: whether the rounds say no demand at all (an account
-    /// new to this master, or back from quiet), so that the estimate is
-    /// the early reports' alone, each an agent's sub-window read as a rate
-    /// (see `master::FIRST_SURGE_MARGIN`).
-    pub surge_from_nothing: bool,
     /// With `surge`: whether early reports are bringing the demand down
     /// (a flood ending), the last of them within [`FALLING_FOR`]. An agent
     /// still suppressed by such an estimate is told to ask again soon: the
@@ -126,6 +122,14 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// Whether it is a surge over rounds that say no demand at all (an
+    /// account new to this master, or back from quiet), so that it is the
+    /// early reports' alone, each an agent's sub-window read as a rate
+    /// (see `master::FIRST_SURGE_MARGIN`).
+    pub fn surge_from_nothing(&self) -> bool {
+        self.surge && self.surge_rounds <= 0.0
+    }
+
     /// An estimate from whole or partial rounds (or sub-intervals), no
     /// early reports in it: every `surge` field says none.
     fn of_rounds(rates: Rates, whole_by: Option<Nanos>, first_round: bool) -> Estimate {
@@ -468,9 +472,6 @@ impl DemandWindow {
         near.wrapping_sub(i64::from(behind) as u64)
     }
 
-    /// The current round is over (a report of a later one arrived): its
-    /// demand, whole by now, goes into the spread, with the round before
-    /// it when that one was seen.
     /// Lets go, at `now`, of what the extras hold that says nothing any
     /// more (a surge estimate that has lapsed, hints past their span), and
     /// of the extras themselves once they hold nothing: once a round, as
@@ -496,6 +497,9 @@ impl DemandWindow {
         }
     }
 
+    /// The current round is over (a report of a later one arrived): its
+    /// demand, whole by now, goes into the spread, with the round before
+    /// it when that one was seen.
     fn close_round(&mut self) {
         if self.core.reports[0] == 0 {
             return;
@@ -636,7 +640,6 @@ impl DemandWindow {
                 // ask again when it is whole, whatever the surge says.
                 first_round: estimate.first_round,
                 surge: true,
-                surge_from_nothing: estimate.rates.demand <= 0.0,
                 surge_ops: surge.ops,
                 surge_reports: surge.counted,
                 surge_rounds: estimate.rates.demand,

@@ -29,6 +29,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
         interval_start_unix_ms: end - 500,
         interval_end_unix_ms: end,
         ops: vec![OpCounts {
+            op_costs: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
@@ -42,6 +43,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
 
 fn counts(account: String, attempted: u64) -> AccountCounts {
     AccountCounts {
+        op_cost: 0,
         id: 0,
         account,
         attempted,

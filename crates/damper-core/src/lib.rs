@@ -64,7 +64,8 @@
 //!     agent.drain(now, |account, op, d| reports.push((account.to_owned(), op.to_owned(), d)));
 //!     for (account, op, d) in reports {
 //!         let report = Report { account: &account, op: &op, start, end: now,
-//!                               attempted: d.attempted, admitted: d.admitted };
+//!                               attempted: d.attempted, admitted: d.admitted,
+//!                               op_cost: d.op_cost };
 //!         if let Some(v) = master.ingest(now, &report).unwrap() {
 //!             agent.apply(now, &account, &op, v.factor, v.limit.get(), v.valid_for);
 //!         }

@@ -48,12 +48,14 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
         incarnation: 0,
         sequence: 0,
         ops: vec![OpCounts {
+            op_costs: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
             op: "messages".into(),
             accounts: (first..first + PER_ROLLUP)
                 .map(|i| AccountCounts {
+                    op_cost: 0,
                     id: 0,
                     account: format!("account-{:07}", i % KEYS),
                     // Every tenth account over its limit, so replies carry factors.

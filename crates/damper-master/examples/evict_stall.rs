@@ -27,12 +27,14 @@ fn rollup(end_ms: u64, accounts: impl Iterator<Item = String>) -> RollupRequest 
         interval_start_unix_ms: end_ms - 2_000,
         interval_end_unix_ms: end_ms,
         ops: vec![OpCounts {
+            op_costs: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
             op: "messages".into(),
             accounts: accounts
                 .map(|account| AccountCounts {
+                    op_cost: 0,
                     id: 0,
                     account,
                     attempted: 10,

@@ -97,6 +97,7 @@ fn main() {
                 interval_end_unix_ms: end,
                 ring_version: 0,
                 ops: vec![OpCounts {
+                    op_costs: Vec::new(),
                     attempted: Vec::new(),
                     ids: Vec::new(),
                     rejected: Vec::new(),
@@ -104,6 +105,7 @@ fn main() {
                     accounts: chunk
                         .iter()
                         .map(|a| AccountCounts {
+                            op_cost: 0,
                             id: 0,
                             account: a.clone(),
                             attempted: 100,

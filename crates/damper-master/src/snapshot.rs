@@ -208,11 +208,13 @@ mod tests {
                 interval_start_unix_ms: T0_MS + end - 2_000,
                 interval_end_unix_ms: T0_MS + end,
                 ops: vec![OpCounts {
+                    op_costs: Vec::new(),
                     attempted: Vec::new(),
                     ids: Vec::new(),
                     rejected: Vec::new(),
                     op: "messages".into(),
                     accounts: vec![AccountCounts {
+                        op_cost: 0,
                         id: 0,
                         account: "flood".into(),
                         attempted: 8_000,

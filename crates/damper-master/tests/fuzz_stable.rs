@@ -40,11 +40,13 @@ fn good_rollup() -> RollupRequest {
         interval_start_unix_ms: T0_MS - 2_000,
         interval_end_unix_ms: T0_MS,
         ops: vec![OpCounts {
+            op_costs: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
             op: "messages".into(),
             accounts: vec![AccountCounts {
+                op_cost: 0,
                 id: 0,
                 account: "acme".into(),
                 attempted: 8_000,
@@ -94,6 +96,7 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
     let entry =
         (name(), count(), count(), millis()).prop_map(|(account, attempted, admitted, start)| {
             AccountCounts {
+                op_cost: 0,
                 id: 0,
                 account,
                 attempted,
@@ -102,6 +105,7 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
             }
         });
     let op = (name(), prop::collection::vec(entry, 0..8)).prop_map(|(op, accounts)| OpCounts {
+        op_costs: Vec::new(),
         attempted: Vec::new(),
         ids: Vec::new(),
         rejected: Vec::new(),

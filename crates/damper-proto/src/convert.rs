@@ -34,33 +34,35 @@ impl From<Rollup> for v1::RollupRequest {
             interval_end_unix_ms: r.end.as_millis(),
             incarnation: r.incarnation,
             sequence: r.sequence,
-            ops: r
-                .ops
-                .into_iter()
-                .map(|op| {
-                    let (ids, attempted, rejected) = by_id_lists(&op.by_id);
-                    v1::OpCounts {
-                        op: op.op,
-                        accounts: op
-                            .accounts
-                            .into_iter()
-                            .map(|c| v1::AccountCounts {
-                                account: c.account,
-                                attempted: c.attempted,
-                                admitted: c.admitted,
-                                start_unix_ms: c.since.map_or(0, Nanos::as_millis),
-                                id: c.id,
-                            })
-                            .collect(),
-                        ids,
-                        attempted,
-                        rejected,
-                    }
-                })
-                .collect(),
+            ops: r.ops.into_iter().map(op_counts).collect(),
             ring_version: r.ring_version,
             dictionary: r.dictionary,
         }
+    }
+}
+
+/// One op's counts as the wire carries them.
+fn op_counts(op: OpCounts) -> v1::OpCounts {
+    let (ids, attempted, rejected) = by_id_lists(&op.by_id);
+    let op_costs = op_cost_list(&op.by_id);
+    v1::OpCounts {
+        op: op.op,
+        accounts: op
+            .accounts
+            .into_iter()
+            .map(|c| v1::AccountCounts {
+                account: c.account,
+                attempted: c.attempted,
+                admitted: c.admitted,
+                start_unix_ms: c.since.map_or(0, Nanos::as_millis),
+                id: c.id,
+                op_cost: c.op_cost,
+            })
+            .collect(),
+        ids,
+        attempted,
+        rejected,
+        op_costs,
     }
 }
 
@@ -85,6 +87,19 @@ fn by_id_lists(by_id: &[IdCounts]) -> (Vec<u32>, Vec<u64>, Vec<u64>) {
     (ids, attempted, rejected)
 }
 
+/// The op costs of entries by number as the wire packs them: empty when
+/// none is costlier than 1 (an op of cost-1 operations sends nothing
+/// more), else one per entry, 0 for not known or 1.
+fn op_cost_list(by_id: &[IdCounts]) -> Vec<u32> {
+    if by_id.iter().all(|c| c.op_cost <= 1) {
+        return Vec::new();
+    }
+    by_id
+        .iter()
+        .map(|c| if c.op_cost > 1 { c.op_cost } else { 0 })
+        .collect()
+}
+
 /// The entries of an op given by number, from the three packed lists.
 /// Malformed lists (which [`id_lists_error`] names) come out as far as
 /// they make sense: as long as the shortest, numbers wrapping, admitted
@@ -95,12 +110,14 @@ fn by_id(op: &v1::OpCounts) -> Vec<IdCounts> {
         .iter()
         .zip(&op.attempted)
         .zip(&op.rejected)
-        .map(|((&delta, &attempted), &rejected)| {
+        .enumerate()
+        .map(|(j, ((&delta, &attempted), &rejected))| {
             id = id.wrapping_add(delta);
             IdCounts {
                 id,
                 attempted,
                 admitted: attempted.saturating_sub(rejected),
+                op_cost: op.op_costs.get(j).copied().unwrap_or(0),
             }
         })
         .collect()
@@ -117,6 +134,13 @@ pub fn id_lists_error(request: &v1::RollupRequest) -> Option<String> {
             return Some(format!(
                 "ops[{i}]: ids ({}), attempted ({}) and rejected ({}) must have one value per entry",
                 lens[0], lens[1], lens[2]
+            ));
+        }
+        if !op.op_costs.is_empty() && op.op_costs.len() != lens[0] {
+            return Some(format!(
+                "ops[{i}]: op_costs ({}) must be empty or have one value per entry of ids ({})",
+                op.op_costs.len(),
+                lens[0]
             ));
         }
         let mut id = 0u32;
@@ -168,6 +192,7 @@ impl From<v1::RollupRequest> for Rollup {
                             admitted: c.admitted,
                             since: nonzero_millis(c.start_unix_ms),
                             id: c.id,
+                            op_cost: c.op_cost,
                             at: 0,
                         })
                         .collect(),
@@ -420,22 +445,24 @@ mod tests {
             incarnation: u64, sequence: u64, dictionary: u32,
             ops in proptest::collection::vec(
                 ("[a-z/]{1,8}", proptest::collection::vec(
-                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44), any::<u32>()),
+                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44), any::<u32>(), any::<u32>()),
                     0..4),
-                 proptest::collection::btree_map(1u32.., (any::<u64>(), any::<u64>()), 0..6)),
+                 // An op cost of 1 goes as 0 (not known): nothing to
+                 // learn from it, and an op of such entries sends no list.
+                 proptest::collection::btree_map(1u32.., (any::<u64>(), any::<u64>(), prop_oneof![Just(0u32), 2u32..]), 0..6)),
                 0..4),
         ) -> Rollup {
             Rollup {
                 agent_id, start: ms(start), end: ms(start + span), ring_version, incarnation, sequence,
                 ops: ops.into_iter().map(|(op, accounts, by_id)| OpCounts {
                     op,
-                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id)| AccountCounts {
-                        account, attempted, admitted, since: since.map(ms), id, at: 0,
+                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id, op_cost)| AccountCounts {
+                        account, attempted, admitted, since: since.map(ms), id, op_cost, at: 0,
                     }).collect(),
                     // Sorted and distinct, admitted at most attempted: as
                     // an agent sends them.
-                    by_id: by_id.into_iter().map(|(id, (a, b))| IdCounts {
-                        id, attempted: a.max(b), admitted: a.min(b),
+                    by_id: by_id.into_iter().map(|(id, (a, b, op_cost))| IdCounts {
+                        id, attempted: a.max(b), admitted: a.min(b), op_cost,
                     }).collect(),
                 }).collect(),
                 dictionary,
@@ -471,6 +498,123 @@ mod tests {
                 polls: polls.into_iter().map(|(op, accounts)| OpAccounts { op, accounts, surges: Vec::new() }).collect(),
             }
         }
+    }
+
+    /// `OpCounts` and `AccountCounts` as masters before op costs knew
+    /// them: fields 1 to 5.
+    mod before_op_costs {
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct OpCounts {
+            #[prost(string, tag = "1")]
+            pub op: String,
+            #[prost(message, repeated, tag = "2")]
+            pub accounts: Vec<AccountCounts>,
+            #[prost(uint32, repeated, tag = "3")]
+            pub ids: Vec<u32>,
+            #[prost(uint64, repeated, tag = "4")]
+            pub attempted: Vec<u64>,
+            #[prost(uint64, repeated, tag = "5")]
+            pub rejected: Vec<u64>,
+        }
+
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct AccountCounts {
+            #[prost(string, tag = "1")]
+            pub account: String,
+            #[prost(uint64, tag = "2")]
+            pub attempted: u64,
+            #[prost(uint64, tag = "3")]
+            pub admitted: u64,
+            #[prost(uint64, tag = "4")]
+            pub start_unix_ms: u64,
+            #[prost(uint32, tag = "5")]
+            pub id: u32,
+        }
+    }
+
+    /// An op's costs go only where some entry's operations cost more than
+    /// 1, one per entry; a master that predates them reads the rest of the
+    /// entry unchanged, and an agent that predates them sends none (every
+    /// op cost 0: not known).
+    #[test]
+    fn op_costs_are_sent_only_for_costly_ops_and_old_masters_skip_them() {
+        use prost::Message;
+        let entry = |id, op_cost| IdCounts {
+            id,
+            attempted: 2_004,
+            admitted: 1_001,
+            op_cost,
+        };
+        let named = AccountCounts {
+            account: "fanout".into(),
+            attempted: 3_007,
+            admitted: 3_007,
+            op_cost: 1_003,
+            ..AccountCounts::default()
+        };
+        let op = |by_id| OpCounts {
+            op: "messages".into(),
+            accounts: vec![named.clone()],
+            by_id,
+        };
+        let costly = op_counts(op(vec![entry(3, 1_003), entry(9, 0)]));
+        assert_eq!(costly.op_costs, [1_003, 0]);
+        let cheap = op_counts(op(vec![entry(3, 1), entry(9, 0)]));
+        assert!(cheap.op_costs.is_empty(), "{cheap:?}");
+        let old = before_op_costs::OpCounts::decode(costly.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(
+            (old.ids, old.attempted, old.rejected),
+            (vec![3, 6], vec![2_004; 2], vec![1_003; 2])
+        );
+        assert_eq!(
+            (
+                old.accounts[0].account.as_str(),
+                old.accounts[0].attempted,
+                old.accounts[0].admitted
+            ),
+            ("fanout", 3_007, 3_007)
+        );
+        let from_old_agent = before_op_costs::OpCounts {
+            op: "messages".into(),
+            accounts: vec![before_op_costs::AccountCounts {
+                account: "fanout".into(),
+                attempted: 3_007,
+                admitted: 3_007,
+                ..Default::default()
+            }],
+            ids: vec![3],
+            attempted: vec![2_004],
+            rejected: vec![0],
+        };
+        let new = v1::OpCounts::decode(from_old_agent.encode_to_vec().as_slice()).unwrap();
+        assert!(
+            new.op_costs.is_empty() && new.accounts[0].op_cost == 0,
+            "{new:?}"
+        );
+        assert_eq!(by_id(&new)[0].op_cost, 0);
+    }
+
+    /// Op costs of another length than the entries by number are refused,
+    /// naming the field.
+    #[test]
+    fn op_costs_of_another_length_are_named() {
+        let mut request = v1::RollupRequest::from(Rollup {
+            ops: vec![OpCounts {
+                op: "messages".into(),
+                accounts: Vec::new(),
+                by_id: vec![IdCounts {
+                    id: 1,
+                    attempted: 51,
+                    admitted: 51,
+                    op_cost: 51,
+                }],
+            }],
+            ..Rollup::default()
+        });
+        assert_eq!(id_lists_error(&request), None);
+        request.ops[0].op_costs.push(51);
+        let error = id_lists_error(&request).expect("refused");
+        assert!(error.contains("op_costs (2)"), "{error}");
     }
 
     proptest! {

@@ -350,6 +350,11 @@ pub struct Delta {
     /// (a rollup that failed), the start of the oldest interval they cover;
     /// otherwise `None`, and they cover the interval since the last drain.
     pub since: Option<Nanos>,
+    /// What one of the pair's operations costs, as the scans tell it (the
+    /// costliest seen, when costs differ); 0 when they do not know yet.
+    /// Told to the master, whose rounds are then counts of operations of
+    /// this cost: their chance scatter is known from the first round.
+    pub op_cost: u32,
 }
 
 /// One (account, op)'s counts taken by a drain, on their way to a master.

@@ -21,6 +21,7 @@
 //!     end,
 //!     attempted: 8000,
 //!     admitted: 8000,
+//!     op_cost: 0,
 //! };
 //! let verdict = master.ingest(end, &report).unwrap().expect("messages are limited");
 //! assert_eq!(verdict.factor, 0.75);
@@ -428,6 +429,12 @@ impl MasterState {
             report.attempted,
             report.admitted,
         );
+        // One operation costs no more than the report's whole cost: a
+        // statement past it (a zero report's, or a hostile agent's
+        // inflating the step to dull the rounds) is not taken.
+        if u64::from(report.op_cost) <= report.attempted {
+            window.note_op_cost(report.op_cost);
+        }
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
         let key = self.entries.get_mut(i);

@@ -262,6 +262,7 @@ mod tests {
                 end: at(end_ms),
                 attempted,
                 admitted: attempted,
+                op_cost: 0,
             };
             m.ingest(at(end_ms + 5), &report).unwrap();
         }

@@ -25,6 +25,7 @@ fn admitted_report<'a>(account: &'a str, op: &'a str, end_ms: u64, cost: u64) ->
         end: at(end_ms),
         attempted: cost,
         admitted: cost,
+        op_cost: 0,
     }
 }
 
@@ -39,6 +40,7 @@ fn round(m: &mut MasterState, end_ms: u64, rate: f64) -> f64 {
         end: at(end_ms),
         attempted,
         admitted: attempted,
+        op_cost: 0,
     };
     m.ingest(at(end_ms + 5), &report).unwrap().unwrap().factor
 }
@@ -211,6 +213,36 @@ fn a_suppressed_pair_is_not_released_by_one_reports_small_count() {
     let factor = |held| verdict(&m.config, &window, held, matched, at(50)).factor;
     assert_eq!(factor(false), 0.0, "not enough to begin");
     assert!(factor(true) > 0.7, "enough to go on");
+}
+
+/// A new account of publishes of 1 001 and 1 003 at 0.95× of its limit
+/// (19 a second against 20 000/s) whose round reads 1.5× by chance: 60
+/// publishes where 38 are due. Their costs share no divisor but 1, so the
+/// reports alone make the round a count of 60 120 operations, proof of
+/// the excess, and the account was refused (`varying-fanout` at 0.95×, 6
+/// seeds of 600). Told by the agents that one operation costs 1 003, the
+/// master reads 60 operations, which chance gives: nothing suppressed.
+/// A round of twice the limit is still proof.
+#[test]
+fn a_stated_op_cost_keeps_a_chance_round_of_costly_publishes_from_suppressing() {
+    let factor = |op_cost: u32, rounds: &[(u64, u64)]| {
+        let toml = "[limits]\nmessages = 20000\n";
+        let mut m = MasterState::new(MasterConfig::from_toml(toml).unwrap());
+        let mut last = 0.0;
+        for (i, &(a, b)) in rounds.iter().enumerate() {
+            let end = 2_000 * (i as u64 + 1);
+            let report = Report {
+                op_cost,
+                ..admitted_report("fanout", "messages", end, 1_001 * a + 1_003 * b)
+            };
+            last = m.ingest(at(end + 5), &report).unwrap().unwrap().factor;
+        }
+        last
+    };
+    let chance = [(19, 19), (20, 18), (30, 30)];
+    assert!(factor(0, &chance) > 0.0, "a count of 60 120 operations");
+    assert_eq!(factor(1_003, &chance), 0.0);
+    assert!(factor(1_003, &[(19, 19), (20, 18), (40, 40)]) > 0.0);
 }
 
 #[test]
@@ -421,6 +453,7 @@ fn many_agents_steady_demand_reads_exactly_and_releases_after_one_round() {
                 end: at(end),
                 attempted,
                 admitted: attempted / 10,
+                op_cost: 0,
             };
             let v = m.ingest(at(end + 30 * a), &report).unwrap().unwrap();
             factors.push((end, a, v.factor));
@@ -452,6 +485,7 @@ fn linear_ramp_reads_the_admitted_rate() {
         end: at(end_ms),
         attempted: 100_000,
         admitted,
+        op_cost: 0,
     };
     // 2000/s admitted: halfway up the ramp (the admitted rate is kept to
     // a 65 535th of the demand's 50 000/s).
@@ -472,6 +506,7 @@ fn unlimited_pairs_get_no_verdict_but_are_tracked() {
         end: at(2_000),
         attempted: 1_000_000,
         admitted: 1_000_000,
+        op_cost: 0,
     };
     assert_eq!(m.ingest(at(2_001), &report).unwrap(), None);
     assert_eq!(m.len(), 1);
@@ -487,6 +522,7 @@ fn bad_reports_are_refused_with_the_field_and_not_counted() {
         end: at(2_000),
         attempted: 10,
         admitted: 5,
+        op_cost: 0,
     };
     let long = "x".repeat(MAX_NAME_LEN + 1);
     let cases = [
@@ -556,6 +592,7 @@ fn saturating_counts_never_wrap() {
             end: at(end),
             attempted: u64::MAX,
             admitted: u64::MAX,
+            op_cost: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert!(v.factor > 0.99 && v.factor <= 1.0, "{v:?}");
@@ -574,6 +611,7 @@ fn reports_from_a_clock_ahead_are_moved_back_not_read_as_more() {
             end: at(end + 300),
             attempted: 8_000,
             admitted: 8_000,
+            op_cost: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert!((v.rates.demand - 4_000.0).abs() < 1e-9, "{v:?}");
@@ -603,6 +641,7 @@ fn reload_applies_new_limits_and_keeps_the_window() {
         end: at(26_000),
         attempted: 8_000,
         admitted: 8_000,
+        op_cost: 0,
     };
     assert_eq!(m.ingest(at(26_005), &report).unwrap(), None);
 }
@@ -645,6 +684,7 @@ fn idle_pairs_are_evicted_and_active_ones_kept() {
         end: at(end_ms),
         attempted: 1,
         admitted: 1,
+        op_cost: 0,
     };
     m.ingest(at(2_000), &report("old", 2_000)).unwrap();
     m.ingest(at(60_000), &report("new", 60_000)).unwrap();
@@ -688,6 +728,7 @@ fn ably_mma_reads_no_spike_from_a_sliver_after_a_boundary() {
         end: at_boundary,
         attempted: 10,
         admitted: 10,
+        op_cost: 0,
     };
     let v = m.ingest(at_boundary, &report).unwrap().unwrap();
     assert_eq!(v.factor, 0.0, "{v:?}");
@@ -712,6 +753,7 @@ fn early_reporters_of_an_incomplete_round_are_told_when_to_ask_again() {
         end: at(end_ms),
         attempted: (rate * 2.0 / agents as f64) as u64,
         admitted: 0,
+        op_cost: 0,
     };
     for end in (2_000..=20_000).step_by(2_000) {
         for a in 0..agents {
@@ -770,6 +812,7 @@ fn first_reporters_of_a_first_round_under_an_early_report_ask_again() {
         end: at(2_000),
         attempted: attempted as u64,
         admitted: attempted as u64,
+        op_cost: 0,
     };
     // Agent a's share of the first round: under the limit, and the early
     // report's estimate still stands over it.
@@ -930,6 +973,7 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
             end: at(2_000),
             attempted: rate * 2,
             admitted: rate * 2,
+            op_cost: 0,
         };
         m.ingest(at(2_005), &report).unwrap();
     }
@@ -1120,6 +1164,7 @@ fn past_max_pairs_new_pairs_fail_open_and_a_held_flood_stays_held() {
             end: at(22_000),
             attempted: 1_000_000,
             admitted: 1_000_000,
+            op_cost: 0,
         };
         let verdict = m.ingest(at(22_005), &report).unwrap();
         assert_eq!(verdict.is_none(), i >= 10, "pair {i}");
@@ -1142,6 +1187,7 @@ fn reports_claiming_more_than_the_ceiling_are_implausible() {
         end: at(span_ms),
         attempted,
         admitted: 0,
+        op_cost: 0,
     };
     let max = 10_000_000;
     assert!(report(20_000_000, 2_000).check_rate(max).is_ok());
@@ -1208,6 +1254,7 @@ fn an_exempt_account_is_never_suppressed_until_a_reload_removes_the_exemption() 
             end: at(end),
             attempted: (8.0 * L) as u64,
             admitted: (8.0 * L) as u64,
+            op_cost: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert_eq!(v.factor, 0.0);
@@ -1284,6 +1331,7 @@ fn a_hint_counts_only_the_pair_it_holds() {
         end: at(2_000),
         attempted: cost,
         admitted: cost,
+        op_cost: 0,
     };
     let demand = |m: &MasterState, account: &str, op: &str| {
         let e = m.find(op, account).expect("tracked");

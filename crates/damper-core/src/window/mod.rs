@@ -461,6 +461,13 @@ impl DemandWindow {
         true
     }
 
+    /// An agent stated that one of the pair's operations costs `cost`
+    /// (0: it did not say): the rounds are counts of operations of that
+    /// cost, whatever divides the reports (see `Spread::note_op_cost`).
+    pub fn note_op_cost(&mut self, cost: u32) {
+        self.core.spread.note_op_cost(cost);
+    }
+
     /// The full index of the current round: the one within 2^31 rounds of
     /// round `near` whose low 32 bits the window keeps. 0 (before every
     /// round) while nothing was ever recorded, as a new window's was.

@@ -128,7 +128,9 @@ pub(super) struct Spread {
     /// The rounds' cost step: the greatest common divisor of the attempted
     /// cost of every report since the window began, in the low
     /// [`STEP_BITS`] (0: none yet, or one too large to keep), and above
-    /// them how many reports of more than it came (up to 3). An account
+    /// them how many reports of more than it came (up to 2), or
+    /// [`STEP_STATED`]: the cost of one operation as agents stated it
+    /// (the costliest they stated), which reports no longer change. An account
     /// whose operations all cost 51 reports multiples of 51, so a round's
     /// demand is a count of operations, and its chance scatter is known
     /// before the rounds have shown it (see
@@ -149,6 +151,12 @@ const STEP_MASK: u16 = (1 << STEP_BITS) - 1;
 /// the counts of cost-1 operations of three reports share a divisor of
 /// `d` one time in about `2d²`. Until then the step is taken as 1.
 const STEP_CONFIRMED: u16 = 2;
+
+/// The count above [`STEP_BITS`] that says the step is an agent's
+/// statement of one operation's cost ([`Spread::note_op_cost`]), not a
+/// divisor of reports. Snapshots taken before statements existed may hold
+/// it for a divisor three reports confirmed: a confirmed step either way.
+const STEP_STATED: u16 = 3;
 
 impl Spread {
     /// A round closed whole with `demand`, after a whole round of
@@ -184,6 +192,9 @@ impl Spread {
         if attempted == 0 {
             return;
         }
+        if self.step >> STEP_BITS == STEP_STATED {
+            return;
+        }
         let known = u64::from(self.step & STEP_MASK);
         let step = gcd(known, attempted);
         if step > u64::from(STEP_MASK) {
@@ -203,7 +214,29 @@ impl Spread {
                 more += 1;
             }
         }
-        self.step = more.min(3) << STEP_BITS | step as u16;
+        self.step = more.min(STEP_CONFIRMED) << STEP_BITS | step as u16;
+    }
+
+    /// An agent stated that one of the pair's operations costs `cost`
+    /// (as far as its scans can tell; the costliest seen, when costs
+    /// differ): the step from now on, or the costliest such statement.
+    /// Publishes of 1 001 and 1 003 have no divisor but 1, so their
+    /// rounds read as counts of thousands of operations, and a new
+    /// account of them at 0.95× of its limit was refused on a round at
+    /// 1.5× that 40 publishes a second give by chance
+    /// (`varying-fanout` at 0.95×, 6 seeds of 600). Costs past
+    /// [`STEP_BITS`] are kept at the most it holds.
+    pub(super) fn note_op_cost(&mut self, cost: u32) {
+        if cost <= 1 {
+            return;
+        }
+        let cost = cost.min(u32::from(STEP_MASK)) as u16;
+        let known = if self.step >> STEP_BITS == STEP_STATED {
+            self.step & STEP_MASK
+        } else {
+            0
+        };
+        self.step = STEP_STATED << STEP_BITS | known.max(cost);
     }
 
     /// The rounds' cost step, once confirmed ([`STEP_CONFIRMED`]); else 1.
@@ -463,6 +496,28 @@ mod tests {
             "nor known later"
         );
         assert_eq!(heard(&[2_010, 51, 102]).cost_step(), 3.0);
+    }
+
+    /// An agent's statement of one operation's cost is the step at once,
+    /// whatever divides the reports: the costliest stated stands, and
+    /// reports change it no more. A statement of 1 (or none) leaves the
+    /// divisor's rule.
+    #[test]
+    fn a_stated_cost_is_the_step() {
+        let mut spread = heard(&[1_001, 2_004]);
+        assert_eq!(spread.cost_step(), 1.0, "no divisor but 1");
+        spread.note_op_cost(1_001);
+        assert_eq!(spread.cost_step(), 1_001.0);
+        spread.note_op_cost(1_003);
+        spread.note_op_cost(1_001);
+        spread.note_report(3_007);
+        assert_eq!(spread.cost_step(), 1_003.0, "the costliest, kept");
+        let mut cheap = heard(&[51, 102, 153]);
+        cheap.note_op_cost(1);
+        assert_eq!(cheap.cost_step(), 51.0, "a statement of 1 says nothing");
+        let mut huge = Spread::default();
+        huge.note_op_cost(100_000);
+        assert_eq!(huge.cost_step(), f64::from(STEP_MASK));
     }
 
     /// Before the rounds' noise is known, a round over the margin must

@@ -244,6 +244,7 @@ impl AgentDictionary {
                     id: slot.id,
                     attempted: c.attempted,
                     admitted: c.admitted,
+                    op_cost: c.op_cost,
                 });
             } else {
                 if !slot.confirmed {
@@ -656,6 +657,7 @@ impl Dictionaries {
                     account: String::from(name.name.as_str()),
                     attempted: c.attempted,
                     admitted: c.admitted,
+                    op_cost: c.op_cost,
                     since: None,
                     id: 0,
                     at: 0,

@@ -95,6 +95,8 @@ pub struct IdCounts {
     pub attempted: u64,
     /// As [`AccountCounts::admitted`].
     pub admitted: u64,
+    /// As [`AccountCounts::op_cost`].
+    pub op_cost: u32,
 }
 
 /// One account's counts in a [`Rollup`].
@@ -107,6 +109,9 @@ pub struct AccountCounts {
     pub attempted: u64,
     /// Cost admitted; at most `attempted`.
     pub admitted: u64,
+    /// What one operation costs, as the agent's scans tell it; 0 when not
+    /// known (see [`Report::op_cost`]).
+    pub op_cost: u32,
     /// The start of these counts when it is not the rollup's: counts
     /// carried over from a failed rollup.
     pub since: Option<Nanos>,
@@ -369,6 +374,7 @@ impl Rollup {
                 attempted: p.delta.attempted,
                 admitted: p.delta.admitted,
                 since: p.delta.since.map(whole_millis),
+                op_cost: p.delta.op_cost,
                 id: 0,
                 at: p.at,
             };
@@ -476,6 +482,7 @@ impl Rollup {
                         attempted: c.attempted,
                         admitted: c.admitted,
                         since: c.since,
+                        op_cost: c.op_cost,
                     },
                 })
             })
@@ -503,6 +510,7 @@ impl Rollup {
             end: self.end,
             attempted: counts.attempted,
             admitted: counts.admitted,
+            op_cost: counts.op_cost,
         }
     }
 }

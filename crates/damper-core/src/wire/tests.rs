@@ -176,6 +176,7 @@ fn rollups_group_by_op_and_validate_every_entry() {
             attempted,
             admitted,
             since: None,
+            op_cost: 0,
         },
         at: 0,
     };

@@ -27,6 +27,12 @@ pub struct Report<'a> {
     pub attempted: u64,
     /// Cost admitted; at most `attempted`.
     pub admitted: u64,
+    /// What one operation costs, as the agent's scans tell it (the
+    /// costliest seen, when costs differ); 0 when not known, as from
+    /// agents that predate it. The master reads a round as a count of
+    /// operations of this cost, whose chance scatter it knows before the
+    /// rounds have shown any (see `DemandWindow::note_op_cost`).
+    pub op_cost: u32,
 }
 
 /// Why a report was refused. Nothing of a refused report is counted.

@@ -33,6 +33,7 @@ fn rounds(m: &mut MasterState, ends: std::ops::RangeInclusive<u64>, attempted: u
                 end: at(end),
                 attempted,
                 admitted,
+                op_cost: 0,
             };
             m.ingest(at(end + 5), &report).unwrap();
         }
@@ -202,6 +203,7 @@ fn polls_are_bounded_per_interval() {
                 end: at(end),
                 attempted: 51,
                 admitted: 51,
+                op_cost: 0,
             };
             m.ingest(at(end + 5), &report).unwrap();
         }

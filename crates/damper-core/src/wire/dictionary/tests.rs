@@ -25,6 +25,7 @@ fn rollup(sequence: u64, accounts: &[&str], carried: &[&str]) -> Rollup {
                 attempted: 10 * (i as u64 + 1),
                 admitted: 10 * (i as u64 + 1) - 1,
                 since: carried.contains(a).then(|| at(0)),
+                op_cost: 0,
             },
             at: 0,
         })
@@ -274,6 +275,7 @@ fn malformed_numbers_are_refused_by_name() {
             id: 0,
             attempted: 1,
             admitted: 1,
+            op_cost: 0,
         }],
     });
     assert_eq!(
@@ -611,7 +613,7 @@ proptest! {
                 .map(|(&(account, op), &cost)| Pending {
                     account: format!("acct-{account}"),
                     op: ops[op as usize].into(),
-                    delta: Delta { attempted: cost, admitted: cost, since: None },
+                    delta: Delta { attempted: cost, admitted: cost, since: None, op_cost: 0 },
                     at: 0,
                 })
                 .collect();

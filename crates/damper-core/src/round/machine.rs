@@ -821,8 +821,8 @@ impl AgentRound {
 
     /// Early reports unanswered for [`SURGE_PATIENCE`] sub-windows: each is
     /// sent once more, unchanged (the master answers a report it already
-    /// counted without counting it again), and after that given up on as
-    /// if it had failed. A lost early report must not leave its master
+    /// counted without counting it again), and after that given up on,
+    /// taken as counted while its master is up. A lost early report must not leave its master
     /// deaf to this agent's surges until the driver's request timeout,
     /// sized for rollups (up to a second), while the deluge gets through;
     /// nor can the next scan simply report the pairs again, since the
@@ -849,6 +849,22 @@ impl AgentRound {
                     };
                     let id = self.transmit(master.clone(), Message::Surge(query), flight);
                     self.surging.insert(master, (id, now));
+                }
+                // Sent twice, unanswered both times, its master still up:
+                // the master counted it unless both sends were lost, not
+                // only their replies (three times in four, losses falling
+                // alike each way), and it counts a send once however often
+                // it comes. So the pairs' baselines stay the rate it
+                // told. Taken back, the next report's rise was counted on
+                // top of it: one node's account at 0.95× of 100/s, whose
+                // first report of 110/s lost its replies, read 195/s from
+                // two reports a second apart, and was refused.
+                Some(InFlight::Surge {
+                    master,
+                    again: None,
+                    ..
+                }) if self.membership.is_up(&master) => {
+                    self.surging.remove(&master);
                 }
                 Some(InFlight::Surge { master, pairs, .. }) => {
                     self.forget_surge(&master, &pairs, state);

@@ -9,7 +9,7 @@ use crate::Pair;
 use crate::agent::{AgentConfig, AgentState, Pending, send_spread};
 use crate::config::MasterConfig;
 use crate::master::MasterState;
-use crate::wire::{Reply, ReplyHeader, Rollup};
+use crate::wire::{Reply, ReplyHeader, Rollup, SurgeRates};
 
 const T0: Nanos = Nanos::from_secs(1_800_000_000);
 
@@ -528,6 +528,62 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
     // Counted once: 5 000/s against the 1 000/s limit, not twice that.
     let factor = state.factor(now, "flood", "messages").unwrap();
     assert!((0.7..0.85).contains(&factor), "{factor}");
+}
+
+/// An early report sent twice whose answers are both lost was most likely
+/// counted (the master counts it once however often it comes): the
+/// agent's next report of the pair moves the master's estimate from its
+/// rate (`surged`), not from the rollup's. Moved from the rollup's, as
+/// when it was taken back, the master counted the jump twice: one node's
+/// account at 0.95× of 100/s read 195/s and was refused.
+#[test]
+fn an_early_report_sent_twice_and_unanswered_stays_the_baseline() {
+    let state = AgentState::new(AgentConfig::default());
+    let mut m = master();
+    let mut budget = crate::master::SurgeBudget::default();
+    let mut r = AgentRound::new(RoundConfig::new("edge-9"), ["m1"], at(10));
+    let mut now = at(10);
+    answer_all(&mut r, &state, &mut m, now);
+    drive(&state, &mut r, &mut m, &mut now, 2_600, 100);
+    let mut rng = SmallRng::seed_from_u64(3);
+    let header = ReplyHeader {
+        rollup_interval: Duration::from_secs(2),
+        started: T0,
+        ..ReplyHeader::default()
+    };
+    let mut reports: Vec<SurgeRates> = Vec::new();
+    while now < at(3_900) {
+        // 5 000/s, then 20 000/s.
+        let per_10ms = if now < at(3_300) { 50 } else { 200 };
+        for _ in 0..per_10ms {
+            state.check(now, "flood", "messages", 1, &mut rng);
+        }
+        now = now + Duration::from_millis(10);
+        r.handle_timeout(now, &state);
+        while let Some(t) = r.poll_transmit() {
+            let reply = match &t.message {
+                Message::Surge(q) => {
+                    reports.extend(q.surges().map(|(_, s)| s));
+                    m.answer_surge(now, q, &mut budget, 100, header).unwrap()
+                }
+                Message::Rollup(x) => m.answer_rollup(now, x, 100, header).unwrap(),
+                Message::Recheck(q) | Message::Probe(q) => {
+                    m.answer_factors(now, q, 100, header).unwrap()
+                }
+            };
+            if matches!(t.message, Message::Surge(_)) && reports.len() <= 2 {
+                continue; // both answers of the first report are lost
+            }
+            r.on_reply(now, t.id, &reply, &state);
+        }
+    }
+    let [first, again, next, ..] = &reports[..] else {
+        panic!("a report, its resend and a later one: {reports:?}");
+    };
+    assert_eq!(first, again);
+    assert!(first.rate > 2_000.0 && !first.surged, "{first:?}");
+    assert!(next.rate > first.rate, "{next:?}");
+    assert!(next.surged && next.baseline == first.rate, "{next:?}");
 }
 
 /// A rollup lost in the round that shows a deluge's end must not keep its

@@ -85,6 +85,13 @@ pub(super) struct Surge {
     /// several (see `master::surge_proven_by`).
     #[serde(default)]
     counted: u16,
+    /// The rates of those counted reports, summed, and their squares each
+    /// over its count of operations, summed: the chance variance of that
+    /// sum, a Poisson count's for each (see [`Surge::weighed_ops`]).
+    #[serde(default)]
+    counted_rate: f32,
+    #[serde(default)]
+    counted_var: f32,
     /// The share kept (`1 − factor`) of the last verdict pushed for this
     /// estimate to every agent, and when (nanoseconds); 0 for none. See
     /// [`DemandWindow::surge_repush`].
@@ -145,6 +152,21 @@ impl Surge {
             return 0.0;
         }
         f64::from(self.up).max(0.0) / f64::from(self.ops).sqrt()
+    }
+
+    /// The operations its counted reports weigh as: their count, but no
+    /// more than the sum of their rates over its own chance spread makes
+    /// it, `(Σ r)² ÷ Σ (r² ÷ n)`. Reports that each counted one publish
+    /// of 51 and one that counted 14 operations of 1 are not 15
+    /// operations of a kind: the sum they make is as uncertain as about
+    /// one publish more than the single ones.
+    fn weighed_ops(&self) -> u32 {
+        let var = f64::from(self.counted_var);
+        if var <= 0.0 {
+            return self.ops;
+        }
+        let weighed = f64::from(self.counted_rate).powi(2) / var;
+        (weighed.round().max(1.0) as u32).min(self.ops)
     }
 
     /// Whether it reports a fall: less than when it began.
@@ -209,6 +231,8 @@ impl DemandWindow {
         if (!rates.surged || fresh) && rates.ops > 0 {
             surge.ops = surge.ops.saturating_add(rates.ops);
             surge.counted = surge.counted.saturating_add(1);
+            surge.counted_rate += rate;
+            surge.counted_var += rate * rate / rates.ops as f32;
         } else if surge.counted == 1 && rates.ops > surge.ops {
             // A single agent's later sub-window, more than its first
             // counted: its count is the larger. A young pair's first peek
@@ -216,6 +240,8 @@ impl DemandWindow {
             // alone (see `master::surge_proven_by`), and its follow-ups
             // would otherwise wait for the round.
             surge.ops = rates.ops;
+            surge.counted_rate = rate;
+            surge.counted_var = rate * rate / rates.ops as f32;
         }
         true
     }
@@ -232,7 +258,7 @@ impl DemandWindow {
             let fall = s.is_fall();
             SurgeDemand {
                 demand: s.demand(rounds),
-                ops: if fall { 0 } else { s.ops },
+                ops: if fall { 0 } else { s.weighed_ops() },
                 counted: if fall { 0 } else { s.counted },
                 fall_noise: if fall { s.answers_noise() } else { 0.0 },
                 falling: fall
@@ -431,6 +457,35 @@ mod tests {
         assert_eq!(e.surge_rounds, 500.0);
     }
 
+    /// The count an estimate's reports weigh as is their sum's chance
+    /// spread read as a Poisson count's: operations of one cost weigh as
+    /// their number; a dozen single publishes of 51 beside a report of 14
+    /// operations of 1 weigh as 13, not 26 (`mixed-costs` at 0.95×, seed
+    /// 420: 28 operations so counted proved a sum at 2.07× of its limit,
+    /// and the account was refused).
+    #[test]
+    fn an_estimates_count_weighs_its_operations_by_their_rates() {
+        let weighed = |reports: &[(f32, u32)]| {
+            let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+            for (i, &(rate, ops)) in reports.iter().enumerate() {
+                let r = SurgeRates {
+                    ops,
+                    ..rates(rate, 0.0, false)
+                };
+                assert!(w.surge(&c, ms(100 + i as u64), ms(100), r));
+            }
+            let e = w.estimate(&c, ms(150));
+            (e.surge_ops, e.surge_reports)
+        };
+        assert_eq!(
+            weighed(&[(5_100.0, 10), (10_200.0, 20), (15_300.0, 30)]),
+            (60, 3)
+        );
+        let mut mixed = vec![(510.0, 1); 12];
+        mixed.push((140.0, 14));
+        assert_eq!(weighed(&mixed), (13, 13));
+    }
+
     /// While a single agent's report is all an estimate counted, that
     /// agent's later sub-window, counting more, stands for it: a young
     /// pair's first peek of a single node's deluge may count too few.
@@ -449,7 +504,13 @@ mod tests {
         // A smaller one does not lower it; once two agents counted, a
         // follow-up adds nothing.
         assert!(w.surge(&c, ms(2_300), ms(2_300), counted(40, true)));
-        assert!(w.surge(&c, ms(2_310), ms(2_300), counted(9, false)));
+        // (Its rate as 9 such operations make it: counted at 4 750/s, 9
+        // would weigh as much less.)
+        let another = SurgeRates {
+            ops: 9,
+            ..rates(515.0, 25.0, false)
+        };
+        assert!(w.surge(&c, ms(2_310), ms(2_300), another));
         assert!(w.surge(&c, ms(2_400), ms(2_400), counted(200, true)));
         let e = w.estimate(&c, ms(2_410));
         assert_eq!((e.surge_ops, e.surge_reports), (92, 2));

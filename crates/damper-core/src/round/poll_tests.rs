@@ -288,9 +288,9 @@ fn verdict_reply(factor: f64) -> Reply {
 /// with a factor in `factors`; no hint of a fall yet. Its master
 /// suppresses on any excess (`confidence_sigmas = 0`): what these tests
 /// follow is the agent's hint of a fall, not the master's proof of the
-/// rise. A master at 5σ, told that one operation costs 51, does not
-/// suppress 1.5–2.5× of so small a limit for tens of seconds: rounds of
-/// 6 or 10 operations where 3.9 are due are not proof.
+/// rise. A master at 5σ, told that one operation costs 51, suppresses
+/// 2.5× of so small a limit at 22 s here and 1.5× not within 80 s:
+/// rounds of 6 or 10 operations where 3.9 are due are not proof alone.
 fn suppressed_until_20_s(spacing_ms: u64, factors: std::ops::Range<f64>) -> Rig {
     let mut rig = Rig::with_config(
         true,

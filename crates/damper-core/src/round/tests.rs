@@ -468,11 +468,18 @@ fn without_fast_onset_a_jump_waits_for_the_round() {
     assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
 }
 
-/// An early report that gets no answer (lost on the way, or its answer is)
-/// is sent again, unchanged, two sub-windows or so later; the master knows it
-/// by its sub-window and does not count it twice.
-#[test]
-fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
+/// A flood's early reports, some of whose answers are lost: an agent at
+/// 100/s until 2.6 s, then `per_10ms(now)` operations every 10 ms until
+/// `until_ms`, everything answered at once by one master, but the answers
+/// of the early reports `lost` picks (by how many reports were sent, this
+/// one included). `each` sees the state after every step, with that
+/// count. Returns each early report with when it was sent.
+fn flood_losing_answers(
+    until_ms: u64,
+    per_10ms: impl Fn(Nanos) -> usize,
+    lost: impl Fn(usize) -> bool,
+    mut each: impl FnMut(Nanos, &AgentState, usize),
+) -> (AgentState, Nanos, Vec<(Nanos, crate::wire::FactorsQuery)>) {
     let state = AgentState::new(AgentConfig::default());
     let mut m = master();
     let mut budget = crate::master::SurgeBudget::default();
@@ -480,7 +487,6 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
     let mut now = at(10);
     answer_all(&mut r, &state, &mut m, now);
     drive(&state, &mut r, &mut m, &mut now, 2_600, 100);
-    // The jump: the master counts the early report, but its answer is lost.
     let mut rng = SmallRng::seed_from_u64(3);
     let header = ReplyHeader {
         rollup_interval: Duration::from_secs(2),
@@ -488,8 +494,8 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
         ..ReplyHeader::default()
     };
     let mut reports = Vec::new();
-    while now < at(3_400) {
-        for _ in 0..50 {
+    while now < at(until_ms) {
+        for _ in 0..per_10ms(now) {
             state.check(now, "flood", "messages", 1, &mut rng);
         }
         now = now + Duration::from_millis(10);
@@ -505,15 +511,32 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
                     m.answer_factors(now, q, 100, header).unwrap()
                 }
             };
-            if reports.len() == 1 && matches!(t.message, Message::Surge(_)) {
-                continue; // the first answer is lost
+            if matches!(t.message, Message::Surge(_)) && lost(reports.len()) {
+                continue;
             }
             r.on_reply(now, t.id, &reply, &state);
         }
-        if reports.len() == 1 {
-            assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
-        }
+        each(now, &state, reports.len());
     }
+    (state, now, reports)
+}
+
+/// An early report that gets no answer (lost on the way, or its answer is)
+/// is sent again, unchanged, two sub-windows or so later; the master knows it
+/// by its sub-window and does not count it twice.
+#[test]
+fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
+    // The jump: the master counts the early report, but its answer is lost.
+    let (state, now, reports) = flood_losing_answers(
+        3_400,
+        |_| 50,
+        |sent| sent == 1,
+        |now, state, sent| {
+            if sent == 1 {
+                assert_eq!(state.factor(now, "flood", "messages"), Some(0.0));
+            }
+        },
+    );
     let [(first_at, first), (again_at, again), ..] = &reports[..] else {
         panic!("sent once more: {reports:?}");
     };
@@ -538,47 +561,15 @@ fn an_unanswered_early_report_is_sent_once_more_and_counted_once() {
 /// account at 0.95× of 100/s read 195/s and was refused.
 #[test]
 fn an_early_report_sent_twice_and_unanswered_stays_the_baseline() {
-    let state = AgentState::new(AgentConfig::default());
-    let mut m = master();
-    let mut budget = crate::master::SurgeBudget::default();
-    let mut r = AgentRound::new(RoundConfig::new("edge-9"), ["m1"], at(10));
-    let mut now = at(10);
-    answer_all(&mut r, &state, &mut m, now);
-    drive(&state, &mut r, &mut m, &mut now, 2_600, 100);
-    let mut rng = SmallRng::seed_from_u64(3);
-    let header = ReplyHeader {
-        rollup_interval: Duration::from_secs(2),
-        started: T0,
-        ..ReplyHeader::default()
-    };
-    let mut reports: Vec<SurgeRates> = Vec::new();
-    while now < at(3_900) {
-        // 5 000/s, then 20 000/s.
-        let per_10ms = if now < at(3_300) { 50 } else { 200 };
-        for _ in 0..per_10ms {
-            state.check(now, "flood", "messages", 1, &mut rng);
-        }
-        now = now + Duration::from_millis(10);
-        r.handle_timeout(now, &state);
-        while let Some(t) = r.poll_transmit() {
-            let reply = match &t.message {
-                Message::Surge(q) => {
-                    reports.extend(q.surges().map(|(_, s)| s));
-                    m.answer_surge(now, q, &mut budget, 100, header).unwrap()
-                }
-                Message::Rollup(x) => m.answer_rollup(now, x, 100, header).unwrap(),
-                Message::Recheck(q) | Message::Probe(q) => {
-                    m.answer_factors(now, q, 100, header).unwrap()
-                }
-            };
-            if matches!(t.message, Message::Surge(_)) && reports.len() <= 2 {
-                continue; // both answers of the first report are lost
-            }
-            r.on_reply(now, t.id, &reply, &state);
-        }
-    }
-    let [first, again, next, ..] = &reports[..] else {
-        panic!("a report, its resend and a later one: {reports:?}");
+    // 5 000/s, then 20 000/s; both answers of the first report are lost.
+    let per_10ms = |now| if now < at(3_300) { 50 } else { 200 };
+    let (_, _, reports) = flood_losing_answers(3_900, per_10ms, |sent| sent <= 2, |_, _, _| {});
+    let rates: Vec<SurgeRates> = reports
+        .iter()
+        .flat_map(|(_, q)| q.surges().map(|(_, s)| s))
+        .collect();
+    let [first, again, next, ..] = &rates[..] else {
+        panic!("a report, its resend and a later one: {rates:?}");
     };
     assert_eq!(first, again);
     assert!(first.rate > 2_000.0 && !first.surged, "{first:?}");

@@ -429,12 +429,7 @@ impl MasterState {
             report.attempted,
             report.admitted,
         );
-        // One operation costs no more than the report's whole cost: a
-        // statement past it (a zero report's, or a hostile agent's
-        // inflating the step to dull the rounds) is not taken.
-        if u64::from(report.op_cost) <= report.attempted {
-            window.note_op_cost(report.op_cost);
-        }
+        window.note_op_cost(report.op_cost, report.attempted);
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
         let key = self.entries.get_mut(i);

@@ -245,6 +245,42 @@ fn a_stated_op_cost_keeps_a_chance_round_of_costly_publishes_from_suppressing() 
     assert!(factor(1_003, &[(19, 19), (20, 18), (40, 40)]) > 0.0);
 }
 
+/// One publish to 4 000 subscribers, then a flood of cheap operations at
+/// twice the limit over ten agents: each agent's scans keep the costliest
+/// cost they saw, and state it with every report. Taken for the step, it
+/// made every round of the flood a count of one or two operations of
+/// 4 000, within chance, and the account was never suppressed. The
+/// flood's reports are no whole number of such operations, so the
+/// statement is dropped and the round suppresses as any would.
+#[test]
+fn a_costly_operation_does_not_shield_a_flood_of_cheap_ones() {
+    let toml = "[limits]\nmessages = 1000\n";
+    let mut m = MasterState::new(MasterConfig::from_toml(toml).unwrap());
+    let first = Report {
+        op_cost: 4_000,
+        ..admitted_report("acme", "messages", 2_000, 4_000)
+    };
+    m.ingest(at(2_005), &first).unwrap();
+    let mut factor = 0.0;
+    for round in 2..=6u64 {
+        let end = 2_000 * round;
+        for agent in 0..10u64 {
+            // About 400 cost each, 2 000/s in all.
+            let cost = 390 + (agent * 7 + round * 13) % 21;
+            let report = Report {
+                op_cost: 4_000,
+                ..admitted_report("acme", "messages", end, cost)
+            };
+            factor = m
+                .ingest(at(end + 5 + agent), &report)
+                .unwrap()
+                .unwrap()
+                .factor;
+        }
+    }
+    assert!(factor > 0.4, "{factor}");
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

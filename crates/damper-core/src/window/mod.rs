@@ -461,11 +461,12 @@ impl DemandWindow {
         true
     }
 
-    /// An agent stated that one of the pair's operations costs `cost`
-    /// (0: it did not say): the rounds are counts of operations of that
-    /// cost, whatever divides the reports (see `Spread::note_op_cost`).
-    pub fn note_op_cost(&mut self, cost: u32) {
-        self.core.spread.note_op_cost(cost);
+    /// A report of `attempted` cost came whose agent stated that one of
+    /// the pair's operations costs `cost` (0: it did not say): the rounds
+    /// are counts of operations of that cost, whatever divides the
+    /// reports, while the reports fit it (see `Spread::note_op_cost`).
+    pub fn note_op_cost(&mut self, cost: u32, attempted: u64) {
+        self.core.spread.note_op_cost(cost, attempted);
     }
 
     /// The full index of the current round: the one within 2^31 rounds of

@@ -137,10 +137,11 @@ pub(super) struct Spread {
     pub(super) changes: u16,
     /// The rounds' cost step: the greatest common divisor of the attempted
     /// cost of every report since the window began, in the low
-    /// [`STEP_BITS`] (0: none yet, or one too large to keep), and above
-    /// them how many reports of more than it came (up to 2), or
-    /// [`STEP_STATED`]: the cost of one operation as agents stated it
-    /// (the costliest they stated), which reports no longer change. An account
+    /// [`DIVISOR_BITS`] (0: none yet, or one too large to keep), and
+    /// above [`STEP_BITS`] how many reports of more than it came (up to
+    /// 2), or [`STEP_STATED`]: the cost of one operation as agents stated
+    /// it (the costliest they stated), which reports' divisors no longer
+    /// change; [`REFUSED`] once the reports belied a statement. An account
     /// whose operations all cost 51 reports multiples of 51, so a round's
     /// demand is a count of operations, and its chance scatter is known
     /// before the rounds have shown it (see
@@ -151,9 +152,16 @@ pub(super) struct Spread {
     pub(super) step: u16,
 }
 
-/// The bits of [`Spread::step`] that hold the divisor: costs up to 16 383.
+/// Where [`Spread::step`]'s count (or [`STEP_STATED`]) begins.
 const STEP_BITS: u32 = 14;
-const STEP_MASK: u16 = (1 << STEP_BITS) - 1;
+/// The bits of [`Spread::step`] that hold the divisor: costs up to 8 191
+/// (a publish to 8 190 subscribers; a statement of more is kept as this).
+const DIVISOR_BITS: u32 = 13;
+const DIVISOR_MASK: u16 = (1 << DIVISOR_BITS) - 1;
+/// The bit of [`Spread::step`] that says the reports belied a statement
+/// of one operation's cost: statements are ignored from then on (see
+/// [`Spread::note_op_cost`]).
+const REFUSED: u16 = 1 << DIVISOR_BITS;
 
 /// How many reports of more than the divisor make it the cost step. One
 /// report of 20 000 (one agent's deluge) is divided by 20 000, and two of
@@ -167,6 +175,18 @@ const STEP_CONFIRMED: u16 = 2;
 /// divisor of reports. Snapshots taken before statements existed may hold
 /// it for a divisor three reports confirmed: a confirmed step either way.
 const STEP_STATED: u16 = 3;
+
+/// Whether `attempted` cost is about a whole number `n` of operations of
+/// `cost` (at least one): within a twentieth of one operation's cost,
+/// and a five-hundredth of each operation's. Publishes of 1 001 and
+/// 1 003 stated as 1 003 are, however many (two short each); cheap
+/// operations summed to a few times the cost rarely are (one report in
+/// ten, or a little more), and a report of less than half the cost never.
+fn whole_ops(attempted: u64, cost: u32) -> bool {
+    let cost = u64::from(cost);
+    let n = ((attempted + cost / 2) / cost).max(1);
+    attempted.abs_diff(n * cost) * 500 <= cost * (25 + n)
+}
 
 impl Spread {
     /// A round closed whole with `demand`, after a whole round of
@@ -208,13 +228,14 @@ impl Spread {
         if self.step >> STEP_BITS == STEP_STATED {
             return;
         }
-        let known = u64::from(self.step & STEP_MASK);
+        let refused = self.step & REFUSED;
+        let known = u64::from(self.step & DIVISOR_MASK);
         let step = gcd(known, attempted);
-        if step > u64::from(STEP_MASK) {
+        if step > u64::from(DIVISOR_MASK) {
             // A first report too large to keep (only a first: the divisor
             // of a kept one is kept): the step is 1 for good, and a round
             // of so much cost is rarely few operations anyway.
-            self.step = 1;
+            self.step = refused | 1;
             return;
         }
         let mut more = self.step >> STEP_BITS;
@@ -227,28 +248,44 @@ impl Spread {
                 more += 1;
             }
         }
-        self.step = more.min(STEP_CONFIRMED) << STEP_BITS | step as u16;
+        self.step = more.min(STEP_CONFIRMED) << STEP_BITS | refused | step as u16;
     }
 
-    /// An agent stated that one of the pair's operations costs `cost`
-    /// (as far as its scans can tell; the costliest seen, when costs
-    /// differ): the step from now on, or the costliest such statement.
-    /// Publishes of 1 001 and 1 003 have no divisor but 1, so their
-    /// rounds read as counts of thousands of operations, and a new
-    /// account of them at 0.95× of its limit was refused on a round at
-    /// 1.5× that 40 publishes a second give by chance
-    /// (`varying-fanout` at 0.95×, 6 seeds of 600). Costs past
-    /// [`STEP_BITS`] are kept at the most it holds.
-    pub(super) fn note_op_cost(&mut self, cost: u32) {
-        if cost <= 1 {
+    /// A report of `attempted` cost came, whose agent stated that one of
+    /// the pair's operations costs `cost` (as far as its scans can tell;
+    /// the costliest seen, when costs differ): the step from now on, or
+    /// the costliest such statement, while every report is about a whole
+    /// number of operations of it. Publishes of 1 001 and 1 003 have no
+    /// divisor but 1, so their rounds read as counts of thousands of
+    /// operations, and a new account of them at 0.95× of its limit was
+    /// refused on a round at 1.5× that 40 publishes a second give by
+    /// chance (`varying-fanout` at 0.95×, 6 seeds of 600).
+    ///
+    /// An agent's scans keep the costliest cost they saw, so a client
+    /// that sends one costly operation (a publish to 4 000 subscribers)
+    /// and then a flood of cheap ones would have its flood's rounds read
+    /// as a few operations of 4 000, within their chance, and never
+    /// suppressed. A report that is not [`whole_ops`] of the stated cost
+    /// ends the statements for good (the step is 1, as for mixed costs);
+    /// one that never was is ignored, and the reports' divisor decides.
+    /// Once ended, the divisor of the statement and that report takes
+    /// over, as if every report so far had had it, and reports narrow it
+    /// as ever (publishes of 51 and 102, stated as 102, keep a step of
+    /// 51). Costs past [`DIVISOR_BITS`] are kept at the most it holds.
+    pub(super) fn note_op_cost(&mut self, cost: u32, attempted: u64) {
+        if cost <= 1 || attempted == 0 || self.step & REFUSED != 0 {
             return;
         }
-        let cost = cost.min(u32::from(STEP_MASK)) as u16;
-        let known = if self.step >> STEP_BITS == STEP_STATED {
-            self.step & STEP_MASK
-        } else {
-            0
-        };
+        let stated = self.step >> STEP_BITS == STEP_STATED;
+        let known = if stated { self.step & DIVISOR_MASK } else { 0 };
+        if !whole_ops(attempted, cost) {
+            if stated {
+                let divisor = gcd(u64::from(known), attempted) as u16;
+                self.step = REFUSED | divisor;
+            }
+            return;
+        }
+        let cost = cost.min(u32::from(DIVISOR_MASK)) as u16;
         self.step = STEP_STATED << STEP_BITS | known.max(cost);
     }
 
@@ -257,7 +294,7 @@ impl Spread {
         if self.step >> STEP_BITS < STEP_CONFIRMED {
             return 1.0;
         }
-        f64::from((self.step & STEP_MASK).max(1))
+        f64::from((self.step & DIVISOR_MASK).max(1))
     }
 
     /// Whether `demand` (this round's estimate) is over `limit` by more
@@ -511,9 +548,9 @@ mod tests {
             1.0,
             "1 001 and 1 003"
         );
-        assert_eq!(heard(&[10_000, 20_000, 30_000]).cost_step(), 10_000.0);
+        assert_eq!(heard(&[8_000, 16_000, 24_000]).cost_step(), 8_000.0);
         assert_eq!(
-            heard(&[20_000, 40_000, 60_000]).cost_step(),
+            heard(&[10_000, 20_000, 30_000]).cost_step(),
             1.0,
             "too large to keep"
         );
@@ -526,25 +563,66 @@ mod tests {
     }
 
     /// An agent's statement of one operation's cost is the step at once,
-    /// whatever divides the reports: the costliest stated stands, and
-    /// reports change it no more. A statement of 1 (or none) leaves the
+    /// whatever divides the reports, while the reports are whole numbers
+    /// of operations of it: the costliest stated stands, and reports'
+    /// divisors change it no more. A statement of 1 (or none) leaves the
     /// divisor's rule.
     #[test]
     fn a_stated_cost_is_the_step() {
         let mut spread = heard(&[1_001, 2_004]);
         assert_eq!(spread.cost_step(), 1.0, "no divisor but 1");
-        spread.note_op_cost(1_001);
+        spread.note_op_cost(1_001, 2_004);
         assert_eq!(spread.cost_step(), 1_001.0);
-        spread.note_op_cost(1_003);
-        spread.note_op_cost(1_001);
+        spread.note_op_cost(1_003, 1_003);
+        spread.note_op_cost(1_001, 3_007);
         spread.note_report(3_007);
         assert_eq!(spread.cost_step(), 1_003.0, "the costliest, kept");
         let mut cheap = heard(&[51, 102, 153]);
-        cheap.note_op_cost(1);
+        cheap.note_op_cost(1, 153);
         assert_eq!(cheap.cost_step(), 51.0, "a statement of 1 says nothing");
         let mut huge = Spread::default();
-        huge.note_op_cost(100_000);
-        assert_eq!(huge.cost_step(), f64::from(STEP_MASK));
+        huge.note_op_cost(100_000, 100_000);
+        assert_eq!(huge.cost_step(), f64::from(DIVISOR_MASK));
+    }
+
+    /// One costly operation, then a flood of cheap ones: the agent states
+    /// the costliest cost it saw, 4 000, and the flood's reports (3 001
+    /// and 9 500 cost of operations of 1) are no whole number of
+    /// operations of it. Taken for the step, 4 000 made the flood's
+    /// rounds a few operations each, never beyond chance, and the account
+    /// was never suppressed. The statements end for good; a report under
+    /// one operation's cost ends them too. A statement that never fitted
+    /// is ignored, and the divisor decides.
+    #[test]
+    fn statements_that_the_reports_belie_are_dropped() {
+        let mut spread = Spread::default();
+        spread.note_report(4_000);
+        spread.note_op_cost(4_000, 4_000);
+        assert_eq!(spread.cost_step(), 4_000.0);
+        for attempted in [3_001, 9_500] {
+            spread.note_report(attempted);
+            spread.note_op_cost(4_000, attempted);
+        }
+        assert_eq!(spread.cost_step(), 1.0);
+        spread.note_op_cost(4_000, 8_000);
+        assert_eq!(spread.cost_step(), 1.0, "for good");
+        let mut small = Spread::default();
+        small.note_op_cost(51, 102);
+        small.note_op_cost(51, 1);
+        assert_eq!(small.cost_step(), 1.0);
+        // Costs of 51 and 102, the costliest stated: 153 and 255 are no
+        // whole numbers of 102s, and the divisor decides, 51 once two
+        // more reports confirm it.
+        let mut mixed = Spread::default();
+        for attempted in [153, 204, 255, 306, 357] {
+            mixed.note_report(attempted);
+            mixed.note_op_cost(102, attempted);
+        }
+        assert_eq!(mixed.cost_step(), 51.0);
+        assert!(whole_ops(1_001 * 20 + 1_003 * 5, 1_003));
+        assert!(whole_ops(1_001 * 300, 1_003));
+        assert!(!whole_ops(30_500, 1_003));
+        assert!(!whole_ops(1_500, 1_003));
     }
 
     /// Before the rounds' noise is known, a round over the margin must
@@ -589,7 +667,7 @@ mod tests {
     fn a_new_accounts_first_rounds_are_counted_together() {
         let steady = |demand: f64, closes: usize| {
             let mut spread = Spread::default();
-            spread.note_op_cost(51);
+            spread.note_op_cost(51, 510);
             let mut previous = None;
             for _ in 0..closes {
                 spread.close(previous, demand);

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::owned::Owned;
-use super::surge::Quantum;
 use super::{AgentState, Delta, Pending, Routed, reportable};
 use crate::ring::Ring;
 use crate::time::Nanos;
@@ -69,7 +68,7 @@ impl AgentState {
                         attempted: d_admitted.saturating_add(d_rejected),
                         admitted: d_admitted,
                         since: (since != 0).then(|| Nanos::from_nanos(since)),
-                        op_cost: Quantum(entry.quantum.load(Relaxed)).cost(),
+                        op_cost: entry.op_cost(),
                     },
                     found.pos + 1,
                 );

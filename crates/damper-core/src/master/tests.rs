@@ -254,8 +254,7 @@ fn a_stated_op_cost_keeps_a_chance_round_of_costly_publishes_from_suppressing() 
 /// statement is dropped and the round suppresses as any would.
 #[test]
 fn a_costly_operation_does_not_shield_a_flood_of_cheap_ones() {
-    let toml = "[limits]\nmessages = 1000\n";
-    let mut m = MasterState::new(MasterConfig::from_toml(toml).unwrap());
+    let mut m = master("latest-round");
     let first = Report {
         op_cost: 4_000,
         ..admitted_report("acme", "messages", 2_000, 4_000)

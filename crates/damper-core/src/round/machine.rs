@@ -822,11 +822,12 @@ impl AgentRound {
     /// Early reports unanswered for [`SURGE_PATIENCE`] sub-windows: each is
     /// sent once more, unchanged (the master answers a report it already
     /// counted without counting it again), and after that given up on,
-    /// taken as counted while its master is up. A lost early report must not leave its master
-    /// deaf to this agent's surges until the driver's request timeout,
-    /// sized for rollups (up to a second), while the deluge gets through;
-    /// nor can the next scan simply report the pairs again, since the
-    /// jump itself has raised their noise for a second or two.
+    /// taken as counted while its master is up. A lost early report must
+    /// not leave its master deaf to this agent's surges until the driver's
+    /// request timeout, sized for rollups (up to a second), while the
+    /// deluge gets through; nor can the next scan simply report the pairs
+    /// again, since the jump itself has raised their noise for a second or
+    /// two.
     fn give_up_surges(&mut self, now: Nanos, window: Duration, state: &AgentState) {
         let patience = window * SURGE_PATIENCE;
         let late: Vec<RequestId> = self

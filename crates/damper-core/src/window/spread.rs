@@ -266,10 +266,9 @@ impl Spread {
     /// and then a flood of cheap ones would have its flood's rounds read
     /// as a few operations of 4 000, within their chance, and never
     /// suppressed. A report that is not [`whole_ops`] of the stated cost
-    /// ends the statements for good (the step is 1, as for mixed costs);
-    /// one that never was is ignored, and the reports' divisor decides.
-    /// Once ended, the divisor of the statement and that report takes
-    /// over, as if every report so far had had it, and reports narrow it
+    /// ends the statements for good; one that never was is ignored, and
+    /// the reports' divisor decides. Once ended, the divisor of the
+    /// statement and that report takes over, as if every report so far had had it, and reports narrow it
     /// as ever (publishes of 51 and 102, stated as 102, keep a step of
     /// 51). Costs past [`DIVISOR_BITS`] are kept at the most it holds.
     pub(super) fn note_op_cost(&mut self, cost: u32, attempted: u64) {

@@ -10,6 +10,14 @@ use super::{AgentState, Delta, Pending, Routed, reportable};
 use crate::ring::Ring;
 use crate::time::Nanos;
 
+/// The op cost a drain tells the master: the scans' own, but 0 for 1,
+/// which tells the master nothing (every count is a count of operations
+/// of 1 when nothing is said) and would cost every named entry of cheap
+/// traffic two bytes.
+fn told_op_cost(cost: u32) -> u32 {
+    if cost > 1 { cost } else { 0 }
+}
+
 impl AgentState {
     /// Takes the counts of every (account, op) with activity since the last
     /// drain and hands them to `visit` as deltas; an (account, op) that had
@@ -68,7 +76,7 @@ impl AgentState {
                         attempted: d_admitted.saturating_add(d_rejected),
                         admitted: d_admitted,
                         since: (since != 0).then(|| Nanos::from_nanos(since)),
-                        op_cost: entry.op_cost(),
+                        op_cost: told_op_cost(entry.op_cost()),
                     },
                     found.pos + 1,
                 );

@@ -351,7 +351,8 @@ pub struct Delta {
     /// otherwise `None`, and they cover the interval since the last drain.
     pub since: Option<Nanos>,
     /// What one of the pair's operations costs, as the scans tell it (the
-    /// costliest seen, when costs differ); 0 when they do not know yet.
+    /// costliest seen, when costs differ); 0 when they do not know yet, or
+    /// when it is 1.
     /// Told to the master, whose rounds are then counts of operations of
     /// this cost: their chance scatter is known from the first round.
     pub op_cost: u32,

@@ -6,8 +6,9 @@
 //! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
 //! `--name-len N` pads every account's name to `N` bytes (at least the 15
-//! of `account-0000000`): a master keeps names of up to 24 bytes inline,
-//! longer ones on the heap.
+//! of `account-0000000`): a master keeps names of up to 15 bytes inline in
+//! the pair's entry, of longer ones the first 10 bytes there and the rest
+//! beside the entries.
 
 // It reports wall time for the fill, by definition.
 #![allow(clippy::disallowed_types)]

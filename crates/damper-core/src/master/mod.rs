@@ -31,6 +31,8 @@
 //! - this file: [`MasterState`]: ingest, verdicts, views, eviction,
 //!   snapshots.
 //! - `table`: where the pairs are kept and how one is found.
+//! - `account_name`: an entry's account name in 16 bytes, long ones
+//!   beside.
 //! - `report_time`: when a pair's last report arrived, in four bytes.
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
 //! - `hint`: sparse hints tallied, and the pairs they poll ([`HintStats`]).
@@ -39,6 +41,7 @@
 //! - `seen`: [`RollupLog`], the numbered rollups counted lately.
 //! - `push`: [`Push`], verdicts an early report flipped, for every agent.
 
+mod account_name;
 mod budget;
 mod hint;
 mod new_pairs;
@@ -565,7 +568,11 @@ impl MasterState {
     pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
         for key in self.entries.iter() {
-            let (op, account) = (&*self.ops[key.op() as usize].name, key.account.as_str());
+            let (op, account) = (
+                &*self.ops[key.op() as usize].name,
+                self.entries.account(key),
+            );
+            let account = &*account;
             if !keep(Pair::new(account, op)) {
                 continue;
             }
@@ -674,19 +681,18 @@ impl MasterState {
                 continue;
             }
             // The last entry moves into `i`: look at `i` again.
-            let gone = self.remove(i);
             if let Some(transitions) = &mut self.transitions {
                 let ended = [
                     (
-                        gone.is(table::SUPPRESSED),
-                        TransitionKind::stopped(gone.is(table::SHADOW)),
+                        key.is(table::SUPPRESSED),
+                        TransitionKind::stopped(key.is(table::SHADOW)),
                     ),
-                    (gone.is(table::NEAR), TransitionKind::NearLimitEnded),
+                    (key.is(table::NEAR), TransitionKind::NearLimitEnded),
                 ];
                 for (_, kind) in ended.into_iter().filter(|(was, _)| *was) {
                     transitions.push(Transition {
-                        op: self.ops[gone.op() as usize].name.to_string(),
-                        account: gone.account.to_string(),
+                        op: self.ops[key.op() as usize].name.to_string(),
+                        account: self.entries.account(key).to_string(),
                         kind,
                         factor: 0.0,
                         demand: 0.0,
@@ -694,6 +700,7 @@ impl MasterState {
                     });
                 }
             }
+            self.remove(i);
         }
         *cursor = i;
         let done = (i as usize) >= self.entries.len;
@@ -703,7 +710,7 @@ impl MasterState {
             let (entries, hasher) = (&self.entries, &self.hasher);
             self.index.shrink_to_fit(|&i| {
                 let e = entries.get(i);
-                Self::hash(hasher, e.op(), &e.account)
+                Self::hash(hasher, e.op(), &entries.account(e))
             });
             self.entries.chunks.shrink_to_fit();
         }
@@ -717,7 +724,7 @@ impl MasterState {
             .iter()
             .map(|key| KeySnapshot {
                 op: self.ops[key.op() as usize].name.to_string(),
-                account: key.account.to_string(),
+                account: self.entries.account(key).to_string(),
                 last_report: key.last_report.when(now),
                 window: self.entries.window_of(key),
             })

@@ -1,5 +1,6 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 72
-//! bytes with the account name inline, in chunks of 384 KiB that never
+//! Where a master keeps its (account, op) pairs: one entry each, 64
+//! bytes (a cache line) with the account name inline up to 15 bytes, in
+//! chunks of 384 KiB that never
 //! move, found by one probe of a hash index; op names interned. What few
 //! windows hold beyond the rest (a surge, hints, the `ably-mma`
 //! sub-intervals) is kept beside the entries, in a slab at a place each
@@ -8,10 +9,10 @@
 use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 
-use compact_str::CompactString;
 use foldhash::fast::RandomState;
 use hashbrown::hash_table;
 
+use super::account_name::{AccountName, AccountStr, LongNames};
 use super::{MasterState, ReportTime};
 use crate::Pair;
 use crate::limits::LimitId;
@@ -19,15 +20,17 @@ use crate::time::Nanos;
 use crate::window::{DemandWindow, WindowCore, WindowExtras};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (72 bytes, the account name inline up to 24 bytes) and in one place:
-/// finding it is one probe of the index and one cache miss here.
+/// (64 bytes, the account name inline up to 15 bytes) and in one place:
+/// finding it is one probe of the index and one cache miss here: aligned
+/// to a cache line, so never two.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(super) struct Entry {
-    pub(super) account: CompactString,
+    /// Read through [`Entries::account`]: a long name is kept beside.
+    account: AccountName,
     /// The index of its op in [`MasterState::ops`] (below [`MAX_OPS`]) in
     /// the low 12 bits ([`OP_BITS`]); [`SUPPRESSED`], [`NEAR`], [`EXEMPT`]
-    /// and [`SHADOW`] in the high four. Two bytes for what took five: the
-    /// entry is 72 bytes, not 80.
+    /// and [`SHADOW`] in the high four. Two bytes for what took five.
     op_flags: u16,
     pub(super) generation: u16,
     /// The limit that applied under config `generation`.
@@ -107,6 +110,8 @@ pub(super) struct Entries {
     extras: Vec<Option<WindowExtras>>,
     /// Places in `extras` no entry holds.
     free_extras: Vec<u32>,
+    /// The account names too long to be inline, likewise.
+    pub(super) names: LongNames,
 }
 
 /// Where in [`Entries::extras`] an entry's `extras` place (its index plus
@@ -119,7 +124,7 @@ fn slab_index(place: NonZeroU32) -> usize {
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
 // What `state_memory` measures: a change of size should be on purpose.
-const _: () = assert!(std::mem::size_of::<Entry>() == 72);
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 /// A chunk's allocation: 384 KiB, one of mimalloc's size classes (they
 /// run 1.25, 1.5, 1.75 and 2 times each power of two), so the chunk fills
@@ -184,6 +189,16 @@ impl Entries {
         self.free_extras.push(place.get() - 1);
     }
 
+    /// The account of `entry`, one of these entries.
+    pub(super) fn account(&self, entry: &Entry) -> AccountStr {
+        self.names.get(&entry.account)
+    }
+
+    /// Whether `entry`, one of these entries, is `account`'s.
+    fn is_account(&self, entry: &Entry, account: &str) -> bool {
+        self.names.is(&entry.account, account)
+    }
+
     /// A copy of entry `i`'s window, whole (for views and snapshots).
     pub(super) fn window(&self, i: u32) -> DemandWindow {
         self.window_of(self.get(i))
@@ -210,7 +225,7 @@ impl Entries {
     }
 
     /// Removes entry `i`, moving the last one into its place, with their
-    /// windows' extras.
+    /// windows' extras; the removed entry's name is no longer readable.
     pub(super) fn swap_remove(&mut self, i: u32) -> Entry {
         let last = self
             .chunks
@@ -229,6 +244,7 @@ impl Entries {
         if let Some(place) = removed.extras.take() {
             self.free_place(place);
         }
+        self.names.release(&removed.account);
         removed
     }
 
@@ -277,7 +293,7 @@ impl MasterState {
         self.index
             .find(Self::hash(&self.hasher, op, account), |&i| {
                 let e = entries.get(i);
-                e.op() == op && e.account == account
+                e.op() == op && entries.is_account(e, account)
             })
             .copied()
     }
@@ -293,11 +309,11 @@ impl MasterState {
             hash,
             |&i| {
                 let e = entries.get(i);
-                e.op() == op && e.account == account
+                e.op() == op && entries.is_account(e, account)
             },
             |&i| {
                 let e = entries.get(i);
-                Self::hash(hasher, e.op(), &e.account)
+                Self::hash(hasher, e.op(), &entries.account(e))
             },
         ) {
             hash_table::Entry::Occupied(found) => Some(*found.get()),
@@ -313,8 +329,9 @@ impl MasterState {
                     *left -= 1;
                 }
                 let (window, extras) = DemandWindow::new(&self.config.window).split();
+                let account = self.entries.names.hold(account);
                 self.entries.push(Entry {
-                    account: CompactString::from(account),
+                    account,
                     // Below `MAX_OPS` (`op_id`): the flags' bits are clear.
                     op_flags: op as u16,
                     limit: None,
@@ -345,7 +362,7 @@ impl MasterState {
     ) -> Option<u32> {
         if let Some(hint) = self.hinted(*at) {
             let e = self.entries.get(hint);
-            if e.account == account {
+            if self.entries.is_account(e, account) {
                 if e.op() == op {
                     return Some(hint);
                 }
@@ -365,13 +382,14 @@ impl MasterState {
             .filter(|&i| (i as usize) < self.entries.len)
     }
 
-    /// Stops tracking entry `i`, moving the last entry into its place.
+    /// Stops tracking entry `i`, moving the last entry into its place (read
+    /// its account first: [`Entries::swap_remove`]).
     pub(super) fn remove(&mut self, i: u32) -> Entry {
         let (entries, hasher) = (&self.entries, &self.hasher);
         let e = entries.get(i);
         if let Ok(found) = self
             .index
-            .find_entry(Self::hash(hasher, e.op(), &e.account), |&j| j == i)
+            .find_entry(Self::hash(hasher, e.op(), &entries.account(e)), |&j| j == i)
         {
             found.remove();
         }
@@ -379,7 +397,7 @@ impl MasterState {
         let removed = self.entries.swap_remove(i);
         if i != last {
             let moved = self.entries.get(i);
-            let hash = Self::hash(&self.hasher, moved.op(), &moved.account);
+            let hash = Self::hash(&self.hasher, moved.op(), &self.entries.account(moved));
             if let Some(slot) = self.index.find_mut(hash, |&j| j == last) {
                 *slot = i;
             }

@@ -85,6 +85,12 @@ fn main() {
     options.shards = 4;
     options.max_entries = PER_ROLLUP;
     options.idle_after = Some(Duration::from_secs(3600));
+    // One agent brings every pair: past the defaults' caps (8 000 000
+    // pairs, shared out by shard, and 250 000 new ones per agent and
+    // round) the rest would not be tracked. Twice the pairs: the shards
+    // do not get exactly a quarter each.
+    options.max_pairs = options.max_pairs.max(2 * accounts);
+    options.max_new_pairs_per_agent = accounts;
     let before = resident_bytes();
     let master = Master::with_clock(config, options, clock.clone());
     let began = std::time::Instant::now();

@@ -107,6 +107,13 @@ impl LongNames {
         if let Some(packed) = packed(bytes) {
             return AccountName(packed);
         }
+        // Names are validated before any entry is made: one longer would
+        // not read back.
+        assert!(
+            bytes.len() <= MAX_NAME_LEN,
+            "an account name of {} bytes",
+            bytes.len()
+        );
         let (prefix, tail) = bytes.split_at(PREFIX);
         let place = match self.free.get_mut(tail.len()).and_then(Vec::pop) {
             Some(place) => {
@@ -119,7 +126,6 @@ impl LongNames {
         let mut name = [0u8; 16];
         name[..PREFIX].copy_from_slice(prefix);
         name[PLACE..PLACE + 4].copy_from_slice(&place.to_le_bytes());
-        // At most `MAX_NAME_LEN` bytes, validated before any entry.
         name[LENGTH] = (bytes.len() - (INLINE + 1)) as u8;
         name[INLINE] = LONG;
         AccountName(name)

@@ -367,7 +367,7 @@ impl MasterState {
             }
         }
         self.config = config;
-        self.generation = self.generation.wrapping_add(1);
+        self.generation = self.generation.wrapping_add(1) & table::GENERATION_MASK;
     }
 
     /// Adds one report and returns the verdict for its (account, op), or
@@ -502,11 +502,11 @@ impl MasterState {
         now: Nanos,
     ) -> Option<Verdict> {
         let key = self.entries.get_mut(i);
-        if key.generation != self.generation {
+        if key.generation() != self.generation {
             key.limit = self.config.limits.lookup(account, op).map(|m| m.id);
             let exempt = self.config.exempt.covers(account, op).is_some();
             key.set(table::EXEMPT, exempt);
-            key.generation = self.generation;
+            key.set_generation(self.generation);
         }
         let verdict = if key.is(table::EXEMPT) {
             Some(exempt_verdict(&self.config, Some(window), now))
@@ -567,7 +567,7 @@ impl MasterState {
     /// order is unspecified.
     pub fn views(&self, now: Nanos, mut keep: impl FnMut(Pair<'_>) -> bool) -> Vec<KeyView> {
         let mut views = Vec::new();
-        for key in self.entries.iter() {
+        for (i, key) in self.entries.iter() {
             let (op, account) = (
                 &*self.ops[key.op() as usize].name,
                 self.entries.account(key),
@@ -584,11 +584,11 @@ impl MasterState {
                 .filter(|_| exempt.is_none());
             let (factor, rates) = match limit {
                 Some(m) => {
-                    let v = self.verdict_of(key, m, now);
+                    let v = self.verdict_of(i, key, m, now);
                     (v.factor, v.rates)
                 }
                 None => {
-                    let window = self.entries.window_of(key);
+                    let window = self.entries.window_of(i, key);
                     (0.0, window.estimate(&self.config.window, now).rates)
                 }
             };
@@ -608,10 +608,16 @@ impl MasterState {
         views
     }
 
-    /// The verdict for the pair of `key`, one of the entries, limited by
+    /// The verdict for the pair of `key`, entry `i`, limited by
     /// `matched`, without a new report.
-    fn verdict_of(&self, key: &table::Entry, matched: LimitMatch<'_>, now: Nanos) -> Verdict {
-        let window = self.entries.window_of(key);
+    fn verdict_of(
+        &self,
+        i: u32,
+        key: &table::Entry,
+        matched: LimitMatch<'_>,
+        now: Nanos,
+    ) -> Verdict {
+        let window = self.entries.window_of(i, key);
         verdict(
             &self.config,
             &window,
@@ -631,7 +637,7 @@ impl MasterState {
         }
         let limit = self.config.limits.lookup(account, op)?;
         Some(match self.find(op, account) {
-            Some(i) => self.verdict_of(self.entries.get(i), limit, now),
+            Some(i) => self.verdict_of(i, self.entries.get(i), limit, now),
             None => {
                 let rates = Rates::default();
                 Verdict {
@@ -722,11 +728,11 @@ impl MasterState {
     pub fn export(&self, now: Nanos) -> Vec<KeySnapshot> {
         self.entries
             .iter()
-            .map(|key| KeySnapshot {
+            .map(|(i, key)| KeySnapshot {
                 op: self.ops[key.op() as usize].name.to_string(),
                 account: self.entries.account(key).to_string(),
                 last_report: key.last_report.when(now),
-                window: self.entries.window_of(key),
+                window: self.entries.window_of(i, key),
             })
             .collect()
     }
@@ -786,7 +792,7 @@ impl MasterState {
         counted: impl Fn(&table::Entry) -> bool,
     ) -> impl Iterator<Item = (&str, usize)> {
         let mut counts = vec![0usize; self.ops.len()];
-        for key in self.entries.iter().filter(|k| counted(k)) {
+        for (_, key) in self.entries.iter().filter(|(_, k)| counted(k)) {
             counts[key.op() as usize] += 1;
         }
         self.ops

@@ -6,8 +6,8 @@
 //! sub-intervals) is kept beside the entries, in a slab at a place each
 //! such entry names.
 
+use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::num::NonZeroU32;
 
 use foldhash::fast::RandomState;
 use hashbrown::hash_table;
@@ -20,11 +20,10 @@ use crate::time::Nanos;
 use crate::window::{DemandWindow, WindowCore, WindowExtras};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (64 bytes, the account name inline up to 15 bytes) and in one place:
-/// finding it is one probe of the index and one cache miss here: aligned
-/// to a cache line, so never two.
+/// (60 bytes, the account name inline up to 15 bytes) and in one place:
+/// finding it is one probe of the index and one cache miss here (two
+/// lines, read one after the other, for most).
 #[derive(Debug)]
-#[repr(align(64))]
 pub(super) struct Entry {
     /// Read through [`Entries::account`]: a long name is kept beside.
     account: AccountName,
@@ -32,7 +31,9 @@ pub(super) struct Entry {
     /// the low 12 bits ([`OP_BITS`]); [`SUPPRESSED`], [`NEAR`], [`EXEMPT`]
     /// and [`SHADOW`] in the high four. Two bytes for what took five.
     op_flags: u16,
-    pub(super) generation: u16,
+    /// The config generation its `limit` was looked up under, in the low
+    /// 15 bits ([`GENERATION_MASK`]), and [`HAS_EXTRAS`] in the top one.
+    generation_extras: u16,
     /// The limit that applied under config `generation`.
     pub(super) limit: Option<LimitId>,
     /// When its last report came, for eviction and views.
@@ -40,11 +41,16 @@ pub(super) struct Entry {
     /// Its window, but for what only some windows hold (see
     /// [`Entries::take_window`]).
     pub(super) window: WindowCore,
-    /// Where [`Entries`] keeps what its window holds beyond the core, if
-    /// anything (its place plus one): four bytes the entry's alignment
-    /// left free.
-    extras: Option<NonZeroU32>,
 }
+
+/// The bits of a config generation an entry keeps: they wrap after
+/// 32 768 reloads (a pair untouched over exactly a multiple of them would
+/// keep a stale limit; a master forgets pairs idle for three windows).
+pub(super) const GENERATION_MASK: u16 = (1 << 15) - 1;
+
+/// The bit of [`Entry`]'s generation word that says [`Entries`] keeps
+/// extras for its window.
+const HAS_EXTRAS: u16 = 1 << 15;
 
 /// The bits of [`Entry`]'s op index.
 const OP_BITS: u32 = 12;
@@ -85,6 +91,28 @@ impl Entry {
             self.op_flags &= !flag;
         }
     }
+
+    /// The config generation its limit was looked up under.
+    pub(super) fn generation(&self) -> u16 {
+        self.generation_extras & GENERATION_MASK
+    }
+
+    pub(super) fn set_generation(&mut self, generation: u16) {
+        self.generation_extras =
+            (self.generation_extras & HAS_EXTRAS) | (generation & GENERATION_MASK);
+    }
+
+    fn has_extras(&self) -> bool {
+        self.generation_extras & HAS_EXTRAS != 0
+    }
+
+    fn set_has_extras(&mut self, on: bool) {
+        if on {
+            self.generation_extras |= HAS_EXTRAS;
+        } else {
+            self.generation_extras &= !HAS_EXTRAS;
+        }
+    }
 }
 
 /// An op name, interned: entries hold its index.
@@ -102,29 +130,24 @@ pub(super) struct Op {
 pub(super) struct Entries {
     pub(super) chunks: Vec<Vec<Entry>>,
     pub(super) len: usize,
-    /// The extras of the windows that hold some, each at the place its
-    /// entry names: a pointer in every window cost 8 bytes and the
-    /// padding its alignment asked for, 88 bytes an entry rather than 80,
-    /// for what few windows hold. A place stays its entry's while the
-    /// entry moves (eviction fills gaps with the last entry).
-    extras: Vec<Option<WindowExtras>>,
-    /// Places in `extras` no entry holds.
-    free_extras: Vec<u32>,
-    /// The account names too long to be inline, likewise.
+    /// The extras of the windows that hold some, by their entry's
+    /// position (an entry says whether it has some, in one bit): a
+    /// pointer in every window cost 8 bytes and the padding its alignment
+    /// asked for, 88 bytes an entry rather than 80, and the place of a
+    /// slab 4, for what few windows hold (surges, hints, the `ably-mma`
+    /// sub-intervals). Moved with their entry when eviction fills a gap
+    /// with the last one.
+    extras: HashMap<u32, WindowExtras, RandomState>,
+    /// The account names too long to be inline, each at the place its
+    /// entry names; a place stays its entry's while the entry moves.
     pub(super) names: LongNames,
-}
-
-/// Where in [`Entries::extras`] an entry's `extras` place (its index plus
-/// one) is.
-fn slab_index(place: NonZeroU32) -> usize {
-    place.get() as usize - 1
 }
 
 /// Entries per chunk: as many as fill [`CHUNK_BYTES`].
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
 // What `state_memory` measures: a change of size should be on purpose.
-const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+const _: () = assert!(std::mem::size_of::<Entry>() == 60);
 
 /// A chunk's allocation: 384 KiB, one of mimalloc's size classes (they
 /// run 1.25, 1.5, 1.75 and 2 times each power of two), so the chunk fills
@@ -147,11 +170,13 @@ impl Entries {
     /// [`put_window`](Self::put_window) puts it back: its core is copied,
     /// its extras (if any) moved.
     pub(super) fn take_window(&mut self, i: u32) -> DemandWindow {
-        let entry = self.get_mut(i);
+        let entry = self.get(i);
         let core = entry.window;
-        let extras = entry
-            .extras
-            .and_then(|place| self.extras[slab_index(place)].take());
+        let extras = if entry.has_extras() {
+            self.extras.remove(&i)
+        } else {
+            None
+        };
         DemandWindow::join(core, extras)
     }
 
@@ -160,33 +185,15 @@ impl Entries {
         let (core, extras) = window.split();
         let entry = self.get_mut(i);
         entry.window = core;
-        match (entry.extras, extras) {
-            (Some(place), extras @ Some(_)) => self.extras[slab_index(place)] = extras,
-            (None, extras @ Some(_)) => {
-                let place = match self.free_extras.pop() {
-                    Some(free) => {
-                        self.extras[free as usize] = extras;
-                        free
-                    }
-                    None => {
-                        self.extras.push(extras);
-                        u32::try_from(self.extras.len() - 1).expect("fewer than 2^32 pairs")
-                    }
-                };
-                self.get_mut(i).extras = NonZeroU32::new(place + 1);
+        entry.set_has_extras(extras.is_some());
+        match extras {
+            Some(extras) => {
+                self.extras.insert(i, extras);
             }
-            (Some(place), None) => {
-                entry.extras = None;
-                self.free_place(place);
+            None => {
+                self.extras.remove(&i);
             }
-            (None, None) => {}
         }
-    }
-
-    /// Gives back a place in `extras`.
-    fn free_place(&mut self, place: NonZeroU32) {
-        self.extras[slab_index(place)] = None;
-        self.free_extras.push(place.get() - 1);
     }
 
     /// The account of `entry`, one of these entries.
@@ -201,14 +208,16 @@ impl Entries {
 
     /// A copy of entry `i`'s window, whole (for views and snapshots).
     pub(super) fn window(&self, i: u32) -> DemandWindow {
-        self.window_of(self.get(i))
+        self.window_of(i, self.get(i))
     }
 
-    /// A copy of the window of `entry`, one of these entries.
-    pub(super) fn window_of(&self, entry: &Entry) -> DemandWindow {
-        let extras = entry
-            .extras
-            .and_then(|place| self.extras[slab_index(place)].clone());
+    /// A copy of the window of `entry`, entry `i`.
+    pub(super) fn window_of(&self, i: u32, entry: &Entry) -> DemandWindow {
+        let extras = if entry.has_extras() {
+            self.extras.get(&i).cloned()
+        } else {
+            None
+        };
         DemandWindow::join(entry.window, extras)
     }
 
@@ -236,20 +245,32 @@ impl Entries {
             self.chunks.pop();
         }
         self.len -= 1;
-        let mut removed = if i as usize == self.len {
+        let moved = u32::try_from(self.len).expect("fewer than 2^32 pairs");
+        let removed = if i == moved {
             last
         } else {
             std::mem::replace(self.get_mut(i), last)
         };
-        if let Some(place) = removed.extras.take() {
-            self.free_place(place);
+        if removed.has_extras() {
+            self.extras.remove(&i);
+        }
+        if i != moved && self.get(i).has_extras() {
+            let extras = self.extras.remove(&moved).expect("flagged");
+            self.extras.insert(i, extras);
         }
         self.names.release(&removed.account);
         removed
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
-        self.chunks.iter().flatten()
+    /// How many windows' extras are kept.
+    #[cfg(test)]
+    pub(super) fn extras_held(&self) -> usize {
+        self.extras.len()
+    }
+
+    /// Every entry, with its position.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &Entry)> {
+        (0u32..).zip(self.chunks.iter().flatten())
     }
 }
 
@@ -335,10 +356,9 @@ impl MasterState {
                     // Below `MAX_OPS` (`op_id`): the flags' bits are clear.
                     op_flags: op as u16,
                     limit: None,
-                    generation: self.generation.wrapping_sub(1),
+                    generation_extras: self.generation.wrapping_sub(1) & GENERATION_MASK,
                     last_report: ReportTime::at(now),
                     window,
-                    extras: None,
                 });
                 if extras.is_some() {
                     self.entries

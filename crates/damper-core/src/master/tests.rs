@@ -1110,9 +1110,11 @@ fn an_entry_stays_within_its_memory_budget() {
     // admitted rates as 16-bit shares of their demand (a core of 32
     // bytes) and the op index and flags in one 16-bit word, to 72; the
     // account name in 16 bytes aligned to one (inline up to 15) rather
-    // than a 24-byte `CompactString`, to 64: a cache line.
+    // than a 24-byte `CompactString`, to 64: a cache line; the extras by
+    // the entry's position, one bit in the entry saying whether it has
+    // some, rather than a 4-byte place, to 60.
     assert!(
-        size_of::<table::Entry>() <= 64,
+        size_of::<table::Entry>() <= 60,
         "{}",
         size_of::<table::Entry>()
     );
@@ -1225,7 +1227,9 @@ fn evicting_pairs_moves_each_surge_with_its_pair() {
                 .unwrap();
         }
     }
+    assert_eq!(m.entries.extras_held(), 1_000);
     assert_eq!(m.evict_idle(at(45_000), Duration::from_secs(30)), 1_500);
+    assert_eq!(m.entries.extras_held(), 500, "the evicted pairs' let go of");
     let now = at(40_100);
     for (i, name) in names.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
         let e = m.find("messages", name).expect("kept");
@@ -1237,6 +1241,47 @@ fn evicting_pairs_moves_each_surge_with_its_pair() {
             "{name}"
         );
     }
+}
+
+/// An entry keeps its config generation and whether its window has
+/// extras in one word: a reload changes the one and keeps the other.
+#[test]
+fn a_reload_keeps_a_windows_extras_and_looks_its_limit_up_again() {
+    let mut m = master("latest-round");
+    m.ingest(at(2_005), &admitted_report("a", "messages", 2_000, 2))
+        .unwrap();
+    let rates = SurgeRates {
+        rate: 5_000.0,
+        ..SurgeRates::default()
+    };
+    m.surge(at(2_010), at(2_010), "x", Pair::new("a", "messages"), rates)
+        .unwrap();
+    let factor = |m: &MasterState| m.verdict(at(2_020), "a", "messages").unwrap().factor;
+    assert!(factor(&m) > 0.0, "5 000/s against 1 000");
+    for limit in [10_000.0, L] {
+        let toml =
+            format!("[window]\nestimator = \"latest-round\"\n[limits]\nmessages = {limit}\n");
+        m.set_config(MasterConfig::from_toml(&toml).unwrap());
+        // A report looks the limit up again under the new generation (its
+        // verdict is from the entry's own limit).
+        let verdict = m
+            .ingest(at(2_015), &admitted_report("a", "messages", 2_000, 2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (verdict.limit.get(), verdict.factor > 0.0),
+            (limit, limit == L)
+        );
+        let e = m.find("messages", "a").unwrap();
+        assert!(
+            m.entries
+                .window(e)
+                .estimate(&m.config.window, at(2_020))
+                .surge
+        );
+        assert_eq!(factor(&m) > 0.0, limit == L, "{limit}");
+    }
+    assert_eq!(m.entries.extras_held(), 1);
 }
 
 /// Past `max_pairs`, made-up names are not tracked (counted), while a

@@ -5,7 +5,9 @@
 //!
 //! Run: `cargo run --release -p damper-master --example state_memory -- --accounts 1000000`.
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
-//! `--name-len N` pads every account's name to `N` bytes (at least the 15
+//! `--estimator ably-mma` fills it under that estimator (whose every
+//! window keeps its sub-intervals beside the entry) rather than the
+//! default. `--name-len N` pads every account's name to `N` bytes (at least the 15
 //! of `account-0000000`): a master keeps names of up to 15 bytes inline in
 //! the pair's entry, of longer ones the first 10 bytes there and the rest
 //! beside the entries.
@@ -37,6 +39,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut accounts = 1_000_000usize;
     let mut name_len = 0usize;
+    let mut estimator = "latest-round".to_string();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--accounts" => {
@@ -62,9 +65,18 @@ fn main() {
                         std::process::exit(2)
                     })
             }
+            "--estimator" => {
+                estimator = args
+                    .next()
+                    .filter(|e| ["latest-round", "ably-mma"].contains(&e.as_str()))
+                    .unwrap_or_else(|| {
+                        eprintln!("state_memory: --estimator takes latest-round or ably-mma");
+                        std::process::exit(2)
+                    })
+            }
             other => {
                 eprintln!(
-                    "state_memory: unknown argument {other:?}; usage: --accounts N [--name-len N]"
+                    "state_memory: unknown argument {other:?}; usage: --accounts N [--name-len N] [--estimator latest-round|ably-mma]"
                 );
                 std::process::exit(2)
             }
@@ -78,7 +90,10 @@ fn main() {
             )
         })
         .collect();
-    let config = MasterConfig::from_toml("[limits]\nmessages = 1000").unwrap();
+    let config = MasterConfig::from_toml(&format!(
+        "[window]\nestimator = \"{estimator}\"\n[limits]\nmessages = 1000"
+    ))
+    .unwrap();
     let t0 = 1_800_000_000_000u64;
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(t0)));
     let mut options = MasterOptions::default();

@@ -33,6 +33,7 @@
 //! - `table`: where the pairs are kept and how one is found.
 //! - `account_name`: an entry's account name in 16 bytes, long ones
 //!   beside.
+//! - `extras`: what few windows hold beyond their core, by position.
 //! - `report_time`: when a pair's last report arrived, in four bytes.
 //! - `budget`: [`SurgeBudget`], how often one agent may send early reports.
 //! - `hint`: sparse hints tallied, and the pairs they poll ([`HintStats`]).
@@ -43,6 +44,7 @@
 
 mod account_name;
 mod budget;
+mod extras;
 mod hint;
 mod new_pairs;
 mod push;

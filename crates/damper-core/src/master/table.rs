@@ -6,18 +6,18 @@
 //! sub-intervals) is kept beside the entries, in a slab at a place each
 //! such entry names.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
 use hashbrown::hash_table;
 
 use super::account_name::{AccountName, AccountStr, LongNames};
+use super::extras::ExtrasBlocks;
 use super::{MasterState, ReportTime};
 use crate::Pair;
 use crate::limits::LimitId;
 use crate::time::Nanos;
-use crate::window::{DemandWindow, WindowCore, WindowExtras};
+use crate::window::{DemandWindow, WindowCore};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
 /// (60 bytes, the account name inline up to 15 bytes) and in one place:
@@ -131,13 +131,9 @@ pub(super) struct Entries {
     pub(super) chunks: Vec<Vec<Entry>>,
     pub(super) len: usize,
     /// The extras of the windows that hold some, by their entry's
-    /// position (an entry says whether it has some, in one bit): a
-    /// pointer in every window cost 8 bytes and the padding its alignment
-    /// asked for, 88 bytes an entry rather than 80, and the place of a
-    /// slab 4, for what few windows hold (surges, hints, the `ably-mma`
-    /// sub-intervals). Moved with their entry when eviction fills a gap
-    /// with the last one.
-    extras: HashMap<u32, WindowExtras, RandomState>,
+    /// position (an entry says whether it has some, in one bit). Moved
+    /// with their entry when eviction fills a gap with the last one.
+    extras: ExtrasBlocks,
     /// The account names too long to be inline, each at the place its
     /// entry names; a place stays its entry's while the entry moves.
     pub(super) names: LongNames,
@@ -173,7 +169,7 @@ impl Entries {
         let entry = self.get(i);
         let core = entry.window;
         let extras = if entry.has_extras() {
-            self.extras.remove(&i)
+            self.extras.take(i)
         } else {
             None
         };
@@ -185,15 +181,9 @@ impl Entries {
         let (core, extras) = window.split();
         let entry = self.get_mut(i);
         entry.window = core;
+        let had = entry.has_extras();
         entry.set_has_extras(extras.is_some());
-        match extras {
-            Some(extras) => {
-                self.extras.insert(i, extras);
-            }
-            None => {
-                self.extras.remove(&i);
-            }
-        }
+        self.extras.put(i, had, extras);
     }
 
     /// The account of `entry`, one of these entries.
@@ -214,7 +204,7 @@ impl Entries {
     /// A copy of the window of `entry`, entry `i`.
     pub(super) fn window_of(&self, i: u32, entry: &Entry) -> DemandWindow {
         let extras = if entry.has_extras() {
-            self.extras.get(&i).cloned()
+            self.extras.get(i).cloned()
         } else {
             None
         };
@@ -252,11 +242,10 @@ impl Entries {
             std::mem::replace(self.get_mut(i), last)
         };
         if removed.has_extras() {
-            self.extras.remove(&i);
+            self.extras.remove(i);
         }
         if i != moved && self.get(i).has_extras() {
-            let extras = self.extras.remove(&moved).expect("flagged");
-            self.extras.insert(i, extras);
+            self.extras.move_to(moved, i);
         }
         self.names.release(&removed.account);
         removed
@@ -265,7 +254,7 @@ impl Entries {
     /// How many windows' extras are kept.
     #[cfg(test)]
     pub(super) fn extras_held(&self) -> usize {
-        self.extras.len()
+        self.extras.held()
     }
 
     /// Every entry, with its position.

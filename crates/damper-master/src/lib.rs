@@ -114,7 +114,7 @@ pub struct MasterOptions {
     /// reports of new pairs are not tracked (they fail open) and are
     /// counted; every pair already tracked keeps its state, so a client
     /// sending made-up names cannot exhaust memory nor free a flood being
-    /// held. Default 8 000 000: about 0.65 GB of state at ~80 bytes a pair.
+    /// held. Default 8 000 000: about 0.6 GB of state at ~75 bytes a pair.
     pub max_pairs: usize,
     /// The most cost per second one agent may claim for one (account, op),
     /// in a rollup (over its interval, or one second if shorter) or an

@@ -82,8 +82,8 @@ struct Args {
 
     /// Most (account, op) pairs tracked at once; reports of new pairs past
     /// it are not tracked (they fail open) and are counted, while every
-    /// pair tracked, every flood held, keeps its state. About 80 bytes
-    /// each (names of up to 15 bytes): the default holds about 0.65 GB.
+    /// pair tracked, every flood held, keeps its state. About 75 bytes
+    /// each (names of up to 15 bytes): the default holds about 0.6 GB.
     #[arg(long, value_name = "N", default_value_t = 8_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     max_pairs: u64,

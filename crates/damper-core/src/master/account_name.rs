@@ -30,9 +30,9 @@ const _: () = assert!(MAX_NAME_LEN - (INLINE + 1) <= u8::MAX as usize);
 /// 12-digit number) are inline, the last byte their length and the rest
 /// zero. Of a longer one the entry holds its first 10 bytes, its length
 /// and where [`LongNames`] keeps the rest. Of a million entries, that is
-/// 8 MB fewer and an entry of 64 bytes, one cache line, rather than 72; a
-/// name of 16 to 24 bytes, inline before, costs 0 to 6 bytes more than it
-/// did, a longer one its length less 10 rather than an allocation.
+/// 8 MB fewer (the entry went from 72 bytes to 64); a name of 16 to 24
+/// bytes, inline before, costs 0 to 6 bytes more than it did, a longer
+/// one its length less 10 rather than an allocation.
 ///
 /// Not `Clone`: a long name's place is its entry's alone, given back when
 /// the entry goes ([`LongNames::release`]).

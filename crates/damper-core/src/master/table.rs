@@ -1,10 +1,9 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 64
-//! bytes (a cache line) with the account name inline up to 15 bytes, in
-//! chunks of 384 KiB that never
-//! move, found by one probe of a hash index; op names interned. What few
-//! windows hold beyond the rest (a surge, hints, the `ably-mma`
-//! sub-intervals) is kept beside the entries, in a slab at a place each
-//! such entry names.
+//! Where a master keeps its (account, op) pairs: one entry each, 60
+//! bytes with the account name inline up to 15 bytes, in chunks of 384
+//! KiB that never move, found by one probe of a hash index; op names
+//! interned. What few windows hold beyond the rest (a surge, hints, the
+//! `ably-mma` sub-intervals) is kept beside the entries by position
+//! (`extras`), and so are the rests of long names (`account_name`).
 
 use std::hash::BuildHasher;
 

@@ -91,7 +91,10 @@ const CHUNK: usize = 64 << 10;
 /// another in chunks: a name costs its length less 10, not an allocation
 /// and a pointer. A tail's place stays its entry's while the entry moves;
 /// a place given back is taken again by a tail of the same length (the
-/// names of one platform's accounts mostly share a few lengths).
+/// names of one platform's accounts mostly share a few lengths). Chunks
+/// are never given back: they hold at most, for each length, as many
+/// tails as were ever held at once, so a fleet whose names change length
+/// for good (a new id scheme) keeps the old ones' room until restart.
 #[derive(Debug, Default)]
 pub(super) struct LongNames {
     chunks: Vec<Vec<u8>>,

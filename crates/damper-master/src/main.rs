@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use damper_core::config::MasterConfig;
+use damper_core::master::MAX_SHARD_PAIRS;
 use damper_core::time::parse_duration_in;
 use damper_master::reload::ConfigWatcher;
 use damper_master::{
@@ -84,6 +85,7 @@ struct Args {
     /// it are not tracked (they fail open) and are counted, while every
     /// pair tracked, every flood held, keeps its state. About 75 bytes
     /// each (names of up to 15 bytes): the default holds about 0.6 GB.
+    /// Shared out over the shards, each of which tracks at most 16 777 215.
     #[arg(long, value_name = "N", default_value_t = 8_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     max_pairs: u64,
@@ -361,10 +363,25 @@ fn master_options(args: &Args) -> anyhow::Result<MasterOptions> {
     if let Some(shards) = args.shards {
         options.shards = shards as usize;
     }
+    check_pairs_per_shard(options.max_pairs, options.shards)?;
     if let Some(path) = &args.snapshot {
         check_snapshot_path(path)?;
     }
     Ok(options)
+}
+
+/// `--max-pairs` is shared out over the shards, and one shard numbers at
+/// most [`MAX_SHARD_PAIRS`] pairs: past it the rest would be refused
+/// without a word, so the master does not start.
+fn check_pairs_per_shard(max_pairs: usize, shards: usize) -> anyhow::Result<()> {
+    let per_shard = max_pairs.div_ceil(shards.max(1));
+    if per_shard > MAX_SHARD_PAIRS {
+        anyhow::bail!(
+            "--max-pairs: {max_pairs} over {shards} shards is {per_shard} a shard, past the {MAX_SHARD_PAIRS} one shard tracks; give --shards {} or more",
+            max_pairs.div_ceil(MAX_SHARD_PAIRS)
+        );
+    }
+    Ok(())
 }
 
 /// TLS from `--tls-cert`, `--tls-key` and `--tls-client-ca`, if given.

@@ -96,6 +96,25 @@ fn check_config_validates_a_file_and_names_the_bad_field() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--check-config"));
 }
 
+/// One shard numbers at most 2^24 − 1 pairs: a `--max-pairs` the shards
+/// cannot hold stops the master at start, naming the flag and the shards
+/// it needs, before it binds anything.
+#[test]
+fn more_pairs_than_the_shards_can_number_is_refused_at_start() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_damper-master"))
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .output()
+            .unwrap()
+    };
+    let refused = run(&["--max-pairs", "1000000000", "--shards", "8"]);
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--max-pairs"), "{stderr}");
+    assert!(stderr.contains("--shards 60 or more"), "{stderr}");
+}
+
 #[tokio::test]
 async fn the_master_answers_grpc_reflection() {
     use tokio_stream::StreamExt;

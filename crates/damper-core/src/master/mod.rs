@@ -73,8 +73,8 @@ pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
 pub use report_time::MAX_REPORT_AGE;
 use report_time::ReportTime;
 pub use seen::RollupLog;
-pub use table::MAX_OPS;
 use table::{Entries, Op};
+pub use table::{MAX_OPS, MAX_SHARD_PAIRS};
 
 /// What the master tells agents about one limited (account, op).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -245,7 +245,7 @@ pub struct MasterState {
     /// The op of the last report, which the next one most likely shares.
     last_op: u32,
     /// (op, account) → position in `entries`, by `hasher`.
-    index: HashTable<u32>,
+    index: HashTable<table::IndexPos>,
     hasher: RandomState,
     entries: Entries,
     dropped: Dropped,
@@ -288,7 +288,7 @@ impl MasterState {
             hasher: RandomState::default(),
             entries: Entries::default(),
             dropped: Dropped::default(),
-            max_pairs: usize::MAX,
+            max_pairs: MAX_SHARD_PAIRS,
             refused_pairs: 0,
             refused_ops: 0,
             new_pairs_allowed: None,
@@ -305,8 +305,9 @@ impl MasterState {
     /// every pair already tracked, every suppressed one among them, keeps
     /// its state, so a flood stays held while someone floods the state
     /// with made-up names. Room comes back as idle pairs are evicted.
+    /// At most [`MAX_SHARD_PAIRS`] (a state numbers its pairs in 24 bits).
     pub fn set_max_pairs(&mut self, max: usize) {
-        self.max_pairs = max;
+        self.max_pairs = max.min(MAX_SHARD_PAIRS);
     }
 
     /// Reports of new pairs refused for `max_pairs`, or past the caller's
@@ -717,7 +718,7 @@ impl MasterState {
         if done && self.index.capacity() > 4 * self.entries.len.max(1024) {
             let (entries, hasher) = (&self.entries, &self.hasher);
             self.index.shrink_to_fit(|&i| {
-                let e = entries.get(i);
+                let e = entries.get(table::entry_at(i));
                 Self::hash(hasher, e.op(), &entries.account(e))
             });
             self.entries.chunks.shrink_to_fit();

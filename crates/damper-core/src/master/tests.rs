@@ -1243,6 +1243,30 @@ fn evicting_pairs_moves_each_surge_with_its_pair() {
     }
 }
 
+/// The index numbers entries in three bytes: every position up to the
+/// most a state tracks reads back, and no state tracks more.
+#[test]
+fn the_index_numbers_every_entry_a_state_may_track() {
+    for i in [
+        0,
+        1,
+        255,
+        256,
+        65_535,
+        65_536,
+        1 << 23,
+        MAX_SHARD_PAIRS as u32,
+    ] {
+        assert_eq!(table::entry_at(table::index_pos(i)), i);
+    }
+    let mut m = master("latest-round");
+    assert_eq!(m.max_pairs, MAX_SHARD_PAIRS, "by default");
+    m.set_max_pairs(usize::MAX);
+    assert_eq!(m.max_pairs, MAX_SHARD_PAIRS);
+    m.set_max_pairs(10);
+    assert_eq!(m.max_pairs, 10);
+}
+
 /// An entry keeps its config generation and whether its window has
 /// extras in one word: a reload changes the one and keeps the other.
 #[test]

@@ -417,7 +417,7 @@ impl MasterState {
 
     /// Stops tracking entry `i`, moving the last entry into its place (read
     /// its account first: [`Entries::swap_remove`]).
-    pub(super) fn remove(&mut self, i: u32) -> Entry {
+    pub(super) fn remove(&mut self, i: u32) {
         let (entries, hasher) = (&self.entries, &self.hasher);
         let e = entries.get(i);
         if let Ok(found) = self
@@ -438,7 +438,6 @@ impl MasterState {
             }
         }
         self.ops[removed.op() as usize].keys -= 1;
-        removed
     }
 
     /// Reads where each (op, account) about to be ingested lives, so that

@@ -67,18 +67,30 @@ impl AccountName {
     }
 }
 
-/// A name read back from an [`AccountName`], whole: on the stack, as a
-/// long one is in two pieces.
-pub(super) struct AccountStr {
-    bytes: [u8; MAX_NAME_LEN],
-    len: usize,
+/// A name read back from an [`AccountName`], whole: a short one where the
+/// entry holds it, a long one (in two pieces there) put together on the
+/// stack. Read to hash every entry when the index grows, and twice per
+/// eviction: short names are not copied.
+// A value on the stack for the length of a hash or a view: boxing the
+// long one would allocate for it.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum AccountStr<'a> {
+    Inline(&'a [u8]),
+    Long {
+        bytes: [u8; MAX_NAME_LEN],
+        len: usize,
+    },
 }
 
-impl Deref for AccountStr {
+impl Deref for AccountStr<'_> {
     type Target = str;
 
     fn deref(&self) -> &str {
-        std::str::from_utf8(&self.bytes[..self.len]).expect("held from a str")
+        let bytes = match self {
+            AccountStr::Inline(bytes) => bytes,
+            AccountStr::Long { bytes, len } => &bytes[..*len],
+        };
+        std::str::from_utf8(bytes).expect("held from a str")
     }
 }
 
@@ -158,19 +170,15 @@ impl LongNames {
     }
 
     /// The name `name` holds.
-    pub(super) fn get(&self, name: &AccountName) -> AccountStr {
-        let mut got = AccountStr {
-            bytes: [0; MAX_NAME_LEN],
-            len: name.len(),
+    pub(super) fn get<'a>(&self, name: &'a AccountName) -> AccountStr<'a> {
+        let len = name.len();
+        let Some(place) = name.place() else {
+            return AccountStr::Inline(&name.0[..len]);
         };
-        match name.place() {
-            Some(place) => {
-                got.bytes[..PREFIX].copy_from_slice(&name.0[..PREFIX]);
-                got.bytes[PREFIX..got.len].copy_from_slice(self.tail(name, place));
-            }
-            None => got.bytes[..got.len].copy_from_slice(&name.0[..got.len]),
-        }
-        got
+        let mut bytes = [0; MAX_NAME_LEN];
+        bytes[..PREFIX].copy_from_slice(&name.0[..PREFIX]);
+        bytes[PREFIX..len].copy_from_slice(self.tail(name, place));
+        AccountStr::Long { bytes, len }
     }
 
     /// Whether `name` holds `account`: one 16-byte comparison for a short

@@ -211,7 +211,7 @@ impl Entries {
     }
 
     /// The account of `entry`, one of these entries.
-    pub(super) fn account(&self, entry: &Entry) -> AccountStr {
+    pub(super) fn account<'e>(&self, entry: &'e Entry) -> AccountStr<'e> {
         self.names.get(&entry.account)
     }
 

@@ -59,23 +59,39 @@ pub struct LimitMatch<'a> {
     pub shadow: bool,
 }
 
+/// The most keys one [`Limits`] holds (2^24 − 1): a master entry keeps
+/// the [`LimitId`] of its pair's match in 24 bits of a word it shares with
+/// the op, the flags and the report time (16.7 million keys is some
+/// thousand times more than the largest configs the project has seen).
+pub const MAX_LIMIT_KEYS: usize = (1 << 24) - 1;
+
 /// Position of a key in one [`Limits`] value (not stable across reloads),
-/// plus one: never zero, so a master entry's `Option<LimitId>` is four
-/// bytes.
+/// plus one: never zero, and below 2^24, so a master entry keeps an
+/// `Option<LimitId>` in 24 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LimitId(NonZeroU32);
 
 impl LimitId {
     fn new(position: usize) -> Option<LimitId> {
-        u32::try_from(position)
-            .ok()
-            .and_then(|p| p.checked_add(1))
-            .and_then(NonZeroU32::new)
+        (position < MAX_LIMIT_KEYS)
+            .then(|| NonZeroU32::new(position as u32 + 1))
+            .flatten()
             .map(LimitId)
     }
 
     fn position(self) -> usize {
         self.0.get() as usize - 1
+    }
+
+    /// Its bits: from 1 to [`MAX_LIMIT_KEYS`].
+    pub(crate) fn bits(self) -> u32 {
+        self.0.get()
+    }
+
+    /// The id whose [`bits`](Self::bits) are `bits`; `None` for 0.
+    pub(crate) fn from_bits(bits: u32) -> Option<LimitId> {
+        debug_assert!(bits as usize <= MAX_LIMIT_KEYS);
+        NonZeroU32::new(bits).map(LimitId)
     }
 }
 
@@ -126,8 +142,12 @@ impl Limits {
             match limits.by_key.get(key) {
                 Some(id) => limits.entries[id.position()].1 = rate,
                 None => {
-                    let id = LimitId::new(limits.entries.len())
-                        .ok_or_else(|| invalid("limits", "at most 2^32 - 1 limit keys"))?;
+                    let id = LimitId::new(limits.entries.len()).ok_or_else(|| {
+                        invalid(
+                            "limits",
+                            format!("at most {MAX_LIMIT_KEYS} limit keys (2^24 - 1)"),
+                        )
+                    })?;
                     limits.entries.push((key.into(), rate, false));
                     limits.by_key.insert(key.into(), id);
                 }
@@ -277,6 +297,20 @@ fn validate_key(key: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A master entry keeps a match's id in 24 bits: ids stop there, and
+    /// read back from their bits.
+    #[test]
+    fn ids_fit_in_24_bits_and_read_back() {
+        let last = LimitId::new(MAX_LIMIT_KEYS - 1).expect("the last position");
+        assert_eq!(last.bits() as usize, MAX_LIMIT_KEYS);
+        assert!(last.bits() < 1 << 24);
+        assert_eq!(LimitId::from_bits(last.bits()), Some(last));
+        assert_eq!(LimitId::new(MAX_LIMIT_KEYS), None);
+        let first = LimitId::new(0).unwrap();
+        assert_eq!((first.bits(), LimitId::from_bits(0)), (1, None));
+        assert_eq!(LimitId::from_bits(first.bits()), Some(first));
+    }
 
     fn limits() -> Limits {
         Limits::new([

@@ -49,7 +49,7 @@ impl MasterState {
         let mut window = self.entries.take_window(i);
         let verdict = self.conclude(i, &window, pair.account, pair.op, now);
         let key = self.entries.get_mut(i);
-        key.last_report = key.last_report.later(now);
+        key.set_last_report(key.last_report().later(now));
         let hint = HintFrom {
             agent: crate::agent::agent_seed(agent) as u32,
             rate: f64::from(rates.rate),

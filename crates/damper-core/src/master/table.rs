@@ -1,4 +1,4 @@
-//! Where a master keeps its (account, op) pairs: one entry each, 60
+//! Where a master keeps its (account, op) pairs: one entry each, 56
 //! bytes with the account name inline up to 15 bytes, in chunks of 384
 //! KiB that never move, found by one probe of a hash index; op names
 //! interned. What few windows hold beyond the rest (a surge, hints, the
@@ -12,31 +12,27 @@ use hashbrown::hash_table;
 
 use super::account_name::{AccountName, AccountStr, LongNames};
 use super::extras::ExtrasBlocks;
+use super::report_time::REPORT_TIME_BITS;
 use super::{MasterState, ReportTime};
 use crate::Pair;
-use crate::limits::LimitId;
+use crate::limits::{LimitId, MAX_LIMIT_KEYS};
 use crate::time::Nanos;
 use crate::window::{DemandWindow, WindowCore};
 
 /// One tracked (account, op). A master holds millions, so it is kept small
-/// (60 bytes, the account name inline up to 15 bytes) and in one place:
+/// (56 bytes, the account name inline up to 15 bytes) and in one place:
 /// finding it is one probe of the index and one cache miss here (two
 /// lines, read one after the other, for most).
 #[derive(Debug)]
 pub(super) struct Entry {
     /// Read through [`Entries::account`]: a long name is kept beside.
     account: AccountName,
-    /// The index of its op in [`MasterState::ops`] (below [`MAX_OPS`]) in
-    /// the low 12 bits ([`OP_BITS`]); [`SUPPRESSED`], [`NEAR`], [`EXEMPT`]
-    /// and [`SHADOW`] in the high four. Two bytes for what took five.
-    op_flags: u16,
-    /// The config generation its `limit` was looked up under, in the low
-    /// 15 bits ([`GENERATION_MASK`]), and [`HAS_EXTRAS`] in the top one.
-    generation_extras: u16,
-    /// The limit that applied under config `generation`.
-    pub(super) limit: Option<LimitId>,
-    /// When its last report came, for eviction and views.
-    pub(super) last_report: ReportTime,
+    /// From its low bits: the op's index in [`MasterState::ops`] (12
+    /// bits, [`OP_BITS`]); the flags [`SUPPRESSED`], [`NEAR`], [`EXEMPT`],
+    /// [`SHADOW`], [`HAS_EXTRAS`] and [`STALE`], a bit each; the
+    /// [`LimitId`] of its match (24 bits, 0 for none); the [`ReportTime`]
+    /// of its last report (22 bits). One word for what took twelve bytes.
+    word: u64,
     /// Its window, but for what only some windows hold (see
     /// [`Entries::take_window`]).
     pub(super) window: WindowCore,
@@ -67,15 +63,6 @@ pub(super) fn entry_at(pos: IndexPos) -> u32 {
     u32::from_le_bytes([pos[0], pos[1], pos[2], 0])
 }
 
-/// The bits of a config generation an entry keeps: they wrap after
-/// 32 768 reloads (a pair untouched over exactly a multiple of them would
-/// keep a stale limit; a master forgets pairs idle for three windows).
-pub(super) const GENERATION_MASK: u16 = (1 << 15) - 1;
-
-/// The bit of [`Entry`]'s generation word that says [`Entries`] keeps
-/// extras for its window.
-const HAS_EXTRAS: u16 = 1 << 15;
-
 /// The bits of [`Entry`]'s op index.
 const OP_BITS: u32 = 12;
 /// The most ops a master interns, as an agent numbers at most as many
@@ -88,54 +75,94 @@ pub const MAX_OPS: usize = 1 << OP_BITS;
 
 /// Whether the last verdict had a positive factor: a change is a
 /// [`Transition`].
-pub(super) const SUPPRESSED: u16 = 1 << OP_BITS;
+pub(super) const SUPPRESSED: u64 = 1 << OP_BITS;
 /// Whether the last verdict's demand was near the limit
 /// (`policy.near_limit_share`): a change is a [`Transition`].
-pub(super) const NEAR: u16 = 2 << OP_BITS;
-/// Whether `[exempt]` covers it, under config `generation`.
-pub(super) const EXEMPT: u16 = 4 << OP_BITS;
+pub(super) const NEAR: u64 = 2 << OP_BITS;
+/// Whether `[exempt]` covers it, under the config its limit was looked up
+/// under.
+pub(super) const EXEMPT: u64 = 4 << OP_BITS;
 /// Whether the last verdict's limit was in shadow: a change while
 /// suppressed is a [`Transition`].
-pub(super) const SHADOW: u16 = 8 << OP_BITS;
+pub(super) const SHADOW: u64 = 8 << OP_BITS;
+/// Whether [`Entries`] keeps extras for its window.
+const HAS_EXTRAS: u64 = 16 << OP_BITS;
+/// Whether its limit and [`EXEMPT`] were looked up under an older config
+/// (or never): set on every entry by
+/// [`MasterState::set_config`], cleared by the next report's lookup.
+/// One bit where a 15-bit generation was compared, at the cost of a pass
+/// over the entries per reload (sequential; a few milliseconds per
+/// million pairs).
+pub(super) const STALE: u64 = 32 << OP_BITS;
+/// Where the limit's id starts, and its bits.
+const LIMIT_SHIFT: u32 = OP_BITS + 6;
+const LIMIT_BITS: u32 = 24;
+/// Where the report time starts.
+const REPORT_SHIFT: u32 = LIMIT_SHIFT + LIMIT_BITS;
+const _: () = assert!(REPORT_SHIFT + REPORT_TIME_BITS == 64);
+const _: () = assert!(MAX_LIMIT_KEYS < 1 << LIMIT_BITS);
 
 impl Entry {
+    /// A new pair's entry: op `op` (below [`MAX_OPS`]), its limit
+    /// [`STALE`], its last report at `now`.
+    fn new(account: AccountName, op: u32, now: Nanos, window: WindowCore) -> Entry {
+        debug_assert!((op as usize) < MAX_OPS);
+        let mut entry = Entry {
+            account,
+            word: u64::from(op) | STALE,
+            window,
+        };
+        entry.set_last_report(ReportTime::at(now));
+        entry
+    }
+
     /// The index of its op in [`MasterState::ops`].
     pub(super) fn op(&self) -> u32 {
-        u32::from(self.op_flags & ((1 << OP_BITS) - 1))
+        (self.word & ((1 << OP_BITS) - 1)) as u32
     }
 
-    pub(super) fn is(&self, flag: u16) -> bool {
-        self.op_flags & flag != 0
+    pub(super) fn is(&self, flag: u64) -> bool {
+        self.word & flag != 0
     }
 
-    pub(super) fn set(&mut self, flag: u16, on: bool) {
+    pub(super) fn set(&mut self, flag: u64, on: bool) {
         if on {
-            self.op_flags |= flag;
+            self.word |= flag;
         } else {
-            self.op_flags &= !flag;
+            self.word &= !flag;
         }
     }
 
-    /// The config generation its limit was looked up under.
-    pub(super) fn generation(&self) -> u16 {
-        self.generation_extras & GENERATION_MASK
+    /// The limit that applied when it was last looked up (see [`STALE`]).
+    pub(super) fn limit(&self) -> Option<LimitId> {
+        LimitId::from_bits(((self.word >> LIMIT_SHIFT) & ((1 << LIMIT_BITS) - 1)) as u32)
     }
 
-    pub(super) fn set_generation(&mut self, generation: u16) {
-        self.generation_extras =
-            (self.generation_extras & HAS_EXTRAS) | (generation & GENERATION_MASK);
+    pub(super) fn set_limit(&mut self, limit: Option<LimitId>) {
+        let bits = u64::from(limit.map_or(0, LimitId::bits));
+        self.word = (self.word & !(((1 << LIMIT_BITS) - 1) << LIMIT_SHIFT)) | bits << LIMIT_SHIFT;
+    }
+
+    /// When its last report came, for eviction and views.
+    pub(super) fn last_report(&self) -> ReportTime {
+        ReportTime::from_bits((self.word >> REPORT_SHIFT) as u32)
+    }
+
+    pub(super) fn set_last_report(&mut self, at: ReportTime) {
+        self.word = (self.word & ((1 << REPORT_SHIFT) - 1)) | u64::from(at.bits()) << REPORT_SHIFT;
     }
 
     fn has_extras(&self) -> bool {
-        self.generation_extras & HAS_EXTRAS != 0
+        self.is(HAS_EXTRAS)
     }
 
     fn set_has_extras(&mut self, on: bool) {
-        if on {
-            self.generation_extras |= HAS_EXTRAS;
-        } else {
-            self.generation_extras &= !HAS_EXTRAS;
-        }
+        self.set(HAS_EXTRAS, on);
+    }
+
+    /// Its word, for loads that only touch the entry.
+    fn bits(&self) -> u64 {
+        self.word
     }
 }
 
@@ -167,7 +194,7 @@ pub(super) struct Entries {
 const CHUNK: usize = CHUNK_BYTES / std::mem::size_of::<Entry>();
 
 // What `state_memory` measures: a change of size should be on purpose.
-const _: () = assert!(std::mem::size_of::<Entry>() == 60);
+const _: () = assert!(std::mem::size_of::<Entry>() == 56);
 
 /// A chunk's allocation: 384 KiB, one of mimalloc's size classes (they
 /// run 1.25, 1.5, 1.75 and 2 times each power of two), so the chunk fills
@@ -233,6 +260,16 @@ impl Entries {
             None
         };
         DemandWindow::join(entry.window, extras)
+    }
+
+    /// Marks every entry's limit [`STALE`], to be looked up again by its
+    /// next report (a new config).
+    pub(super) fn mark_stale(&mut self) {
+        for chunk in &mut self.chunks {
+            for entry in chunk {
+                entry.set(STALE, true);
+            }
+        }
     }
 
     pub(super) fn push(&mut self, entry: Entry) {
@@ -364,15 +401,8 @@ impl MasterState {
                 }
                 let (window, extras) = DemandWindow::new(&self.config.window).split();
                 let account = self.entries.names.hold(account);
-                self.entries.push(Entry {
-                    account,
-                    // Below `MAX_OPS` (`op_id`): the flags' bits are clear.
-                    op_flags: op as u16,
-                    limit: None,
-                    generation_extras: self.generation.wrapping_sub(1) & GENERATION_MASK,
-                    last_report: ReportTime::at(now),
-                    window,
-                });
+                // `op` is below `MAX_OPS` (`op_id`).
+                self.entries.push(Entry::new(account, op, now, window));
                 if extras.is_some() {
                     self.entries
                         .put_window(next, DemandWindow::join(window, extras));
@@ -455,7 +485,7 @@ impl MasterState {
                 let e = self.entries.get(i);
                 touched = touched
                     .wrapping_add(e.account.len() as u64)
-                    .wrapping_add(u64::from(e.last_report.bits()))
+                    .wrapping_add(e.bits())
                     .wrapping_add(e.window.touch());
                 continue;
             }
@@ -480,7 +510,7 @@ impl MasterState {
                 touched = touched
                     .wrapping_add(u64::from(e.op()))
                     .wrapping_add(e.account.len() as u64)
-                    .wrapping_add(u64::from(e.last_report.bits()));
+                    .wrapping_add(e.bits());
             }
         }
         std::hint::black_box(touched);

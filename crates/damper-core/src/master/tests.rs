@@ -1079,7 +1079,8 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
     assert_eq!(acme.limit, Some(1000.0));
     assert_eq!(acme.limit_key.as_deref(), Some("messages"));
     assert_eq!((acme.demand, acme.factor), (4000.0, 0.75));
-    assert_eq!(acme.last_report_unix_ms, T0_MS + 2_005);
+    // Reported at 2.005 s: kept to the second.
+    assert_eq!(acme.last_report_unix_ms, T0_MS + 2_000);
     let vip = &views[1];
     assert_eq!(vip.limit_key.as_deref(), Some("messages/vip"));
     assert_eq!((vip.limit, vip.factor), (Some(8000.0), 0.0));
@@ -1112,9 +1113,11 @@ fn an_entry_stays_within_its_memory_budget() {
     // account name in 16 bytes aligned to one (inline up to 15) rather
     // than a 24-byte `CompactString`, to 64: a cache line; the extras by
     // the entry's position, one bit in the entry saying whether it has
-    // some, rather than a 4-byte place, to 60.
+    // some, rather than a 4-byte place, to 60; the op, flags, cached
+    // limit (a 24-bit id, a stale bit for a generation) and last report
+    // (22 bits of seconds) in one word, to 56.
     assert!(
-        size_of::<table::Entry>() <= 60,
+        size_of::<table::Entry>() <= 56,
         "{}",
         size_of::<table::Entry>()
     );
@@ -1267,7 +1270,7 @@ fn the_index_numbers_every_entry_a_state_may_track() {
     assert_eq!(m.max_pairs, 10);
 }
 
-/// An entry keeps its config generation and whether its window has
+/// An entry keeps whether its limit is stale and whether its window has
 /// extras in one word: a reload changes the one and keeps the other.
 #[test]
 fn a_reload_keeps_a_windows_extras_and_looks_its_limit_up_again() {
@@ -1286,8 +1289,8 @@ fn a_reload_keeps_a_windows_extras_and_looks_its_limit_up_again() {
         let toml =
             format!("[window]\nestimator = \"latest-round\"\n[limits]\nmessages = {limit}\n");
         m.set_config(MasterConfig::from_toml(&toml).unwrap());
-        // A report looks the limit up again under the new generation (its
-        // verdict is from the entry's own limit).
+        // A report looks the limit up again, as the reload marked it
+        // stale (its verdict is from the entry's own limit).
         let verdict = m
             .ingest(at(2_015), &admitted_report("a", "messages", 2_000, 2))
             .unwrap()
@@ -1306,6 +1309,28 @@ fn a_reload_keeps_a_windows_extras_and_looks_its_limit_up_again() {
         assert_eq!(factor(&m) > 0.0, limit == L, "{limit}");
     }
     assert_eq!(m.entries.extras_held(), 1);
+}
+
+/// A reload marks every entry stale rather than counting generations: a
+/// pair untouched over any number of reloads (2^15, where a 15-bit
+/// generation came round to the entry's own) still looks its limit up.
+#[test]
+fn a_pair_untouched_over_any_number_of_reloads_looks_its_limit_up_again() {
+    let mut m = master("latest-round");
+    m.ingest(at(2_005), &admitted_report("a", "messages", 2_000, 2))
+        .unwrap();
+    let higher = MasterConfig::from_toml(
+        "[window]\nestimator = \"latest-round\"\n[limits]\nmessages = 10000\n",
+    )
+    .unwrap();
+    for _ in 0..1 << 15 {
+        m.set_config(higher.clone());
+    }
+    let verdict = m
+        .ingest(at(2_015), &admitted_report("a", "messages", 2_000, 2))
+        .unwrap()
+        .unwrap();
+    assert_eq!(verdict.limit.get(), 10_000.0);
 }
 
 /// Past `max_pairs`, made-up names are not tracked (counted), while a
@@ -1529,10 +1554,15 @@ fn a_hint_counts_only_the_pair_it_holds() {
         (20.0, 15.0)
     );
     // Stale: b is forgotten and another pair takes its place.
-    m.entries.get_mut(at_b - 1).last_report = super::ReportTime::at(at(0));
+    m.entries
+        .get_mut(at_b - 1)
+        .set_last_report(super::ReportTime::at(at(0)));
     let b_presence = m.find("presence", "b").unwrap();
-    m.entries.get_mut(b_presence).last_report = super::ReportTime::at(at(0));
-    assert_eq!(m.evict_idle(at(2_007), Duration::from_millis(2_006)), 2);
+    m.entries
+        .get_mut(b_presence)
+        .set_last_report(super::ReportTime::at(at(0)));
+    // Ages are whole seconds: these two are 2 s old, the rest 0.
+    assert_eq!(m.evict_idle(at(2_007), Duration::from_secs(2)), 2);
     assert_eq!(
         &*m.entries.account(m.entries.get(at_b - 1)),
         "d",
@@ -1553,7 +1583,7 @@ fn a_hint_counts_only_the_pair_it_holds() {
     assert_eq!(demand(&m, "c", "messages"), 10.0);
 }
 
-/// An entry keeps its last report in 32 bits of milliseconds: an idle time
+/// An entry keeps its last report in 22 bits of seconds: an idle time
 /// past what they read back right is taken as the bound, so a pair idle
 /// that long is still forgotten rather than read as fresh.
 #[test]
@@ -1565,7 +1595,8 @@ fn an_idle_time_past_the_last_reports_bound_is_taken_as_the_bound() {
     assert_eq!(m.evict_idle(at(23 * day_ms), forever), 0);
     assert_eq!(m.len(), 1);
     let views = m.views(at(23 * day_ms), |_| true);
-    assert_eq!(views[0].last_report_unix_ms, T0_MS + 2_005);
+    // Reported at 2.005 s: kept to the second.
+    assert_eq!(views[0].last_report_unix_ms, T0_MS + 2_000);
     assert_eq!(m.evict_idle(at(24 * day_ms + 3_000), forever), 1);
     assert!(m.is_empty());
 }

@@ -6,8 +6,9 @@
 //!   slot is its pair's name (one line: the account inline up to 48 bytes,
 //!   the op's number, the low half of the hash) and its [`Entry`] (two
 //!   lines). No allocation per pair, unless its account is longer.
-//! - **The index** is open addressing: one 8-byte word per place, the hash's
-//!   high half as a tag and the slot's position, at most three quarters
+//! - **The index** is open addressing: one 4-byte word per place, the
+//!   hash's top 8 bits as a tag and the slot's position (24 bits, so a
+//!   table holds at most 16.7 million pairs), at most three quarters
 //!   full. A lookup probes places in a row until its tag and then the slot's
 //!   name match, or an empty place says the pair is not there. Inserts take
 //!   a lock (a new pair is rare next to checks of known ones); when the
@@ -57,9 +58,13 @@ const CHUNK_BITS: u32 = 10;
 const CHUNK_SLOTS: usize = (1 << CHUNK_BITS) - 1;
 /// Chunks per span (a span's chunk list is made when first needed).
 const SPAN_BITS: u32 = 9;
-/// Positions are below 2^28: 268 million pairs, 51 GB of slots, far past
+/// Positions are below 2^24 (an index word holds one plus the position
+/// in 24 bits; 2^24 − 1 is a chunk's last position, never used): 16.7
+/// million pairs, 3.2 GB of slots, far past
 /// what one node holds.
-const POS_BITS: u32 = 28;
+const POS_BITS: u32 = 24;
+/// The bits of an index word that hold one plus its slot's position.
+const POS_MASK: u32 = (1 << POS_BITS) - 1;
 const SPANS: usize = 1 << (POS_BITS - CHUNK_BITS - SPAN_BITS);
 
 /// The most ops a table numbers; the pairs of further ops are not tracked
@@ -76,10 +81,10 @@ const INLINE_WORDS: usize = INLINE / 8;
 /// The smallest index.
 const MIN_PLACES: usize = 16;
 /// An index place no pair ever took: a lookup ends there.
-const EMPTY: u64 = 0;
+const EMPTY: u32 = 0;
 /// An index place a forgotten pair left: lookups go on past it. Live
 /// words have a tag of at least 1 in their high half, so never equal it.
-const TOMBSTONE: u64 = 1;
+const TOMBSTONE: u32 = 1;
 
 /// Slots made together, shared by the generations that know them.
 type Chunk = Arc<[Slot]>;
@@ -149,7 +154,7 @@ impl AccountName {
 /// one generation.
 struct Generation {
     number: u64,
-    places: Arc<[AtomicU64]>,
+    places: Arc<[AtomicU32]>,
     chunks: Arc<[Chunk]>,
     ops: Arc<[Arc<str>]>,
 }
@@ -256,15 +261,25 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A live index word's tag: the hash's high half, never 0.
+/// A live index word's tag: the hash's top 8 bits, never 0. A place
+/// whose tag matches by chance (one in 255) costs a read of its slot's
+/// name line, where the hash's low half is compared first.
 #[inline(always)]
-fn tag_of(hash: u64) -> u64 {
-    (hash >> 32).max(1)
+fn tag_of(hash: u64) -> u32 {
+    ((hash >> 56) as u32).max(1)
 }
 
+/// An index word: the tag above one plus the position.
 #[inline]
-fn word_of(hash: u64, pos: Pos) -> u64 {
-    tag_of(hash) << 32 | u64::from(pos + 1)
+fn word_of(hash: u64, pos: Pos) -> u32 {
+    debug_assert!(pos < POS_MASK);
+    tag_of(hash) << POS_BITS | (pos + 1)
+}
+
+/// The position an index word holding a pair names.
+#[inline(always)]
+fn pos_of(word: u32) -> Pos {
+    (word & POS_MASK).wrapping_sub(1)
 }
 
 /// The index size for `pairs`: at most half full once built.
@@ -274,13 +289,13 @@ fn places_for(pairs: usize) -> usize {
         .max(MIN_PLACES)
 }
 
-fn empty_places(n: usize) -> Arc<[AtomicU64]> {
-    (0..n).map(|_| AtomicU64::new(EMPTY)).collect()
+fn empty_places(n: usize) -> Arc<[AtomicU32]> {
+    (0..n).map(|_| AtomicU32::new(EMPTY)).collect()
 }
 
 /// Puts `word` in the first empty place from `start` (a new index, or one
 /// the caller holds the writer's lock on and knows not full).
-fn place(places: &[AtomicU64], start: u32, word: u64) -> bool {
+fn place(places: &[AtomicU32], start: u32, word: u32) -> bool {
     let mask = places.len() - 1;
     let mut i = start as usize & mask;
     loop {
@@ -426,7 +441,7 @@ impl PairTable {
 
     /// Makes `places` the current index, as a new generation (writer
     /// only).
-    fn install(&self, writer: &mut Writer, places: Arc<[AtomicU64]>) {
+    fn install(&self, writer: &mut Writer, places: Arc<[AtomicU32]>) {
         let number = writer.next_generation;
         writer.next_generation += 1;
         writer.grace.live.insert(number);
@@ -441,12 +456,12 @@ impl PairTable {
     }
 
     /// A new index for the pairs in `old` and one more (writer only).
-    fn rebuild(&self, writer: &mut Writer, old: &[AtomicU64]) {
+    fn rebuild(&self, writer: &mut Writer, old: &[AtomicU32]) {
         let live = self.live.load(Relaxed);
         let places = empty_places(places_for(live + 1));
         for word in old.iter().map(|w| w.load(Relaxed)) {
             if word > TOMBSTONE {
-                let pos = (word as u32) - 1;
+                let pos = pos_of(word);
                 place(&places, self.slot(pos).name.hash_low.load(Relaxed), word);
             }
         }
@@ -488,8 +503,8 @@ impl Generation {
             if word == EMPTY {
                 return None;
             }
-            let pos = (word as u32).wrapping_sub(1);
-            if word >> 32 == tag
+            let pos = pos_of(word);
+            if word >> POS_BITS == tag
                 && let Some(slot) = self.slot(pos)
                 && slot.name.is(&self.ops, name)
             {
@@ -712,13 +727,13 @@ impl<'t> Pinned<'t> {
         let places = table.current.load().places.clone();
         let mask = places.len() - 1;
         let mut i = pair.slot.name.hash_low.load(Relaxed) as usize & mask;
-        let target = u64::from(pair.pos + 1);
+        let target = pair.pos + 1;
         loop {
             let word = places[i].load(Relaxed);
             if word == EMPTY {
                 return false;
             }
-            if word > TOMBSTONE && word & u64::from(u32::MAX) == target {
+            if word > TOMBSTONE && word & POS_MASK == target {
                 places[i].store(TOMBSTONE, Release);
                 break;
             }
@@ -782,6 +797,34 @@ impl<'p> PairRef<'p> {
 mod tests {
     use super::*;
     use crate::time::Nanos;
+
+    /// An index word is 4 bytes: every position a table makes, with any
+    /// tag, reads back, and a live word is never empty nor a tombstone.
+    #[test]
+    fn index_words_hold_every_position_and_tag() {
+        let last = (1 << POS_BITS) - 2;
+        assert_eq!(
+            last as usize & CHUNK_SLOTS,
+            CHUNK_SLOTS - 1,
+            "a slot's position"
+        );
+        for hash in [0, 1, u64::MAX, 0x00ff_ffff_ffff_ffff, 0xab00_0000_0000_0000] {
+            for pos in [0, 1, 1022, 1024, last] {
+                let word = word_of(hash, pos);
+                assert_eq!(pos_of(word), pos);
+                assert_eq!(word >> POS_BITS, tag_of(hash));
+                assert!(word > TOMBSTONE && tag_of(hash) >= 1);
+            }
+        }
+        assert_eq!(tag_of(0xab00_0000_0000_0000), 0xab);
+        // The position after the last a chunk has room for is none.
+        assert_eq!((last + 1) as usize & CHUNK_SLOTS, CHUNK_SLOTS);
+        assert_eq!(
+            SPANS << SPAN_BITS << CHUNK_BITS,
+            1 << POS_BITS,
+            "the spans cover every position"
+        );
+    }
 
     fn insert(table: &PairTable, account: &str, op: u16) -> bool {
         let pinned = table.pin();

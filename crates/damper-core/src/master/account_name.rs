@@ -103,15 +103,21 @@ const CHUNK: usize = 64 << 10;
 /// another in chunks: a name costs its length less 10, not an allocation
 /// and a pointer. A tail's place stays its entry's while the entry moves;
 /// a place given back is taken again by a tail of the same length (the
-/// names of one platform's accounts mostly share a few lengths). Chunks
-/// are never given back: they hold at most, for each length, as many
-/// tails as were ever held at once, so a fleet whose names change length
-/// for good (a new id scheme) keeps the old ones' room until restart.
+/// names of one platform's accounts mostly share a few lengths). Once
+/// more than half of what is written is free (names that changed length
+/// for good, or a hostile client's made-up names of every length, gone
+/// with their pairs), the entries' tails are copied into fresh chunks
+/// ([`Entries::compact_names`](super::table::Entries::compact_names)) and
+/// the old ones given back: without it, a client that sent made-up long
+/// names of one length after another, each batch evicted before the next,
+/// grew a master by the sum of their peaks.
 #[derive(Debug, Default)]
 pub(super) struct LongNames {
     chunks: Vec<Vec<u8>>,
     /// Places given back, by length.
     free: Vec<Vec<u32>>,
+    /// The bytes of the places in `free`.
+    free_bytes: usize,
 }
 
 impl LongNames {
@@ -132,6 +138,7 @@ impl LongNames {
         let (prefix, tail) = bytes.split_at(PREFIX);
         let place = match self.free.get_mut(tail.len()).and_then(Vec::pop) {
             Some(place) => {
+                self.free_bytes -= tail.len();
                 let (chunk, at) = split(place as usize);
                 self.chunks[chunk][at..at + tail.len()].copy_from_slice(tail);
                 place
@@ -206,20 +213,37 @@ impl LongNames {
                 self.free.resize_with(len + 1, Vec::new);
             }
             self.free[len].push(place as u32);
+            self.free_bytes += len;
         }
+    }
+
+    /// `name`, whose tail `from` holds, as these names hold it: a long
+    /// name's tail copied here (after the last one, not into a free
+    /// place), a short one as it is. For compaction: `from` is dropped
+    /// once every entry's name has moved.
+    pub(super) fn moved(&mut self, from: &LongNames, name: &AccountName) -> AccountName {
+        let Some(place) = name.place() else {
+            return AccountName(name.0);
+        };
+        let place = self.append(from.tail(name, place));
+        let mut moved = name.0;
+        moved[PLACE..PLACE + 4].copy_from_slice(&place.to_le_bytes());
+        AccountName(moved)
+    }
+
+    /// Whether more than half of what is written here is free, by more
+    /// than a chunk: worth copying the tails held into fresh chunks.
+    pub(super) fn wasteful(&self) -> bool {
+        self.free_bytes > CHUNK && 2 * self.free_bytes > self.written()
     }
 
     /// Bytes of tails held here, beyond the entries.
     #[cfg(test)]
     pub(super) fn held(&self) -> usize {
-        let free: usize = (self.free.iter().enumerate())
-            .map(|(len, places)| len * places.len())
-            .sum();
-        self.written() - free
+        self.written() - self.free_bytes
     }
 
     /// Bytes written, held or free.
-    #[cfg(test)]
     pub(super) fn written(&self) -> usize {
         self.chunks.iter().map(Vec::len).sum()
     }
@@ -252,6 +276,41 @@ mod tests {
         let name2 = names.hold(&longest);
         assert_eq!(*names.get(&name2), longest);
         assert_eq!(name2.len(), MAX_NAME_LEN);
+    }
+
+    #[test]
+    fn moved_names_read_the_same_and_leave_the_free_places_behind() {
+        let mut names = LongNames::default();
+        let long = |i: usize| format!("a-long-account-name-{i:06}");
+        let held: Vec<AccountName> = (0..5_000).map(|i| names.hold(&long(i))).collect();
+        let tail = long(0).len() - PREFIX;
+        assert!(!names.wasteful());
+        // Give back all but every hundredth.
+        let mut kept = Vec::new();
+        for (i, name) in held.into_iter().enumerate() {
+            if i % 100 == 0 {
+                kept.push((i, name));
+            } else {
+                names.release(&name);
+            }
+        }
+        assert_eq!(names.held(), 50 * tail);
+        assert!(
+            names.wasteful(),
+            "{} free of {}",
+            names.free_bytes,
+            names.written()
+        );
+        let mut fresh = LongNames::default();
+        let short = names.hold("short");
+        assert_eq!(fresh.moved(&names, &short), short);
+        for (i, name) in &kept {
+            let moved = fresh.moved(&names, name);
+            assert_eq!(&*fresh.get(&moved), long(*i));
+            assert!(fresh.is(&moved, &long(*i)));
+        }
+        assert_eq!((fresh.written(), fresh.held()), (50 * tail, 50 * tail));
+        assert!(!fresh.wasteful());
     }
 
     #[test]

@@ -721,6 +721,9 @@ impl MasterState {
             });
             self.entries.chunks.shrink_to_fit();
         }
+        if done && self.entries.names.wasteful() {
+            self.entries.compact_names();
+        }
         (before - self.entries.len, done)
     }
 

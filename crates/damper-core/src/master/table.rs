@@ -262,6 +262,19 @@ impl Entries {
         DemandWindow::join(entry.window, extras)
     }
 
+    /// Copies the tails of the long names held into fresh chunks, leaving
+    /// out the places given back, and lets the old chunks go (see
+    /// [`LongNames`]): one pass over the entries.
+    pub(super) fn compact_names(&mut self) {
+        let mut names = LongNames::default();
+        for chunk in &mut self.chunks {
+            for entry in chunk {
+                entry.account = names.moved(&self.names, &entry.account);
+            }
+        }
+        self.names = names;
+    }
+
     /// Marks every entry's limit [`STALE`], to be looked up again by its
     /// next report (a new config).
     pub(super) fn mark_stale(&mut self) {

@@ -1355,13 +1355,17 @@ fn a_reload_keeps_a_windows_extras_and_looks_its_limit_up_again() {
 /// A reload marks every entry stale rather than counting generations: a
 /// pair untouched over any number of reloads (2^15, where a 15-bit
 /// generation came round to the entry's own) still looks its limit up.
+/// With the generation it kept its old match's position, which the new
+/// config gives to another key: it read 5 here, not 10 000.
 #[test]
 fn a_pair_untouched_over_any_number_of_reloads_looks_its_limit_up_again() {
     let mut m = master("latest-round");
     m.ingest(at(2_005), &admitted_report("a", "messages", 2_000, 2))
         .unwrap();
     let higher = MasterConfig::from_toml(
-        "[window]\nestimator = \"latest-round\"\n[limits]\nmessages = 10000\n",
+        // A key before `messages`: the pair's old match, at position 0,
+        // names another key here.
+        "[window]\nestimator = \"latest-round\"\n[limits]\naaa = 5\nmessages = 10000\n",
     )
     .unwrap();
     for _ in 0..1 << 15 {

@@ -114,7 +114,8 @@ pub struct MasterOptions {
     /// reports of new pairs are not tracked (they fail open) and are
     /// counted; every pair already tracked keeps its state, so a client
     /// sending made-up names cannot exhaust memory nor free a flood being
-    /// held. Default 8 000 000: about 0.6 GB of state at ~73 bytes a pair.
+    /// held. Default 8 000 000: about 0.55 GB of state at ~63–69 bytes a
+    /// pair.
     /// Shared out over the shards, each of which tracks at most
     /// [`MAX_SHARD_PAIRS`](damper_core::master::MAX_SHARD_PAIRS) (the
     /// binary refuses to start past it; a library caller's shards stop

@@ -83,8 +83,8 @@ struct Args {
 
     /// Most (account, op) pairs tracked at once; reports of new pairs past
     /// it are not tracked (they fail open) and are counted, while every
-    /// pair tracked, every flood held, keeps its state. About 73 bytes
-    /// each (names of up to 15 bytes): the default holds about 0.6 GB.
+    /// pair tracked, every flood held, keeps its state. About 63–69 bytes
+    /// each (names of up to 15 bytes): the default holds about 0.55 GB.
     /// Shared out over the shards, each of which tracks at most 16 777 215.
     #[arg(long, value_name = "N", default_value_t = 8_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]

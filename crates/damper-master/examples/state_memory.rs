@@ -7,10 +7,10 @@
 //! The last line is `bytes_per_entry=N`. Linux only (reads /proc/self/statm).
 //! `--estimator ably-mma` fills it under that estimator (whose every
 //! window keeps its sub-intervals beside the entry) rather than the
-//! default. `--name-len N` pads every account's name to `N` bytes (at least the 15
-//! of `account-0000000`): a master keeps names of up to 15 bytes inline in
-//! the pair's entry, of longer ones the first 10 bytes there and the rest
-//! beside the entries.
+//! default. `--name-len N` pads every account's name to `N` bytes (at
+//! least the 15 of `account-0000000`): a master keeps names of up to 15
+//! bytes inline in the pair's entry, of longer ones the first 10 bytes
+//! there and the rest beside the entries.
 
 // It reports wall time for the fill, by definition.
 #![allow(clippy::disallowed_types)]

@@ -727,13 +727,12 @@ impl<'t> Pinned<'t> {
         let places = table.current.load().places.clone();
         let mask = places.len() - 1;
         let mut i = pair.slot.name.hash_low.load(Relaxed) as usize & mask;
-        let target = pair.pos + 1;
         loop {
             let word = places[i].load(Relaxed);
             if word == EMPTY {
                 return false;
             }
-            if word > TOMBSTONE && word & POS_MASK == target {
+            if word > TOMBSTONE && pos_of(word) == pair.pos {
                 places[i].store(TOMBSTONE, Release);
                 break;
             }

@@ -357,9 +357,10 @@ impl MasterState {
 
     /// Replaces the configuration. New limits and the policy apply from the
     /// next report on (each pair's cached limit is marked stale, one pass
-    /// over the entries: 5–6 ms a million pairs), with the windows kept; a change to how the window is
-    /// cut up (sub-interval length or count, rollup interval, grace) starts
-    /// every window afresh, since old counts no longer fit it.
+    /// over the entries: 5–6 ms a million pairs), with the windows kept; a
+    /// change to how the window is cut up (sub-interval length or count,
+    /// rollup interval, grace) starts every window afresh, since old
+    /// counts no longer fit it.
     pub fn set_config(&mut self, config: MasterConfig) {
         if self.config.window.shape_change(&config.window).is_some() {
             for i in 0..u32::try_from(self.entries.len).expect("fewer than 2^32 pairs") {
@@ -715,10 +716,8 @@ impl MasterState {
         // (each shrink rehashes every pair).
         if done && self.index.capacity() > 4 * self.entries.len.max(1024) {
             let (entries, hasher) = (&self.entries, &self.hasher);
-            self.index.shrink_to_fit(|&i| {
-                let e = entries.get(table::entry_at(i));
-                Self::hash(hasher, e.op(), &entries.account(e))
-            });
+            self.index
+                .shrink_to_fit(|&i| entries.hash_of(hasher, entries.get(table::entry_at(i))));
             self.entries.chunks.shrink_to_fit();
         }
         if done && self.entries.names.wasteful() {

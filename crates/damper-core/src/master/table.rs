@@ -242,6 +242,12 @@ impl Entries {
         self.names.get(&entry.account)
     }
 
+    /// The index's hash of `entry`, one of these entries: what
+    /// [`MasterState::hash`] gives its op and account.
+    pub(super) fn hash_of(&self, hasher: &RandomState, entry: &Entry) -> u64 {
+        MasterState::hash(hasher, entry.op(), &self.account(entry))
+    }
+
     /// Whether `entry`, one of these entries, is `account`'s.
     fn is_account(&self, entry: &Entry, account: &str) -> bool {
         self.names.is(&entry.account, account)
@@ -395,10 +401,7 @@ impl MasterState {
                 let e = entries.get(entry_at(i));
                 e.op() == op && entries.is_account(e, account)
             },
-            |&i| {
-                let e = entries.get(entry_at(i));
-                Self::hash(hasher, e.op(), &entries.account(e))
-            },
+            |&i| entries.hash_of(hasher, entries.get(entry_at(i))),
         ) {
             hash_table::Entry::Occupied(found) => Some(entry_at(*found.get())),
             hash_table::Entry::Vacant(_)
@@ -465,9 +468,7 @@ impl MasterState {
         let e = entries.get(i);
         if let Ok(found) = self
             .index
-            .find_entry(Self::hash(hasher, e.op(), &entries.account(e)), |&j| {
-                entry_at(j) == i
-            })
+            .find_entry(entries.hash_of(hasher, e), |&j| entry_at(j) == i)
         {
             found.remove();
         }
@@ -475,7 +476,7 @@ impl MasterState {
         let removed = self.entries.swap_remove(i);
         if i != last {
             let moved = self.entries.get(i);
-            let hash = Self::hash(&self.hasher, moved.op(), &self.entries.account(moved));
+            let hash = self.entries.hash_of(&self.hasher, moved);
             if let Some(slot) = self.index.find_mut(hash, |&j| entry_at(j) == last) {
                 *slot = index_pos(i);
             }
@@ -521,7 +522,6 @@ impl MasterState {
             {
                 let e = self.entries.get(entry_at(i));
                 touched = touched
-                    .wrapping_add(u64::from(e.op()))
                     .wrapping_add(e.account.len() as u64)
                     .wrapping_add(e.bits());
             }

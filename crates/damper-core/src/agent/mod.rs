@@ -100,6 +100,7 @@ mod young;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{
+    AtomicBool,
     Ordering::{Acquire, Relaxed, Release},
     fence,
 };
@@ -429,6 +430,14 @@ pub struct AgentState {
     /// Publisher lanes, made at the first [`check_from`](Self::check_from):
     /// a node that never names publishers pays nothing for them.
     lanes: OnceLock<publisher::Lanes>,
+    /// Whether anything was counted since the last sub-window's close
+    /// began (see [`count`](Self::count)): a peek halfway through a
+    /// sub-window into which nothing was counted would find every pair's
+    /// cost 0 and change nothing, so it skips the pass. `check` reads it
+    /// (a line every check shares, written only by the first check after
+    /// each close); a check racing the close may be left to the next close,
+    /// as one racing a pass's read of its pair always was.
+    counted: AtomicBool,
 }
 
 impl std::fmt::Debug for AgentState {
@@ -460,6 +469,7 @@ impl AgentState {
             polled: Mutex::default(),
             young_hook: None,
             lanes: OnceLock::new(),
+            counted: AtomicBool::new(false),
         }
     }
 
@@ -603,6 +613,9 @@ impl AgentState {
     ) {
         if entry.counter(admitted).fetch_add(cost, Relaxed) & RETIRED != 0 {
             self.recount(now, account, op, entry, admitted, cost, pinned);
+        }
+        if !self.counted.load(Relaxed) {
+            self.counted.store(true, Relaxed);
         }
     }
 

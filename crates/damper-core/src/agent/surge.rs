@@ -6,7 +6,7 @@
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::Duration;
 
 use super::AgentState;
@@ -465,6 +465,18 @@ impl AgentState {
         let secs = now.since(since).as_secs_f64();
         if secs <= 0.0 {
             return 0;
+        }
+        // A close takes the mark down before it reads any pair, so what is
+        // counted after its read of a pair marks the sub-window again; a
+        // peek into a sub-window nothing was counted in has nothing to see
+        // (every pair's cost 0, and a peek writes nothing), and a busy
+        // agent's memory need not stream by for it.
+        match pass {
+            Pass::Close => {
+                self.counted.swap(false, SeqCst);
+            }
+            Pass::Peek if !self.counted.load(SeqCst) => return 0,
+            Pass::Peek => {}
         }
         // A half sub-window's rate moves √2 times as much by chance.
         let scale = (rule.window().as_secs_f64() / secs).max(1.0).sqrt();
@@ -1386,6 +1398,57 @@ mod tests {
             (follow_up.rate, follow_up.baseline, follow_up.surged),
             (3_750.0, 2_500.0, true)
         );
+    }
+
+    /// A peek into a sub-window nothing was counted in skips its pass (the
+    /// mark a close takes down stays down); whatever way an operation is
+    /// counted puts it back up, so a deluge that begins after the close is
+    /// still found halfway through, as each counting path brings it.
+    #[test]
+    fn a_peek_skips_only_sub_windows_nothing_was_counted_in() {
+        type Count = fn(&AgentState, u64, &mut SmallRng);
+        let paths: [(&str, Count); 3] = [
+            ("check", |state, ms, rng| {
+                for _ in 0..50 {
+                    state.check(at(ms), "acme", "messages", 1, rng);
+                }
+            }),
+            ("check_batch", |state, ms, rng| {
+                state.check_batch(at(ms), "acme", "messages", 1, 50, rng);
+            }),
+            ("check_from", |state, ms, rng| {
+                for p in 0..50 {
+                    let publisher = crate::agent::Publisher::new(p % 3);
+                    state.check_from(at(ms), "acme", "messages", 1, publisher, rng);
+                }
+            }),
+        ];
+        for (path, count) in paths {
+            let state = AgentState::new(AgentConfig::default());
+            let rule = SurgeRule::default_for(Duration::from_secs(2));
+            let quiet = |ms: u64| u64::from(ms.is_multiple_of(100)) * 10;
+            scan(&state, 0, 2_000, quiet);
+            state.drain(Nanos::ZERO, |_, _, _| {});
+            assert_eq!(scan(&state, 2_000, 4_000, quiet), vec![], "{path}");
+            // Nothing counted since the close at 4 000: the peek skips.
+            assert!(!state.counted.load(Relaxed), "{path}");
+            let peeked = taken(|offer| state.peek_surges(at(4_000), at(4_100), &rule, offer));
+            assert_eq!(peeked, vec![], "{path}");
+            // 5 000/s from 4 100, counted this path's way: found at 4 150.
+            let mut rng = SmallRng::seed_from_u64(4);
+            for ms in (4_100..4_150).step_by(10) {
+                count(&state, ms, &mut rng);
+            }
+            assert!(state.counted.load(Relaxed), "{path}");
+            let peeked = taken(|offer| state.peek_surges(at(4_000), at(4_150), &rule, offer));
+            let [first] = &peeked[..] else {
+                panic!("{path}: {peeked:?}")
+            };
+            assert_eq!(first.ops, 250, "{path}");
+            // The close takes the mark down again.
+            taken(|offer| state.scan_surges(at(4_000), at(4_200), &rule, offer));
+            assert!(!state.counted.load(Relaxed), "{path}");
+        }
     }
 
     /// Poisson arrivals with a mean of `mean` per call (Knuth's method).

@@ -472,9 +472,7 @@ impl AgentState {
         // (every pair's cost 0, and a peek writes nothing), and a busy
         // agent's memory need not stream by for it.
         match pass {
-            Pass::Close => {
-                self.counted.swap(false, SeqCst);
-            }
+            Pass::Close => self.counted.store(false, SeqCst),
             Pass::Peek if !self.counted.load(SeqCst) => return 0,
             Pass::Peek => {}
         }

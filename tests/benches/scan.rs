@@ -10,7 +10,10 @@
 //! - `drain_by_owner_active`: a rollup's drain when every pair had a
 //!   check, its counts routed to three masters and sorted for sending.
 //! - `scan_surges`, `peek_surges`, `drain`: the pairs went quiet (a pass
-//!   skips a pair with nothing in its last sub-windows and no noise left).
+//!   skips a pair with nothing in its last sub-windows and no noise left,
+//!   and a peek into a sub-window nothing was counted in skips its pass).
+//! - `peek_surges_active`: a peek after every pair had a check since the
+//!   sub-window's close.
 //!
 //! Run: `cargo bench -p damper-tests --bench scan`. Reported time is per
 //! pass; divide by 100 000 for a pair.
@@ -64,6 +67,17 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("peek_surges", |b| {
         b.iter(|| state.peek_surges(now, now + window / 2, &rule, |_, _| false))
+    });
+    g.bench_function("peek_surges_active", |b| {
+        b.iter_batched(
+            || {
+                for a in &accounts {
+                    state.check(now, a, "messages", 1, &mut rng);
+                }
+            },
+            |()| state.peek_surges(now, now + window / 2, &rule, |_, _| false),
+            BatchSize::PerIteration,
+        )
     });
     g.bench_function("drain", |b| {
         b.iter(|| state.drain(Nanos::ZERO, |_, _, _| {}))

@@ -25,7 +25,10 @@
 //!   every 2 s on this 2-core machine (docs/performance.md, "One agent with
 //!   very many pairs"), so no live loop runs beside it.
 //!
-//! Run: `cargo bench -p damper-tests --bench check`.
+//! Run: `cargo bench -p damper-tests --bench check`. `BENCH_FAST_ONSET=off`
+//! runs the live agent without fast onset's scans, `BENCH_ROLLUP_MS` sets
+//! its rollup interval (2 000 by default; at 20 000 no round runs beside
+//! most of a group's measurement).
 
 #![allow(missing_docs)]
 // A benchmark measures wall time by definition.

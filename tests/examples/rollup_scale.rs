@@ -28,7 +28,7 @@ fn main() {
         .unwrap_or(200_000);
     let fast_onset = std::env::args().nth(2).as_deref() != Some("off");
     let keys = common::keys_n("account", keys);
-    let damper = Damper::start(fast_onset, Duration::from_secs(2));
+    let damper = Damper::start(fast_onset, None);
     let agent = &damper.agent;
     let began = Instant::now();
     let ready = |k: &String| {

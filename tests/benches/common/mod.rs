@@ -86,28 +86,27 @@ pub fn damper(keys: &[String]) -> Damper {
     damper
 }
 
-/// The agent's rollup interval: 2 s, its default, unless
-/// `BENCH_ROLLUP_MS` says otherwise. At 20 000 no round falls within most
-/// of a group's measurement, which tells what the round beside `check`
-/// costs it (docs/performance.md, "What the round beside `check` costs").
-fn rollup_interval() -> Duration {
-    match std::env::var("BENCH_ROLLUP_MS") {
-        Err(_) => Duration::from_secs(2),
-        Ok(ms) => match ms.parse::<u64>() {
-            Ok(ms) if ms > 0 => Duration::from_millis(ms),
-            _ => panic!("BENCH_ROLLUP_MS: {ms:?} is not a whole number of milliseconds above 0"),
-        },
+/// The agent's rollup interval when `BENCH_ROLLUP_MS` sets one; `None`
+/// for the agent's own default (2 s). At 20 000 no round falls within
+/// most of a group's measurement, which tells what the round beside
+/// `check` costs it (docs/performance.md, "What the round beside `check`
+/// costs").
+fn rollup_interval() -> Option<Duration> {
+    let ms = std::env::var("BENCH_ROLLUP_MS").ok()?;
+    match ms.parse::<u64>() {
+        Ok(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+        _ => panic!("BENCH_ROLLUP_MS: {ms:?} is not a whole number of milliseconds above 0"),
     }
 }
 
 impl Damper {
     /// A master on loopback limiting [`CALM`] far above any demand and
-    /// [`FLOOD`] to 1, and an agent reporting to it every `rollup` (2 s by
-    /// default: the rollup task's work while the benchmark runs is what a
-    /// node with this many active keys pays, and the master's, on the
-    /// same thread, what it does not), both on one runtime thread of
-    /// their own. Knows no key yet.
-    pub fn start(fast_onset: bool, rollup: Duration) -> Damper {
+    /// [`FLOOD`] to 1, and an agent reporting to it every `rollup` (`None`:
+    /// the agent's default, 2 s; the rollup task's work while the
+    /// benchmark runs is what a node with this many active keys pays, and
+    /// the master's, on the same thread, what it does not), both on one
+    /// runtime thread of their own. Knows no key yet.
+    pub fn start(fast_onset: bool, rollup: Option<Duration>) -> Damper {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -127,13 +126,16 @@ impl Damper {
         ));
         let agent = {
             let _inside = runtime.enter();
-            Agent::builder()
+            let builder = Agent::builder()
                 .masters([address])
                 .agent_id("bench")
-                .fast_onset(fast_onset)
-                .rollup_interval(rollup)
-                .start()
-                .expect("an agent")
+                .fast_onset(fast_onset);
+            match rollup {
+                Some(interval) => builder.rollup_interval(interval),
+                None => builder,
+            }
+            .start()
+            .expect("an agent")
         };
         Damper {
             agent,

@@ -29,6 +29,7 @@ bin=target/release/examples/check_misses
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
+echo "# $(valgrind --version), $(uname -m); simulated: first level 32 KiB 8-way, last level $ll_mib MiB 16-way, 64-byte lines; $checks checks a case"
 printf '%-9s %-7s %9s %8s %8s %8s %8s %8s\n' limiter path keys instr reads writes D1miss LLmiss
 for k in "${keys[@]}"; do
   for path in admit reject; do

@@ -7,9 +7,10 @@
 # Prints one row per case: limiter, path, keys, and per check the
 # instructions, data reads and writes, first-level data misses and
 # last-level misses. The `keys` rows are the loop alone, reading each
-# key's bytes with no limiter: the caller's share of every row. The caches simulated: a 32 KiB 8-way first level and
-# a last level of LL_MIB (default 32) MiB, 16-way, 64-byte lines.
-# callgrind models two levels, no TLB and no prefetcher.
+# key's bytes with no limiter: the caller's share of every row. The
+# caches simulated: a 32 KiB 8-way first level and a last level of
+# LL_MIB (default 32) MiB, 16-way, 64-byte lines. callgrind models two
+# levels, no TLB and no prefetcher.
 #
 #   docs/bench/check_misses.sh [KEYS...]      (default: 100000 1000000)
 #

@@ -40,9 +40,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{
-    CALM, Damper, FLOOD, FLOOD_COST, KEYS, bench_check, bench_governor, governor, order, order_n,
-};
+use common::{CALM, Damper, KEYS, bench_check, bench_governor, governor, order, order_n};
 use criterion::{Criterion, criterion_group, criterion_main};
 use damper_core::agent::{AgentConfig, AgentState, Publisher};
 use damper_core::time::Nanos;
@@ -97,11 +95,7 @@ fn threaded(
         damper.flood(keys);
     }
     let gov = Arc::new(governor(keys, allow));
-    let (op, cost) = if allow {
-        (CALM, 1)
-    } else {
-        (FLOOD, FLOOD_COST)
-    };
+    let (op, cost) = common::op_and_cost(allow);
     let pick = move |orders: &[Vec<usize>; 2], t: usize, i: u64| {
         if hot_key {
             0
@@ -194,19 +188,10 @@ const MILLION: usize = 1_000_000;
 fn million_keys(c: &mut Criterion) {
     let keys = common::keys_n("account", MILLION);
     let order = order_n(2, MILLION);
-    let now = Nanos::from_secs(1_700_000_000);
-    let valid_for = Duration::from_secs(24 * 3600);
-    let state = AgentState::new(AgentConfig::default());
-    for key in &keys {
-        state.apply(now, key, CALM, 0.0, 1e12, valid_for);
-        state.apply(now, key, FLOOD, 1.0, 1.0, valid_for);
-    }
+    let now = common::STATE_NOW;
+    let state = common::state_machine(&keys);
     for (group, allow) in [("check_admit_1m", true), ("check_reject_1m", false)] {
-        let (op, cost) = if allow {
-            (CALM, 1)
-        } else {
-            (FLOOD, FLOOD_COST)
-        };
+        let (op, cost) = common::op_and_cost(allow);
         let gov = governor(&keys, allow);
         let mut g = c.benchmark_group(group);
         g.bench_function("damper", |b| {

@@ -16,7 +16,7 @@
 //! ```sh
 //! cargo build --release -p damper-tests --example check_misses
 //! valgrind --tool=callgrind --cache-sim=yes --LL=33554432,16,64 \
-//!     --toggle-collect='check_misses::measure*' --callgrind-out-file=/dev/null \
+//!     --toggle-collect='check_misses::measure' --callgrind-out-file=/dev/null \
 //!     target/release/examples/check_misses damper admit 100000 1000000
 //! ```
 //!
@@ -27,15 +27,12 @@
 #![allow(clippy::disallowed_types)]
 
 use std::hint::black_box;
-use std::time::Duration;
 
 // The benchmarks' keys, order, ops and governor set-up.
 #[path = "../benches/common/mod.rs"]
 mod common;
 
-use common::{CALM, FLOOD, FLOOD_COST};
-use damper_core::agent::{AgentConfig, AgentState};
-use damper_core::time::Nanos;
+use damper_core::agent::AgentState;
 use governor::DefaultKeyedRateLimiter;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -50,9 +47,27 @@ enum Limiter {
     Keys,
 }
 
+/// Which limiter a run measures, as its first argument names it.
+#[derive(Clone, Copy, PartialEq)]
+enum Which {
+    Damper,
+    Governor,
+    Keys,
+}
+
+impl Which {
+    fn name(self) -> &'static str {
+        match self {
+            Which::Damper => "damper",
+            Which::Governor => "governor",
+            Which::Keys => "keys",
+        }
+    }
+}
+
 /// One run's arguments.
 struct Args {
-    limiter: &'static str,
+    limiter: Which,
     admit: bool,
     keys: usize,
     checks: usize,
@@ -69,17 +84,15 @@ fn main() {
     };
     let keys = common::keys_n("account", args.keys);
     let order = common::order_n(2, args.keys);
-    let now = Nanos::from_secs(1_700_000_000);
     let limiter = match args.limiter {
-        "damper" => Limiter::Damper(Box::new(damper(&keys, now))),
-        "governor" => Limiter::Governor(common::governor(&keys, args.admit)),
-        _ => Limiter::Keys,
+        Which::Damper => Limiter::Damper(Box::new(common::state_machine(&keys))),
+        Which::Governor => Limiter::Governor(common::governor(&keys, args.admit)),
+        Which::Keys => Limiter::Keys,
     };
     let case = Case {
         limiter,
         keys: &keys,
         admit: args.admit,
-        now,
     };
     // Every key once, as the measured loop will: the first touch of each
     // (a page fault, the allocator's first writes) is not the check's.
@@ -88,7 +101,7 @@ fn main() {
     let measured = measure(&case, &order, args.checks);
     println!(
         "{} {} keys={} checks={} admitted={}",
-        args.limiter,
+        args.limiter.name(),
         if args.admit { "admit" } else { "reject" },
         args.keys,
         args.checks,
@@ -111,16 +124,10 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
     let [limiter, path, keys, checks] = args.as_slice() else {
         return Err(format!("4 arguments expected, {} given", args.len()));
     };
-    let limiter = match limiter.as_str() {
-        "damper" => "damper",
-        "governor" => "governor",
-        "keys" => "keys",
-        other => {
-            return Err(format!(
-                "LIMITER: {other:?} is not damper, governor or keys"
-            ));
-        }
-    };
+    let limiter = [Which::Damper, Which::Governor, Which::Keys]
+        .into_iter()
+        .find(|which| which.name() == limiter)
+        .ok_or_else(|| format!("LIMITER: {limiter:?} is not damper, governor or keys"))?;
     let admit = match path.as_str() {
         "admit" => true,
         "reject" => false,
@@ -130,7 +137,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("{name}: {value:?} is not a whole number above 0")),
     };
-    if limiter == "keys" && !admit {
+    if limiter == Which::Keys && !admit {
         return Err("PATH: the loop with no limiter (`keys`) refuses nothing: give admit".into());
     }
     Ok(Args {
@@ -141,24 +148,11 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
     })
 }
 
-/// An agent's state machine that knows every key on both ops, its
-/// factors in force for a day: 0 on [`CALM`], 1 on [`FLOOD`].
-fn damper(keys: &[String], now: Nanos) -> AgentState {
-    let state = AgentState::new(AgentConfig::default());
-    let valid_for = Duration::from_secs(24 * 3600);
-    for key in keys {
-        state.apply(now, key, CALM, 0.0, 1e12, valid_for);
-        state.apply(now, key, FLOOD, 1.0, 1.0, valid_for);
-    }
-    state
-}
-
 /// One limiter over its keys, on one path.
 struct Case<'k> {
     limiter: Limiter,
     keys: &'k [String],
     admit: bool,
-    now: Nanos,
 }
 
 /// The checks callgrind counts (`--toggle-collect` names this function):
@@ -173,12 +167,8 @@ impl Case<'_> {
     /// `checks` checks on the keys of `order`, round and round; how many
     /// were admitted.
     fn run(&self, order: &[usize], checks: usize) -> usize {
-        let (op, cost) = if self.admit {
-            (CALM, 1)
-        } else {
-            (FLOOD, FLOOD_COST)
-        };
-        let now = self.now;
+        let (op, cost) = common::op_and_cost(self.admit);
+        let now = common::STATE_NOW;
         let mut rng = SmallRng::seed_from_u64(7);
         // One loop per limiter, the choice made once.
         match &self.limiter {
@@ -211,7 +201,7 @@ impl Case<'_> {
 }
 
 /// Where the loop is in `order`, round and round: a compare rather than a
-/// division per check, the same for both limiters.
+/// division per check, the same for every limiter.
 struct Visit<'o> {
     order: &'o [usize],
     at: usize,

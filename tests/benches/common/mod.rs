@@ -16,7 +16,9 @@ use std::time::Duration;
 use criterion::BenchmarkGroup;
 use criterion::measurement::WallTime;
 use damper_agent::Agent;
+use damper_core::agent::{AgentConfig, AgentState};
 use damper_core::config::MasterConfig;
+use damper_core::time::Nanos;
 use damper_master::{Master, MasterOptions};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use rand::Rng;
@@ -35,6 +37,32 @@ pub const FLOOD: &str = "flood";
 /// The cost of each `check` on [`FLOOD`] (a publish to 999 subscribers):
 /// enough demand to hold the factor near 1 while the benchmark runs.
 pub const FLOOD_COST: u64 = 1_000;
+
+/// The op and cost a check on the admit path (`admit`) or the reject path
+/// is made with: [`CALM`] at 1, or [`FLOOD`] at [`FLOOD_COST`].
+pub fn op_and_cost(admit: bool) -> (&'static str, u64) {
+    if admit {
+        (CALM, 1)
+    } else {
+        (FLOOD, FLOOD_COST)
+    }
+}
+
+/// The instant the state-machine cases run at.
+pub const STATE_NOW: Nanos = Nanos::from_secs(1_700_000_000);
+
+/// An agent's state machine (no live loop, no master) that knows every
+/// key on both ops, its factors applied as a master's reply would, valid
+/// for a day from [`STATE_NOW`]: 0 on [`CALM`], 1 on [`FLOOD`].
+pub fn state_machine(keys: &[String]) -> AgentState {
+    let state = AgentState::new(AgentConfig::default());
+    let valid_for = Duration::from_secs(24 * 3600);
+    for key in keys {
+        state.apply(STATE_NOW, key, CALM, 0.0, 1e12, valid_for);
+        state.apply(STATE_NOW, key, FLOOD, 1.0, 1.0, valid_for);
+    }
+    state
+}
 
 /// `KEYS` distinct `String` keys, `{prefix}-NNNNNN`.
 pub fn keys(prefix: &str) -> Vec<String> {
@@ -225,11 +253,7 @@ pub fn bench_check(
     keys: &[String],
     order: &[usize],
 ) {
-    let (op, cost) = if admit {
-        (CALM, 1)
-    } else {
-        (FLOOD, FLOOD_COST)
-    };
+    let (op, cost) = op_and_cost(admit);
     g.bench_function(name, |b| {
         let mut i = 0;
         b.iter(|| {

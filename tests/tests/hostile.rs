@@ -30,6 +30,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
         interval_end_unix_ms: end,
         ops: vec![OpCounts {
             op_costs: Vec::new(),
+            op_counts: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
@@ -44,6 +45,7 @@ fn rollup(agent: &str, accounts: Vec<AccountCounts>) -> RollupRequest {
 fn counts(account: String, attempted: u64) -> AccountCounts {
     AccountCounts {
         op_cost: 0,
+        ops: 0,
         id: 0,
         account,
         attempted,

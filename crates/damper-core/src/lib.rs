@@ -65,7 +65,7 @@
 //!     for (account, op, d) in reports {
 //!         let report = Report { account: &account, op: &op, start, end: now,
 //!                               attempted: d.attempted, admitted: d.admitted,
-//!                               op_cost: d.op_cost };
+//!                               op_cost: d.op_cost, ops: d.ops };
 //!         if let Some(v) = master.ingest(now, &report).unwrap() {
 //!             agent.apply(now, &account, &op, v.factor, v.limit.get(), v.valid_for);
 //!         }

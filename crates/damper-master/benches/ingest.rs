@@ -49,6 +49,7 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
         sequence: 0,
         ops: vec![OpCounts {
             op_costs: Vec::new(),
+            op_counts: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
@@ -56,6 +57,7 @@ fn rollup(first: usize, end_ms: u64) -> RollupRequest {
             accounts: (first..first + PER_ROLLUP)
                 .map(|i| AccountCounts {
                     op_cost: 0,
+                    ops: 0,
                     id: 0,
                     account: format!("account-{:07}", i % KEYS),
                     // Every tenth account over its limit, so replies carry factors.

@@ -28,6 +28,7 @@ fn rollup(end_ms: u64, accounts: impl Iterator<Item = String>) -> RollupRequest 
         interval_end_unix_ms: end_ms,
         ops: vec![OpCounts {
             op_costs: Vec::new(),
+            op_counts: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
@@ -35,6 +36,7 @@ fn rollup(end_ms: u64, accounts: impl Iterator<Item = String>) -> RollupRequest 
             accounts: accounts
                 .map(|account| AccountCounts {
                     op_cost: 0,
+                    ops: 0,
                     id: 0,
                     account,
                     attempted: 10,

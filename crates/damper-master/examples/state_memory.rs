@@ -120,6 +120,7 @@ fn main() {
                 ring_version: 0,
                 ops: vec![OpCounts {
                     op_costs: Vec::new(),
+                    op_counts: Vec::new(),
                     attempted: Vec::new(),
                     ids: Vec::new(),
                     rejected: Vec::new(),
@@ -128,6 +129,7 @@ fn main() {
                         .iter()
                         .map(|a| AccountCounts {
                             op_cost: 0,
+                            ops: 0,
                             id: 0,
                             account: a.clone(),
                             attempted: 100,

@@ -209,12 +209,14 @@ mod tests {
                 interval_end_unix_ms: T0_MS + end,
                 ops: vec![OpCounts {
                     op_costs: Vec::new(),
+                    op_counts: Vec::new(),
                     attempted: Vec::new(),
                     ids: Vec::new(),
                     rejected: Vec::new(),
                     op: "messages".into(),
                     accounts: vec![AccountCounts {
                         op_cost: 0,
+                        ops: 0,
                         id: 0,
                         account: "flood".into(),
                         attempted: 8_000,

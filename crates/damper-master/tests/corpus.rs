@@ -41,6 +41,7 @@ fn master() -> Master {
 fn counts(account: &str, attempted: u64, admitted: u64) -> AccountCounts {
     AccountCounts {
         op_cost: 0,
+        ops: 0,
         id: 0,
         account: account.into(),
         attempted,
@@ -58,6 +59,7 @@ fn request(ops: Vec<(&str, Vec<AccountCounts>)>) -> RollupRequest {
             .into_iter()
             .map(|(op, accounts)| OpCounts {
                 op_costs: Vec::new(),
+                op_counts: Vec::new(),
                 attempted: Vec::new(),
                 ids: Vec::new(),
                 rejected: Vec::new(),

@@ -41,12 +41,14 @@ fn good_rollup() -> RollupRequest {
         interval_end_unix_ms: T0_MS,
         ops: vec![OpCounts {
             op_costs: Vec::new(),
+            op_counts: Vec::new(),
             attempted: Vec::new(),
             ids: Vec::new(),
             rejected: Vec::new(),
             op: "messages".into(),
             accounts: vec![AccountCounts {
                 op_cost: 0,
+                ops: 0,
                 id: 0,
                 account: "acme".into(),
                 attempted: 8_000,
@@ -97,6 +99,7 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
         (name(), count(), count(), millis()).prop_map(|(account, attempted, admitted, start)| {
             AccountCounts {
                 op_cost: 0,
+                ops: 0,
                 id: 0,
                 account,
                 attempted,
@@ -106,6 +109,7 @@ fn rollup() -> impl Strategy<Value = RollupRequest> {
         });
     let op = (name(), prop::collection::vec(entry, 0..8)).prop_map(|(op, accounts)| OpCounts {
         op_costs: Vec::new(),
+        op_counts: Vec::new(),
         attempted: Vec::new(),
         ids: Vec::new(),
         rejected: Vec::new(),

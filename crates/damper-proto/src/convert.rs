@@ -45,6 +45,7 @@ impl From<Rollup> for v1::RollupRequest {
 fn op_counts(op: OpCounts) -> v1::OpCounts {
     let (ids, attempted, rejected) = by_id_lists(&op.by_id);
     let op_costs = op_cost_list(&op.by_id);
+    let op_counts = op_count_list(&op.by_id, &op_costs);
     v1::OpCounts {
         op: op.op,
         accounts: op
@@ -57,12 +58,14 @@ fn op_counts(op: OpCounts) -> v1::OpCounts {
                 start_unix_ms: c.since.map_or(0, Nanos::as_millis),
                 id: c.id,
                 op_cost: c.op_cost,
+                ops: told_ops(c.op_cost, c.ops),
             })
             .collect(),
         ids,
         attempted,
         rejected,
         op_costs,
+        op_counts,
     }
 }
 
@@ -100,6 +103,22 @@ fn op_cost_list(by_id: &[IdCounts]) -> Vec<u32> {
         .collect()
 }
 
+/// The operations of entries by number as the wire packs them: with the
+/// op costs (empty when they are), one per entry, 0 where the op cost is
+/// not above 1.
+fn op_count_list(by_id: &[IdCounts], op_costs: &[u32]) -> Vec<u32> {
+    if op_costs.is_empty() {
+        return Vec::new();
+    }
+    by_id.iter().map(|c| told_ops(c.op_cost, c.ops)).collect()
+}
+
+/// An entry's operations as sent: only beside an op cost above 1, where
+/// they say more than the cost does.
+fn told_ops(op_cost: u32, ops: u32) -> u32 {
+    if op_cost > 1 { ops } else { 0 }
+}
+
 /// The entries of an op given by number, from the three packed lists.
 /// Malformed lists (which [`id_lists_error`] names) come out as far as
 /// they make sense: as long as the shortest, numbers wrapping, admitted
@@ -118,6 +137,7 @@ fn by_id(op: &v1::OpCounts) -> Vec<IdCounts> {
                 attempted,
                 admitted: attempted.saturating_sub(rejected),
                 op_cost: op.op_costs.get(j).copied().unwrap_or(0),
+                ops: op.op_counts.get(j).copied().unwrap_or(0),
             }
         })
         .collect()
@@ -141,6 +161,24 @@ pub fn id_lists_error(request: &v1::RollupRequest) -> Option<String> {
                 "ops[{i}]: op_costs ({}) must be empty or have one value per entry of ids ({})",
                 op.op_costs.len(),
                 lens[0]
+            ));
+        }
+        if !op.op_counts.is_empty() && op.op_counts.len() != lens[0] {
+            return Some(format!(
+                "ops[{i}]: op_counts ({}) must be empty or have one value per entry of ids ({})",
+                op.op_counts.len(),
+                lens[0]
+            ));
+        }
+        if let Some(j) = op
+            .op_counts
+            .iter()
+            .zip(&op.attempted)
+            .position(|(&n, &a)| u64::from(n) > a)
+        {
+            return Some(format!(
+                "ops[{i}].op_counts[{j}] ({}) is above ops[{i}].attempted[{j}] ({}); every operation costs at least 1",
+                op.op_counts[j], op.attempted[j]
             ));
         }
         let mut id = 0u32;
@@ -193,6 +231,7 @@ impl From<v1::RollupRequest> for Rollup {
                             since: nonzero_millis(c.start_unix_ms),
                             id: c.id,
                             op_cost: c.op_cost,
+                            ops: c.ops,
                             at: 0,
                         })
                         .collect(),
@@ -438,6 +477,16 @@ mod tests {
         Nanos::from_millis(n)
     }
 
+    /// Operations as an agent would send them: beside an op cost above 1,
+    /// at most the cost attempted.
+    fn sent_ops(op_cost: u32, ops: u32, attempted: u64) -> u32 {
+        if op_cost > 1 {
+            u64::from(ops).min(attempted) as u32
+        } else {
+            0
+        }
+    }
+
     prop_compose! {
         fn rollup()(
             agent_id in "[a-z0-9-]{0,12}",
@@ -445,24 +494,28 @@ mod tests {
             incarnation: u64, sequence: u64, dictionary: u32,
             ops in proptest::collection::vec(
                 ("[a-z/]{1,8}", proptest::collection::vec(
-                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44), any::<u32>(), any::<u32>()),
+                    ("[a-z]{1,8}", any::<u64>(), any::<u64>(), proptest::option::of(1u64..1 << 44), any::<u32>(), any::<u32>(), any::<u32>()),
                     0..4),
                  // An op cost of 1 goes as 0 (not known): nothing to
                  // learn from it, and an op of such entries sends no list.
-                 proptest::collection::btree_map(1u32.., (any::<u64>(), any::<u64>(), prop_oneof![Just(0u32), 2u32..]), 0..6)),
+                 proptest::collection::btree_map(1u32.., (any::<u64>(), any::<u64>(), prop_oneof![Just(0u32), 2u32..], any::<u32>()), 0..6)),
                 0..4),
         ) -> Rollup {
             Rollup {
                 agent_id, start: ms(start), end: ms(start + span), ring_version, incarnation, sequence,
                 ops: ops.into_iter().map(|(op, accounts, by_id)| OpCounts {
                     op,
-                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id, op_cost)| AccountCounts {
+                    // Operations only beside an op cost above 1, and at
+                    // most the cost attempted: as an agent sends them.
+                    accounts: accounts.into_iter().map(|(account, attempted, admitted, since, id, op_cost, ops)| AccountCounts {
                         account, attempted, admitted, since: since.map(ms), id, op_cost, at: 0,
+                        ops: sent_ops(op_cost, ops, attempted),
                     }).collect(),
                     // Sorted and distinct, admitted at most attempted: as
                     // an agent sends them.
-                    by_id: by_id.into_iter().map(|(id, (a, b, op_cost))| IdCounts {
+                    by_id: by_id.into_iter().map(|(id, (a, b, op_cost, ops))| IdCounts {
                         id, attempted: a.max(b), admitted: a.min(b), op_cost,
+                        ops: sent_ops(op_cost, ops, a.max(b)),
                     }).collect(),
                 }).collect(),
                 dictionary,
@@ -544,6 +597,7 @@ mod tests {
             attempted: 2_004,
             admitted: 1_001,
             op_cost,
+            ops: 0,
         };
         let named = AccountCounts {
             account: "fanout".into(),
@@ -607,6 +661,7 @@ mod tests {
                     attempted: 51,
                     admitted: 51,
                     op_cost: 51,
+                    ops: 0,
                 }],
             }],
             ..Rollup::default()
@@ -615,6 +670,58 @@ mod tests {
         request.ops[0].op_costs.push(51);
         let error = id_lists_error(&request).expect("refused");
         assert!(error.contains("op_costs (2)"), "{error}");
+    }
+
+    #[test]
+    fn op_counts_go_beside_op_costs_and_bad_ones_are_named() {
+        use prost::Message;
+        let entry = |id, op_cost, ops| IdCounts {
+            id,
+            attempted: 102,
+            admitted: 102,
+            op_cost,
+            ops,
+        };
+        let rollup = |by_id| Rollup {
+            ops: vec![OpCounts {
+                op: "messages".into(),
+                accounts: vec![AccountCounts {
+                    account: "acme".into(),
+                    attempted: 153,
+                    admitted: 153,
+                    op_cost: 51,
+                    ops: 3,
+                    ..AccountCounts::default()
+                }],
+                by_id,
+            }],
+            ..Rollup::default()
+        };
+        // Sent only beside an op cost above 1, where they say more.
+        let request = v1::RollupRequest::from(rollup(vec![entry(1, 51, 2), entry(2, 0, 102)]));
+        assert_eq!(request.ops[0].op_counts, [2, 0]);
+        assert_eq!(request.ops[0].accounts[0].ops, 3);
+        assert_eq!(id_lists_error(&request), None);
+        let back = Rollup::from(request.clone());
+        assert_eq!(back.ops[0].by_id[0].ops, 2);
+        assert_eq!(back.ops[0].accounts[0].ops, 3);
+        // Masters that predate them read the rest as before.
+        let old =
+            before_op_costs::OpCounts::decode(request.ops[0].encode_to_vec().as_slice()).unwrap();
+        assert_eq!(old.ids, request.ops[0].ids);
+        let cheap = v1::RollupRequest::from(rollup(vec![entry(1, 0, 102)]));
+        assert!(cheap.ops[0].op_counts.is_empty());
+        let mut bad = request.clone();
+        bad.ops[0].op_counts.push(1);
+        let error = id_lists_error(&bad).expect("refused");
+        assert!(error.contains("op_counts (3)"), "{error}");
+        let mut bad = request;
+        bad.ops[0].op_counts[1] = 103;
+        let error = id_lists_error(&bad).expect("refused");
+        assert!(
+            error.contains("ops[0].op_counts[1] (103) is above ops[0].attempted[1] (102)"),
+            "{error}"
+        );
     }
 
     proptest! {

@@ -112,7 +112,7 @@ impl Hold<'_> {
                         op,
                         entry,
                         admit,
-                        cost.wrapping_mul(count),
+                        super::counter::tally(cost.saturating_mul(count), count),
                         pinned,
                     );
                 }

@@ -2,9 +2,11 @@
 //! putting back what a failed rollup could not deliver.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
+use super::counter::{OPS_MASK, clear_overflow, cost_of, ops_between, ops_of};
+use super::entry::Entry;
 use super::owned::Owned;
 use super::{AgentState, Delta, Pending, Routed, reportable};
 use crate::ring::Ring;
@@ -17,6 +19,35 @@ use crate::time::Nanos;
 fn told_op_cost(cost: u32) -> u32 {
     if cost > 1 { cost } else { 0 }
 }
+
+/// How much of a failed rollup's `delta` [`AgentState::undrain`] puts
+/// back into `entry`'s drained marks (admitted cost, rejected cost,
+/// operations): all of it, unless what the next drain would take then
+/// passes [`MAX_CARRIED`] of cost (or the operations' share of it): the
+/// marks take differences modulo 2^32, and a round's new cost needs the
+/// rest of that room. A master unreachable for so long that a pair's
+/// carried cost reaches 2^31 loses what is beyond, not all of it.
+fn carried(entry: &Entry, delta: Delta) -> (u32, u32, u32) {
+    let pending = |field: u64, mark: &AtomicU32| cost_of(field).wrapping_sub(mark.load(Relaxed));
+    let room = |pending: u32| u64::from(MAX_CARRIED.saturating_sub(pending));
+    let admitted = delta.admitted.min(room(pending(
+        entry.admitted.load(Relaxed),
+        &entry.drained_admitted,
+    )));
+    let rejected = delta
+        .attempted
+        .saturating_sub(delta.admitted)
+        .min(room(pending(
+            entry.rejected.load(Relaxed),
+            &entry.drained_rejected,
+        )));
+    let ops = delta.ops.min(OPS_MASK / 2);
+    (admitted as u32, rejected as u32, ops)
+}
+
+/// The most cost of each kind a pair carries over failed rollups: half the
+/// room of the counters' cost fields (see [`carried`]).
+const MAX_CARRIED: u32 = 1 << 31;
 
 impl AgentState {
     /// Takes the counts of every (account, op) with activity since the last
@@ -45,10 +76,19 @@ impl AgentState {
         // written only under the drain lock, held here (see `owned`).
         for found in pinned.pairs() {
             let entry = found.entry();
-            let admitted = entry.admitted.load(Relaxed);
-            let rejected = entry.rejected.load(Relaxed);
-            let d_admitted = admitted.wrapping_sub(entry.drained_admitted.replace(admitted));
-            let d_rejected = rejected.wrapping_sub(entry.drained_rejected.replace(rejected));
+            let (admitted, rejected) = (entry.admitted.load(Relaxed), entry.rejected.load(Relaxed));
+            clear_overflow(&entry.admitted, admitted);
+            clear_overflow(&entry.rejected, rejected);
+            let (admitted, rejected, ops) = (
+                cost_of(admitted),
+                cost_of(rejected),
+                ops_of(admitted).wrapping_add(ops_of(rejected)) & OPS_MASK,
+            );
+            let d_admitted =
+                u64::from(admitted.wrapping_sub(entry.drained_admitted.replace(admitted)));
+            let d_rejected =
+                u64::from(rejected.wrapping_sub(entry.drained_rejected.replace(rejected)));
+            let d_ops = ops_between(entry.drained_ops.replace(ops), ops);
             let active = d_admitted != 0 || d_rejected != 0;
             if entry.carried_since.load(Relaxed) == 0 {
                 // Counts carried over from failed rollups span more than
@@ -77,6 +117,7 @@ impl AgentState {
                         admitted: d_admitted,
                         since: (since != 0).then(|| Nanos::from_nanos(since)),
                         op_cost: told_op_cost(entry.op_cost()),
+                        ops: d_ops,
                     },
                     found.pos + 1,
                 );
@@ -105,9 +146,10 @@ impl AgentState {
             entry.active_last_drain.store(true, Relaxed);
             return;
         }
-        let rejected = delta.attempted.saturating_sub(delta.admitted);
-        entry.drained_admitted.fetch_sub(delta.admitted, Relaxed);
+        let (admitted, rejected, ops) = carried(entry, delta);
+        entry.drained_admitted.fetch_sub(admitted, Relaxed);
         entry.drained_rejected.fetch_sub(rejected, Relaxed);
+        entry.drained_ops.fetch_sub(ops, Relaxed);
         let since = delta.since.unwrap_or(since).as_nanos().max(1);
         let _ = entry.carried_since.fetch_update(Relaxed, Relaxed, |old| {
             Some(if old == 0 { since } else { old.min(since) })

@@ -10,6 +10,7 @@ use std::sync::atomic::{
 
 use rand::Rng;
 
+use super::counter::{OPS_MASK, RETIRED, cost_of, ops_of};
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
@@ -23,16 +24,6 @@ use crate::time::{Nanos, duration_nanos};
 /// How much above an op's default limit the local guard lets a pair go
 /// before any master has answered for it (its own limit may be higher).
 pub(super) const UNCONFIRMED_ROOM: f64 = 2.0;
-
-/// What [`AgentState::forget_idle`] swaps into a forgotten entry's counters,
-/// after taking it out of the map. A check that found the entry just before
-/// holds a reference to it still; its counter add returns the old value,
-/// and the top bit set there says the add came too late to be taken by the
-/// forget (a single atomic's operations are totally ordered), so the check
-/// counts the cost again in the pair's current entry. A live counter never
-/// gets that bit in practice (2^63 cost); if one did, the check finds its
-/// entry still in the map and keeps the count where it is.
-pub(super) const RETIRED: u64 = 1 << 63;
 
 /// A factor as stored: `f32` bits, clamped to `[0, 1]`, NaN as 0.
 pub(super) fn factor_bits(factor: f64) -> u32 {
@@ -158,14 +149,15 @@ impl InForce {
 
 // Two cache lines: the check's, and the drains' and scans'.
 const _: () = assert!(std::mem::size_of::<Entry>() == 128);
+const _: () = assert!(std::mem::offset_of!(Entry, drained_admitted) == 64);
 
 /// The state of one (account, op). Counters only grow; drains remember how
 /// far they have read, so a check never races a drain into losing or
 /// double-counting cost.
 ///
-/// Layout: a check reads and writes only the first nine fields, which
-/// fill exactly one 64-byte cache line (`align(64)`); the fields only drains
-/// touch come after. A check's counter add is a locked instruction that
+/// Layout: a check reads and writes only the first ten fields, which
+/// fill one 64-byte cache line (`align(64)`); the fields only drains and
+/// scans touch come after. A check's counter add is a locked instruction that
 /// waits for its line, so every extra line a check touches is paid in full.
 #[repr(C, align(64))]
 #[derive(Default)]
@@ -197,16 +189,27 @@ pub(super) struct Entry {
     /// [`admission`](super::admission)). Moves only while a factor is in
     /// force.
     pub(super) credit: AtomicI64,
-    /// Total cost admitted since the entry was created.
+    /// The cost admitted since the entry was created, and the
+    /// operations (a counter word: see [`counter`](super::counter)).
     pub(super) admitted: AtomicU64,
-    /// Total cost rejected since the entry was created.
+    /// The cost rejected since the entry was created, and the operations.
     pub(super) rejected: AtomicU64,
-    /// Total attempted cost when the current local measurement began.
-    pub(super) local_base: AtomicU64,
-    /// How much of `admitted` the drains have taken (drainer only).
-    pub(super) drained_admitted: AtomicU64,
-    /// How much of `rejected` the drains have taken (drainer only).
-    pub(super) drained_rejected: AtomicU64,
+    /// The attempted cost's field ([`Entry::attempted_total`]) when the
+    /// current local measurement began.
+    pub(super) local_base: AtomicU32,
+    /// The rest of the check's line, so that the drains' fields begin the
+    /// next: a drain's store into the check's line would take the line
+    /// from a core that checks.
+    _check_line_room: [u8; 4],
+    /// The admitted cost's field when the drains last took it (drainer
+    /// only).
+    pub(super) drained_admitted: AtomicU32,
+    /// The rejected cost's field when the drains last took it (drainer
+    /// only).
+    pub(super) drained_rejected: AtomicU32,
+    /// The attempted operations ([`Entry::attempted_ops`]) when the drains
+    /// last took them (drainer only).
+    pub(super) drained_ops: AtomicU32,
     /// Start of the oldest interval of counts put back by `undrain`, or 0.
     pub(super) carried_since: AtomicU64,
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
@@ -342,8 +345,10 @@ impl Entry {
             admitted,
             rejected,
             local_base,
+            _check_line_room: _,
             drained_admitted,
             drained_rejected,
+            drained_ops,
             carried_since,
             expiry_counted,
             slow_rate,
@@ -362,16 +367,16 @@ impl Entry {
         for word in [master_factor, local_factor, utilisation, expiry_counted] {
             word.store(0, Relaxed);
         }
+        for word in [local_base, drained_admitted, drained_rejected, drained_ops] {
+            word.store(0, Relaxed);
+        }
         for word in [slow_rate, surge_total, reported_rate, surge_rate] {
             word.store(0, Relaxed);
         }
         for word in [window_rate, held_rate, surge_noise] {
             word.store(0, Relaxed);
         }
-        for word in [master_expires, admitted, rejected, local_base] {
-            word.store(0, Relaxed);
-        }
-        for word in [drained_admitted, drained_rejected, carried_since] {
+        for word in [master_expires, admitted, rejected, carried_since] {
             word.store(0, Relaxed);
         }
         for half in [idle_drains, surge_round, quantum] {
@@ -384,12 +389,21 @@ impl Entry {
         local_start.store(window_start(now.as_nanos()), Relaxed);
     }
 
-    /// Total attempted cost. Wraps like the counters it adds, so the
-    /// difference of two readings (`wrapping_sub`) stays exact.
-    pub(super) fn attempted_total(&self) -> u64 {
-        self.admitted
-            .load(Relaxed)
-            .wrapping_add(self.rejected.load(Relaxed))
+    /// Total attempted cost, modulo 2^32. Wraps like the counters' cost
+    /// fields it adds, so the difference of two readings (`wrapping_sub`)
+    /// stays exact.
+    #[inline]
+    pub(super) fn attempted_total(&self) -> u32 {
+        cost_of(self.admitted.load(Relaxed)).wrapping_add(cost_of(self.rejected.load(Relaxed)))
+    }
+
+    /// Total attempted operations, modulo 2^30 ([`ops_between`] takes
+    /// the difference of two readings).
+    ///
+    /// [`ops_between`]: super::counter::ops_between
+    pub(super) fn attempted_ops(&self) -> u32 {
+        ops_of(self.admitted.load(Relaxed)).wrapping_add(ops_of(self.rejected.load(Relaxed)))
+            & OPS_MASK
     }
 
     /// What is in force for this pair at `now`: the factors, the limit,
@@ -639,7 +653,7 @@ impl Entry {
             duration_nanos(config.local_window) as f64 / 1e9,
         );
         let secs = now.saturating_sub(start) as f64 / 1e9;
-        let used = self.window_used();
+        let used = u64::from(self.window_used());
         // The first operation after the first whose check finds the window
         // closing early with `used + j × cost` attempted in it: none before
         // the allowance is spent, then one by one, as the checks would.
@@ -676,8 +690,9 @@ impl Entry {
             && !self.active_last_drain.load(Relaxed)
             && self.carried_since.load(Relaxed) == 0
             && now.as_nanos() >= self.master_expires.load(Acquire)
-            && admitted == self.drained_admitted.load(Relaxed)
-            && rejected == self.drained_rejected.load(Relaxed)
+            && cost_of(admitted) == self.drained_admitted.load(Relaxed)
+            && cost_of(rejected) == self.drained_rejected.load(Relaxed)
+            && self.attempted_ops() == self.drained_ops.load(Relaxed)
             && (admitted | rejected) & RETIRED == 0
     }
 
@@ -907,7 +922,7 @@ impl Entry {
 
     /// The cost attempted in the local guard's current window.
     #[inline]
-    fn window_used(&self) -> u64 {
+    fn window_used(&self) -> u32 {
         self.attempted_total()
             .wrapping_sub(self.local_base.load(Relaxed))
     }

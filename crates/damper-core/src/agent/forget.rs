@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 
 use super::AgentState;
-use super::entry::RETIRED;
+use super::counter::{RETIRED, cost_of, ops_between, ops_of, tally};
 use crate::time::Nanos;
 
 impl AgentState {
@@ -45,14 +45,24 @@ impl AgentState {
             }
             let admitted = entry.admitted.swap(RETIRED, AcqRel);
             let rejected = entry.rejected.swap(RETIRED, AcqRel);
-            let late_admitted = admitted.wrapping_sub(entry.drained_admitted.load(Relaxed));
-            let late_rejected = rejected.wrapping_sub(entry.drained_rejected.load(Relaxed));
-            if late_admitted != 0 || late_rejected != 0 {
+            let late_admitted =
+                u64::from(cost_of(admitted).wrapping_sub(entry.drained_admitted.load(Relaxed)));
+            let late_rejected =
+                u64::from(cost_of(rejected).wrapping_sub(entry.drained_rejected.load(Relaxed)));
+            let late_ops = u64::from(ops_between(
+                entry.drained_ops.load(Relaxed),
+                ops_of(admitted).wrapping_add(ops_of(rejected)),
+            ));
+            if late_admitted != 0 || late_rejected != 0 || late_ops != 0 {
                 // Checks that found the entry just before it left the map:
-                // their cost goes to the pair's new entry, for the next drain.
+                // their cost goes to the pair's new entry, for the next drain
+                // (their operations with the admitted cost: the drains take
+                // the two counters' operations together).
                 if let Some(fresh) = self.entry(now, account.as_str(), found.op(), &pinned) {
-                    fresh.admitted.fetch_add(late_admitted, Relaxed);
-                    fresh.rejected.fetch_add(late_rejected, Relaxed);
+                    fresh
+                        .admitted
+                        .fetch_add(tally(late_admitted, late_ops), Relaxed);
+                    fresh.rejected.fetch_add(tally(late_rejected, 0), Relaxed);
                 }
             }
             forgotten += 1;

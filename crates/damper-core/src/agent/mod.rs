@@ -49,6 +49,8 @@
 //!   with a per-pair credit.
 //! - `batch`: deciding operations in bulk, and applying a reply's
 //!   verdicts, under one [`Hold`] on the table.
+//! - `counter`: a pair's counter word, its cost and its operations in one
+//!   atomic.
 //! - `entry`: one (account, op)'s state, and finding or making it.
 //! - `table`: the table of pairs: slots in chunks that never move, an
 //!   open-addressing index, and the grace a forgotten pair's slot waits
@@ -82,6 +84,7 @@
 
 mod admission;
 mod batch;
+mod counter;
 mod drain;
 mod entry;
 mod forget;
@@ -114,7 +117,8 @@ use crate::time::Nanos;
 use crate::wire::{Factor, Reply};
 pub use admission::{ADMISSION_BAND, admits, credit_bound};
 pub use batch::Hold;
-use entry::{Entry, OpInfo, RETIRED, factor_bits, factor_of, limit_bits};
+use counter::{RETIRED, tally};
+use entry::{Entry, OpInfo, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
 pub use hint::{
     DEEP_FALL_ALPHA, DEEP_FALL_FROM, FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE,
@@ -357,6 +361,13 @@ pub struct Delta {
     /// Told to the master, whose rounds are then counts of operations of
     /// this cost: their chance scatter is known from the first round.
     pub op_cost: u32,
+    /// How many operations `attempted` counts. With `op_cost`, the
+    /// costliest, it bounds the sum of their costs' squares, which is
+    /// what a round of mixed costs scatters by: `attempted × (op_cost + 1)
+    /// − ops × op_cost` (each cost `c` between 1 and `op_cost` has
+    /// `c² ≤ c·(op_cost + 1) − op_cost`). 0 when not known: an agent
+    /// that predates it.
+    pub ops: u32,
 }
 
 /// One (account, op)'s counts taken by a drain, on their way to a master.
@@ -573,7 +584,15 @@ impl AgentState {
             },
         };
         let decision = entry.decide(now, cost, rng, &self.config, publisher);
-        self.count(now, account, op, entry, decision.is_admit(), cost, &pinned);
+        self.count(
+            now,
+            account,
+            op,
+            entry,
+            decision.is_admit(),
+            tally(cost, 1),
+            &pinned,
+        );
         decision
     }
 
@@ -597,8 +616,9 @@ impl AgentState {
         Some(entry)
     }
 
-    /// Adds `cost` to an entry's admitted or rejected counter: one atomic
-    /// add, unless the entry was forgotten under the caller's feet.
+    /// Adds `tally` (a counter word's cost and operations, see `counter`)
+    /// to an entry's admitted or rejected counter: one atomic add, unless
+    /// the entry was forgotten under the caller's feet.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn count(
@@ -608,11 +628,11 @@ impl AgentState {
         op: &str,
         entry: &Entry,
         admitted: bool,
-        cost: u64,
+        tally: u64,
         pinned: &Pinned<'_>,
     ) {
-        if entry.counter(admitted).fetch_add(cost, Relaxed) & RETIRED != 0 {
-            self.recount(now, account, op, entry, admitted, cost, pinned);
+        if entry.counter(admitted).fetch_add(tally, Relaxed) & RETIRED != 0 {
+            self.recount(now, account, op, entry, admitted, tally, pinned);
         }
         if !self.counted.load(Relaxed) {
             self.counted.store(true, Relaxed);
@@ -633,7 +653,7 @@ impl AgentState {
         op: &str,
         mut stale: &'g Entry,
         admitted: bool,
-        cost: u64,
+        tally: u64,
         pinned: &'g Pinned<'_>,
     ) {
         loop {
@@ -646,11 +666,12 @@ impl AgentState {
                 return;
             };
             if std::ptr::eq(current, stale) {
-                // Still in the map, so never retired: a live counter past
-                // 2^63, and the add stands where it is.
+                // Still in the map, so never retired: a live counter whose
+                // operations carried that far (no drains), and the add
+                // stands where it is.
                 return;
             }
-            if current.counter(admitted).fetch_add(cost, Relaxed) & RETIRED == 0 {
+            if current.counter(admitted).fetch_add(tally, Relaxed) & RETIRED == 0 {
                 return;
             }
             stale = current;

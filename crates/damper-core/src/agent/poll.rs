@@ -42,7 +42,7 @@ pub(super) struct Polled {
     account: CompactString,
     /// Where its measure starts, and its attempted total then.
     start: Nanos,
-    base: u64,
+    base: u32,
     /// The span of its last report; `None` before the first went out.
     reported: Option<Duration>,
     /// When it is next reported.
@@ -84,14 +84,14 @@ impl AgentState {
                 };
                 // The cost since the last close, and the sub-window before.
                 let total = entry.attempted_total();
-                let current =
-                    u64::from((total as u32).wrapping_sub(entry.surge_total.load(Relaxed)));
+                let current = u64::from(total.wrapping_sub(entry.surge_total.load(Relaxed)));
                 let last = (entry.last_window_rate() * window.as_secs_f64()).round() as u64;
+                let back = (current + last).min(u64::from(u32::MAX)) as u32;
                 polled.push(Polled {
                     op,
                     account: account.as_str().into(),
                     start: last_close - window,
-                    base: total.saturating_sub(current + last),
+                    base: total.saturating_sub(back),
                     reported: None,
                     due: now,
                 });
@@ -138,7 +138,7 @@ impl AgentState {
                 return false;
             }
             let span = now.since(pair.start);
-            let cost = entry.attempted_total().saturating_sub(pair.base);
+            let cost = u64::from(entry.attempted_total().wrapping_sub(pair.base));
             let rates = SurgeRates {
                 rate: (cost as f64 / span.as_secs_f64().max(1e-9)) as f32,
                 baseline,

@@ -486,7 +486,7 @@ impl AgentState {
         let mut taken = 0;
         for found in pinned.pairs() {
             let entry = found.entry();
-            let total = entry.attempted_total() as u32;
+            let total = entry.attempted_total();
             let before = match pass {
                 Pass::Close => entry.surge_total.replace(total),
                 Pass::Peek => entry.surge_total.load(Relaxed),

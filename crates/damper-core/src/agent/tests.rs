@@ -57,6 +57,8 @@ fn unknown_pairs_are_admitted_and_counted() {
     // Each tells what one of its operations costs, as its first showed;
     // a cost of 1 goes unsaid.
     assert_eq!((d[0].2.op_cost, d[1].2.op_cost), (1001, 0));
+    // And how many operations each counted.
+    assert_eq!((d[0].2.ops, d[1].2.ops), (10, 1));
 }
 
 #[test]
@@ -477,12 +479,13 @@ fn undrained_counts_come_back_with_their_start() {
     agent.undrain("acme", "messages", first[0].2, t(0));
     agent.check(t(2_500), "acme", "messages", 7, &mut rng);
     let second = drained(&agent);
-    assert_eq!(second[0].2.attempted, 12);
+    assert_eq!((second[0].2.attempted, second[0].2.ops), (12, 2));
     assert_eq!(second[0].2.since, Some(t(0)));
     // Delivered: the next drain starts afresh.
     agent.check(t(4_500), "acme", "messages", 1, &mut rng);
     let third = drained(&agent);
     assert_eq!((third[0].2.attempted, third[0].2.since), (1, None));
+    assert_eq!(third[0].2.ops, 1);
 }
 
 /// An agent that forgets a pair after three idle drains of 2 s.
@@ -566,12 +569,72 @@ fn a_check_that_lands_in_a_forgotten_entry_is_counted_in_the_new_one() {
     let pinned = agent.pairs.pin();
     let stale = pinned.find("acme", "messages").unwrap();
     assert_eq!(agent.forget_idle(t(8_000)), 1);
-    agent.count(t(8_000), "acme", "messages", stale, true, 7, &pinned);
-    agent.count(t(8_000), "acme", "messages", stale, false, 3, &pinned);
+    agent.count(
+        t(8_000),
+        "acme",
+        "messages",
+        stale,
+        true,
+        tally(7, 1),
+        &pinned,
+    );
+    agent.count(
+        t(8_000),
+        "acme",
+        "messages",
+        stale,
+        false,
+        tally(3, 1),
+        &pinned,
+    );
     drop(pinned);
     let d = drained(&agent);
     assert_eq!(d.len(), 1);
-    assert_eq!((d[0].2.attempted, d[0].2.admitted), (10, 7));
+    assert_eq!((d[0].2.attempted, d[0].2.admitted, d[0].2.ops), (10, 7, 2));
+}
+
+#[test]
+fn operations_that_wrap_their_field_are_drained_exactly_and_never_mark_the_counter_retired() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 3, &mut rng);
+    assert_eq!(drained(&agent)[0].2.ops, 1);
+    // As many operations as the field holds (2^30 − 1), on top of the one
+    // drained: it wraps into its overflow bit.
+    let pinned = agent.pairs.pin();
+    let entry = pinned.find("acme", "messages").unwrap();
+    let most = u64::from(counter::OPS_MASK);
+    agent.count(
+        t(1),
+        "acme",
+        "messages",
+        entry,
+        true,
+        tally(most - 2, most - 2),
+        &pinned,
+    );
+    agent.count(t(1), "acme", "messages", entry, true, tally(2, 2), &pinned);
+    assert_ne!(entry.admitted.load(Relaxed) & counter::OVERFLOW, 0);
+    let d = drained(&agent);
+    assert_eq!((d[0].2.attempted, u64::from(d[0].2.ops)), (most, most));
+    // The drain cleared the carry: 2^30 more cannot reach the retired mark.
+    assert_eq!(entry.admitted.load(Relaxed) & counter::OVERFLOW, 0);
+    agent.count(
+        t(1),
+        "acme",
+        "messages",
+        entry,
+        true,
+        tally(most, most),
+        &pinned,
+    );
+    agent.count(t(1), "acme", "messages", entry, true, tally(1, 1), &pinned);
+    assert_eq!(entry.admitted.load(Relaxed) & RETIRED, 0);
+    drop(pinned);
+    // 2^30 operations between two drains are past what the field tells
+    // apart from none (the documented bound).
+    let d = drained(&agent);
+    assert_eq!((d[0].2.attempted, d[0].2.ops), (most + 1, 0));
 }
 
 #[test]
@@ -594,8 +657,8 @@ fn a_zero_report_put_back_after_its_pair_was_forgotten_is_sent_again() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     /// Checks on two threads race drains on a third, with some drains
-    /// failing and put back: every unit of cost is drained exactly once,
-    /// and as its own account's (a forgotten pair's slot is made over for
+    /// failing and put back: every unit of cost, and every operation, is
+    /// drained exactly once, and as its own account's (a forgotten pair's slot is made over for
     /// another pair, never under a check that still holds it).
     #[test]
     fn concurrent_checks_and_drains_lose_and_double_nothing(
@@ -616,12 +679,13 @@ proptest! {
                 let (agent, costs) = (agent.clone(), costs.clone());
                 std::thread::spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(w);
-                    let mut sums = [(0u64, 0u64); 7];
+                    let mut sums = [(0u64, 0u64, 0u32); 7];
                     for (i, &cost) in costs.iter().enumerate() {
                         // Runs of 8 on one account, so the others go idle.
                         let n = (i / 8) % 7;
                         let account = format!("acct-{n}");
                         sums[n].0 += cost;
+                        sums[n].2 += 1;
                         if agent.check(t(1), &account, "messages", cost, &mut rng).is_admit() {
                             sums[n].1 += cost;
                         }
@@ -630,7 +694,7 @@ proptest! {
                 })
             })
             .collect();
-        let mut got = [(0u64, 0u64); 7];
+        let mut got = [(0u64, 0u64, 0u32); 7];
         let mut drains = 0usize;
         let mut drain_once = |agent: &AgentState, may_fail: bool| {
             drains += 1;
@@ -643,6 +707,7 @@ proptest! {
                     let n: usize = a["acct-".len()..].parse().unwrap();
                     got[n].0 += d.attempted;
                     got[n].1 += d.admitted;
+                    got[n].2 += d.ops;
                 }
             }
         };
@@ -650,11 +715,12 @@ proptest! {
             drain_once(&agent, true);
             agent.forget_idle(t(1));
         }
-        let mut want = [(0u64, 0u64); 7];
+        let mut want = [(0u64, 0u64, 0u32); 7];
         for w in workers {
-            for (n, (a, b)) in w.join().unwrap().into_iter().enumerate() {
+            for (n, (a, b, c)) in w.join().unwrap().into_iter().enumerate() {
                 want[n].0 += a;
                 want[n].1 += b;
+                want[n].2 += c;
             }
         }
         // The node stops: a last drain that delivers.
@@ -762,6 +828,10 @@ fn a_batch_decides_like_single_checks() {
     assert!((share - 0.25).abs() < 0.01, "{share}");
     let d = drained(&agent);
     assert_eq!((d[0].2.attempted, d[0].2.admitted), (300_000, 3 * admitted));
+    assert_eq!(
+        d[0].2.ops, 100_000,
+        "each of the batch's operations, counted"
+    );
     // Same edge cases as check.
     assert_eq!(agent.check_batch(t(1), "", "messages", 3, 10, &mut rng), 10);
     assert_eq!(

@@ -74,7 +74,7 @@ pub(super) struct YoungPair {
     /// rate is measured from there (what came before, the operations
     /// that created it among them, is left out, so a batch of operations
     /// at its birth does not read as a rate). `None` until then.
-    start: Option<(Nanos, u64)>,
+    start: Option<(Nanos, u32)>,
     /// When it is next peeked at; its birth until the round has seen it.
     due: Nanos,
     /// The rate its last young report said, `f32` bits; `None` before one.
@@ -198,7 +198,7 @@ impl AgentState {
                 return false;
             };
             let secs = age.as_secs_f64();
-            let cost = entry.attempted_total().wrapping_sub(base);
+            let cost = u64::from(entry.attempted_total().wrapping_sub(base));
             let rate = cost as f64 / secs;
             if grown && !holds_steady(entry, rate, rule.window()) {
                 // Its traffic moved since: its mean since its start lags,

@@ -22,6 +22,7 @@
 //!     attempted: 8000,
 //!     admitted: 8000,
 //!     op_cost: 0,
+//!     ops: 0,
 //! };
 //! let verdict = master.ingest(end, &report).unwrap().expect("messages are limited");
 //! assert_eq!(verdict.factor, 0.75);

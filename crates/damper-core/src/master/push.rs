@@ -263,6 +263,7 @@ mod tests {
                 attempted,
                 admitted: attempted,
                 op_cost: 0,
+                ops: 0,
             };
             m.ingest(at(end_ms + 5), &report).unwrap();
         }

@@ -26,6 +26,7 @@ fn admitted_report<'a>(account: &'a str, op: &'a str, end_ms: u64, cost: u64) ->
         attempted: cost,
         admitted: cost,
         op_cost: 0,
+        ops: 0,
     }
 }
 
@@ -41,6 +42,7 @@ fn round(m: &mut MasterState, end_ms: u64, rate: f64) -> f64 {
         attempted,
         admitted: attempted,
         op_cost: 0,
+        ops: 0,
     };
     m.ingest(at(end_ms + 5), &report).unwrap().unwrap().factor
 }
@@ -489,6 +491,7 @@ fn many_agents_steady_demand_reads_exactly_and_releases_after_one_round() {
                 attempted,
                 admitted: attempted / 10,
                 op_cost: 0,
+                ops: 0,
             };
             let v = m.ingest(at(end + 30 * a), &report).unwrap().unwrap();
             factors.push((end, a, v.factor));
@@ -521,6 +524,7 @@ fn linear_ramp_reads_the_admitted_rate() {
         attempted: 100_000,
         admitted,
         op_cost: 0,
+        ops: 0,
     };
     // 2000/s admitted: halfway up the ramp (the admitted rate is kept to
     // a 65 535th of the demand's 50 000/s).
@@ -542,6 +546,7 @@ fn unlimited_pairs_get_no_verdict_but_are_tracked() {
         attempted: 1_000_000,
         admitted: 1_000_000,
         op_cost: 0,
+        ops: 0,
     };
     assert_eq!(m.ingest(at(2_001), &report).unwrap(), None);
     assert_eq!(m.len(), 1);
@@ -558,6 +563,7 @@ fn bad_reports_are_refused_with_the_field_and_not_counted() {
         attempted: 10,
         admitted: 5,
         op_cost: 0,
+        ops: 0,
     };
     let long = "x".repeat(MAX_NAME_LEN + 1);
     let cases = [
@@ -583,6 +589,14 @@ fn bad_reports_are_refused_with_the_field_and_not_counted() {
                 ..good
             },
             "`admitted` (11) is more than `attempted` (10)",
+        ),
+        (
+            Report {
+                op_cost: 3,
+                ops: 11,
+                ..good
+            },
+            "`ops` (11) is more than `attempted` (10)",
         ),
         (
             Report {
@@ -628,6 +642,7 @@ fn saturating_counts_never_wrap() {
             attempted: u64::MAX,
             admitted: u64::MAX,
             op_cost: 0,
+            ops: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert!(v.factor > 0.99 && v.factor <= 1.0, "{v:?}");
@@ -647,6 +662,7 @@ fn reports_from_a_clock_ahead_are_moved_back_not_read_as_more() {
             attempted: 8_000,
             admitted: 8_000,
             op_cost: 0,
+            ops: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert!((v.rates.demand - 4_000.0).abs() < 1e-9, "{v:?}");
@@ -677,6 +693,7 @@ fn reload_applies_new_limits_and_keeps_the_window() {
         attempted: 8_000,
         admitted: 8_000,
         op_cost: 0,
+        ops: 0,
     };
     assert_eq!(m.ingest(at(26_005), &report).unwrap(), None);
 }
@@ -720,6 +737,7 @@ fn idle_pairs_are_evicted_and_active_ones_kept() {
         attempted: 1,
         admitted: 1,
         op_cost: 0,
+        ops: 0,
     };
     m.ingest(at(2_000), &report("old", 2_000)).unwrap();
     m.ingest(at(60_000), &report("new", 60_000)).unwrap();
@@ -862,6 +880,7 @@ fn ably_mma_reads_no_spike_from_a_sliver_after_a_boundary() {
         attempted: 10,
         admitted: 10,
         op_cost: 0,
+        ops: 0,
     };
     let v = m.ingest(at_boundary, &report).unwrap().unwrap();
     assert_eq!(v.factor, 0.0, "{v:?}");
@@ -887,6 +906,7 @@ fn early_reporters_of_an_incomplete_round_are_told_when_to_ask_again() {
         attempted: (rate * 2.0 / agents as f64) as u64,
         admitted: 0,
         op_cost: 0,
+        ops: 0,
     };
     for end in (2_000..=20_000).step_by(2_000) {
         for a in 0..agents {
@@ -946,6 +966,7 @@ fn first_reporters_of_a_first_round_under_an_early_report_ask_again() {
         attempted: attempted as u64,
         admitted: attempted as u64,
         op_cost: 0,
+        ops: 0,
     };
     // Agent a's share of the first round: under the limit, and the early
     // report's estimate still stands over it.
@@ -1107,6 +1128,7 @@ fn views_show_limit_key_rates_and_factor_of_selected_pairs() {
             attempted: rate * 2,
             admitted: rate * 2,
             op_cost: 0,
+            ops: 0,
         };
         m.ingest(at(2_005), &report).unwrap();
     }
@@ -1398,6 +1420,7 @@ fn past_max_pairs_new_pairs_fail_open_and_a_held_flood_stays_held() {
             attempted: 1_000_000,
             admitted: 1_000_000,
             op_cost: 0,
+            ops: 0,
         };
         let verdict = m.ingest(at(22_005), &report).unwrap();
         assert_eq!(verdict.is_none(), i >= 10, "pair {i}");
@@ -1421,6 +1444,7 @@ fn reports_claiming_more_than_the_ceiling_are_implausible() {
         attempted,
         admitted: 0,
         op_cost: 0,
+        ops: 0,
     };
     let max = 10_000_000;
     assert!(report(20_000_000, 2_000).check_rate(max).is_ok());
@@ -1488,6 +1512,7 @@ fn an_exempt_account_is_never_suppressed_until_a_reload_removes_the_exemption() 
             attempted: (8.0 * L) as u64,
             admitted: (8.0 * L) as u64,
             op_cost: 0,
+            ops: 0,
         };
         let v = m.ingest(at(end + 5), &report).unwrap().unwrap();
         assert_eq!(v.factor, 0.0);
@@ -1565,6 +1590,7 @@ fn a_hint_counts_only_the_pair_it_holds() {
         attempted: cost,
         admitted: cost,
         op_cost: 0,
+        ops: 0,
     };
     let demand = |m: &MasterState, account: &str, op: &str| {
         let e = m.find(op, account).expect("tracked");

@@ -318,6 +318,7 @@ fn a_recheck_asked_for_is_sent_when_the_round_is_whole_and_applied() {
                 admitted: 10_000,
                 since: None,
                 op_cost: 0,
+                ops: 0,
             },
             at: 0,
         }],

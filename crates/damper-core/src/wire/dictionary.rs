@@ -245,6 +245,7 @@ impl AgentDictionary {
                     attempted: c.attempted,
                     admitted: c.admitted,
                     op_cost: c.op_cost,
+                    ops: c.ops,
                 });
             } else {
                 if !slot.confirmed {
@@ -658,6 +659,7 @@ impl Dictionaries {
                     attempted: c.attempted,
                     admitted: c.admitted,
                     op_cost: c.op_cost,
+                    ops: c.ops,
                     since: None,
                     id: 0,
                     at: 0,

@@ -97,6 +97,8 @@ pub struct IdCounts {
     pub admitted: u64,
     /// As [`AccountCounts::op_cost`].
     pub op_cost: u32,
+    /// As [`AccountCounts::ops`].
+    pub ops: u32,
 }
 
 /// One account's counts in a [`Rollup`].
@@ -112,6 +114,9 @@ pub struct AccountCounts {
     /// What one operation costs, as the agent's scans tell it; 0 when not
     /// known (see [`Report::op_cost`]).
     pub op_cost: u32,
+    /// How many operations `attempted` counts; 0 when not known (see
+    /// [`Report::ops`]).
+    pub ops: u32,
     /// The start of these counts when it is not the rollup's: counts
     /// carried over from a failed rollup.
     pub since: Option<Nanos>,
@@ -375,6 +380,7 @@ impl Rollup {
                 admitted: p.delta.admitted,
                 since: p.delta.since.map(whole_millis),
                 op_cost: p.delta.op_cost,
+                ops: p.delta.ops,
                 id: 0,
                 at: p.at,
             };
@@ -483,6 +489,7 @@ impl Rollup {
                         admitted: c.admitted,
                         since: c.since,
                         op_cost: c.op_cost,
+                        ops: c.ops,
                     },
                 })
             })
@@ -511,6 +518,7 @@ impl Rollup {
             attempted: counts.attempted,
             admitted: counts.admitted,
             op_cost: counts.op_cost,
+            ops: counts.ops,
         }
     }
 }

@@ -177,6 +177,7 @@ fn rollups_group_by_op_and_validate_every_entry() {
             admitted,
             since: None,
             op_cost: 0,
+            ops: 0,
         },
         at: 0,
     };

@@ -33,6 +33,11 @@ pub struct Report<'a> {
     /// operations of this cost, whose chance scatter it knows before the
     /// rounds have shown any (see `DemandWindow::note_op_cost`).
     pub op_cost: u32,
+    /// How many operations `attempted` counts; 0 when not known, as from
+    /// agents that predate it. With `op_cost`, the costliest, it bounds
+    /// the sum of the costs' squares, which a round of mixed costs
+    /// scatters by (see `agent::Delta::ops`).
+    pub ops: u32,
 }
 
 /// Why a report was refused. Nothing of a refused report is counted.
@@ -58,6 +63,17 @@ pub enum ReportError {
     AdmittedExceedsAttempted {
         /// The admitted cost reported.
         admitted: u64,
+        /// The attempted cost reported.
+        attempted: u64,
+    },
+    /// More operations than cost attempted: each counted operation costs
+    /// at least 1.
+    #[error(
+        "`ops` ({ops}) is more than `attempted` ({attempted}); every operation costs at least 1"
+    )]
+    OpsExceedAttempted {
+        /// The operations reported.
+        ops: u32,
         /// The attempted cost reported.
         attempted: u64,
     },
@@ -141,13 +157,19 @@ impl Report<'_> {
     }
 
     /// The checks of [`validate`](Self::validate) that are the entry's
-    /// own: its names, and admitted never above attempted.
+    /// own: its names, and admitted and operations never above attempted.
     fn validate_counts(&self) -> Result<(), ReportError> {
         validate_name("account", self.account)?;
         validate_name("op", self.op)?;
         if self.admitted > self.attempted {
             return Err(ReportError::AdmittedExceedsAttempted {
                 admitted: self.admitted,
+                attempted: self.attempted,
+            });
+        }
+        if u64::from(self.ops) > self.attempted {
+            return Err(ReportError::OpsExceedAttempted {
+                ops: self.ops,
                 attempted: self.attempted,
             });
         }

@@ -34,6 +34,7 @@ fn rounds(m: &mut MasterState, ends: std::ops::RangeInclusive<u64>, attempted: u
                 attempted,
                 admitted,
                 op_cost: 0,
+                ops: 0,
             };
             m.ingest(at(end + 5), &report).unwrap();
         }
@@ -204,6 +205,7 @@ fn polls_are_bounded_per_interval() {
                 attempted: 51,
                 admitted: 51,
                 op_cost: 0,
+                ops: 0,
             };
             m.ingest(at(end + 5), &report).unwrap();
         }

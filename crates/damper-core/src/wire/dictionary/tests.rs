@@ -26,6 +26,7 @@ fn rollup(sequence: u64, accounts: &[&str], carried: &[&str]) -> Rollup {
                 admitted: 10 * (i as u64 + 1) - 1,
                 since: carried.contains(a).then(|| at(0)),
                 op_cost: 0,
+                ops: 0,
             },
             at: 0,
         })
@@ -276,6 +277,7 @@ fn malformed_numbers_are_refused_by_name() {
             attempted: 1,
             admitted: 1,
             op_cost: 0,
+            ops: 0,
         }],
     });
     assert_eq!(
@@ -613,7 +615,7 @@ proptest! {
                 .map(|(&(account, op), &cost)| Pending {
                     account: format!("acct-{account}"),
                     op: ops[op as usize].into(),
-                    delta: Delta { attempted: cost, admitted: cost, since: None, op_cost: 0 },
+                    delta: Delta { attempted: cost, admitted: cost, since: None, op_cost: 0, ops: 0 },
                     at: 0,
                 })
                 .collect();

@@ -436,6 +436,12 @@ impl MasterState {
             report.admitted,
         );
         window.note_op_cost(report.op_cost, report.attempted);
+        window.note_ops(
+            &self.config.window,
+            report.op_cost,
+            report.ops,
+            report.attempted,
+        );
         self.dropped.attempted = self.dropped.attempted.saturating_add(dropped.attempted);
         self.dropped.admitted = self.dropped.admitted.saturating_add(dropped.admitted);
         let key = self.entries.get_mut(i);

@@ -282,6 +282,49 @@ fn a_costly_operation_does_not_shield_a_flood_of_cheap_ones() {
     assert!(factor > 0.4, "{factor}");
 }
 
+/// The same, with reports that say their operations, and an account
+/// with rounds behind it: three rounds of cheap operations under the
+/// limit, one publish to 4 000 subscribers among the next round's cheap
+/// ones, then a flood of cheap ones at twice the limit. The lump's
+/// report alone reads as an effective cost of 3 645, which a moving mean
+/// forgets over rounds: taken whole, the flood's first three rounds
+/// stayed within its chance. It rises by at most twice a report, so the
+/// flood is suppressed from its first round, as any.
+#[test]
+fn a_costly_operation_among_reports_that_say_their_operations_does_not_shield_a_flood() {
+    let mut m = master("latest-round");
+    for round in 1..=8u64 {
+        let mut factor = 0.0;
+        let end = 2_000 * round;
+        for agent in 0..10u64 {
+            // 750/s in all, then 2 000/s from round 5.
+            let cheap = if round < 5 {
+                150
+            } else {
+                390 + (agent * 7 + round * 13) % 21
+            };
+            let lump = round == 4 && agent == 0;
+            let report = Report {
+                op_cost: if round >= 4 { 4_000 } else { 0 },
+                ops: cheap as u32 + u32::from(lump),
+                ..admitted_report(
+                    "acme",
+                    "messages",
+                    end,
+                    cheap + if lump { 4_000 } else { 0 },
+                )
+            };
+            factor = m
+                .ingest(at(end + 5 + agent), &report)
+                .unwrap()
+                .map_or(0.0, |v| v.factor);
+        }
+        if round >= 5 {
+            assert!(factor > 0.4, "round {round}: {factor}");
+        }
+    }
+}
+
 #[test]
 fn steady_overload_gives_one_minus_limit_over_demand() {
     for estimator in ["latest-round", "ably-mma"] {

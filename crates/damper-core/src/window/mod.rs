@@ -469,6 +469,14 @@ impl DemandWindow {
         self.core.spread.note_op_cost(cost, attempted);
     }
 
+    /// The same report said it held `ops` operations (0: it did not say):
+    /// once its costs differ, a round scatters by the sum of their
+    /// squares, which the operations bound (see `Spread::note_ops`).
+    pub fn note_ops(&mut self, cfg: &WindowConfig, cost: u32, ops: u32, attempted: u64) {
+        let round_cost = f64::from(self.core.spread.long) * cfg.rollup_interval.as_secs_f64();
+        self.core.spread.note_ops(cost, ops, attempted, round_cost);
+    }
+
     /// The full index of the current round: the one within 2^31 rounds of
     /// round `near` whose low 32 bits the window keeps. 0 (before every
     /// round) while nothing was ever recorded, as a new window's was.

@@ -174,7 +174,30 @@ const STEP_CONFIRMED: u16 = 2;
 /// statement of one operation's cost ([`Spread::note_op_cost`]), not a
 /// divisor of reports. Snapshots taken before statements existed may hold
 /// it for a divisor three reports confirmed: a confirmed step either way.
+/// With [`REFUSED`], that the divisor's bits hold the reports' effective
+/// cost ([`Spread::note_ops`]).
 const STEP_STATED: u16 = 3;
+
+/// The effective cost is kept in eighths: 1 to 1 023.875. A mix of
+/// costlier operations is kept as the most this holds.
+const EFFECTIVE_SCALE: f64 = 8.0;
+
+/// How many whole rounds of cost the effective cost's moving mean weighs
+/// a report against: a report of a round's whole cost moves it by a third,
+/// one agent's of twenty by 2.4%, so it follows a mix over a few rounds
+/// rather than one round's chance.
+const EFFECTIVE_ROUNDS: f64 = 2.0;
+
+/// How far above the effective cost a report's own may pull it: one
+/// report is a sample of the mix, and a lump in it (a publish to 4 000
+/// subscribers among a few thousand cheap operations) reads as an
+/// effective cost in the thousands, which would hide the next rounds'
+/// flood in its chance for as long as the mean took to forget it: a
+/// client could send one costly operation and then flood. A mix's own
+/// reports scatter within twice their mean (publishes of 51 among cheap
+/// operations: 1 to 43 about 26), so it is learnt as before, over a few
+/// rounds more.
+const EFFECTIVE_RISE: f64 = 2.0;
 
 /// Whether `attempted` cost is about a whole number `n` of operations of
 /// `cost` (at least one): within a twentieth of one operation's cost,
@@ -288,8 +311,68 @@ impl Spread {
         self.step = STEP_STATED << STEP_BITS | known.max(cost);
     }
 
-    /// The rounds' cost step, once confirmed ([`STEP_CONFIRMED`]); else 1.
+    /// A report of `attempted` cost in `ops` operations came, whose agent
+    /// stated that the costliest of them costs `cost`; `round_cost` is a
+    /// whole round's cost at the window's level (0 before one closed).
+    ///
+    /// Once a report's operations show costs that differ (fewer
+    /// operations of the costliest cost than its cost would be), a
+    /// round's chance scatter is the sum of its costs' squares, not its
+    /// cost times the reports' divisor (1 when costs differ, which read
+    /// an account of cheap operations and publishes of 51 at 0.95× of its
+    /// limit as a few thousand operations of 1, and a round that chance
+    /// filled with publishes as over the limit: `mixed-costs`, seed 722).
+    /// Each cost `c` between 1 and the costliest `s` has `c² ≤ c(s + 1) −
+    /// s`, so a report's sum of squares is at most `attempted × (s + 1) −
+    /// ops × s`: exactly, for two costs (1 and `s`). The step is then that
+    /// bound over the cost, the report's effective cost, as a moving mean
+    /// weighted by cost over [`EFFECTIVE_ROUNDS`]: a count of operations
+    /// of the effective cost scatters as the rounds do. From then on the
+    /// statements and the reports' divisor are set aside ([`REFUSED`]).
+    /// Reports that say no operations (agents that predate them) leave it
+    /// be, as do reports of operations all of the stated cost until one
+    /// differs: the statement then says as much.
+    pub(super) fn note_ops(&mut self, cost: u32, ops: u32, attempted: u64, round_cost: f64) {
+        if cost <= 1 || ops == 0 || u64::from(ops) > attempted {
+            return;
+        }
+        let known = self.effective_cost();
+        if known.is_none() && u64::from(ops) * u64::from(cost) <= attempted {
+            return;
+        }
+        let (c, n, s) = (attempted as f64, f64::from(ops), f64::from(cost));
+        // From 1 (a count of cheap operations, as before), rising at most
+        // to twice what it was (plus 2) by any one report's weight.
+        let known = known.unwrap_or(1.0);
+        let own = (s + 1.0 - s * n / c)
+            .clamp(1.0, s)
+            .min(EFFECTIVE_RISE * known + 2.0);
+        let weight = if round_cost > 0.0 {
+            c / (c + EFFECTIVE_ROUNDS * round_cost)
+        } else {
+            1.0
+        };
+        let mean = known + weight * (own - known);
+        let most = f64::from(DIVISOR_MASK);
+        let kept = (mean * EFFECTIVE_SCALE)
+            .round()
+            .clamp(EFFECTIVE_SCALE, most) as u16;
+        self.step = REFUSED | STEP_STATED << STEP_BITS | kept;
+    }
+
+    /// The reports' effective cost ([`note_ops`](Self::note_ops)), once
+    /// one said its operations.
+    fn effective_cost(&self) -> Option<f64> {
+        (self.step & REFUSED != 0 && self.step >> STEP_BITS == STEP_STATED)
+            .then(|| f64::from(self.step & DIVISOR_MASK) / EFFECTIVE_SCALE)
+    }
+
+    /// The rounds' cost step: the reports' effective cost once known,
+    /// else their divisor once confirmed ([`STEP_CONFIRMED`]); else 1.
     fn cost_step(&self) -> f64 {
+        if let Some(effective) = self.effective_cost() {
+            return effective;
+        }
         if self.step >> STEP_BITS < STEP_CONFIRMED {
             return 1.0;
         }
@@ -582,6 +665,149 @@ mod tests {
         let mut huge = Spread::default();
         huge.note_op_cost(100_000, 100_000);
         assert_eq!(huge.cost_step(), f64::from(DIVISOR_MASK));
+    }
+
+    /// Reports that say their operations, of costs that differ, make the
+    /// step their effective cost: the bound on their sum of squares over
+    /// their cost, exact for two costs. Cheap operations alone read as
+    /// cost 1 (the flood after one costly operation stays a count of
+    /// cheap ones), publishes alone as their cost; reports without
+    /// operations, or all of the stated cost, change nothing.
+    #[test]
+    fn reports_of_mixed_costs_make_the_step_their_effective_cost() {
+        // 1 425 operations of 1 and 28.5 of 51 a second, over 2 s.
+        let (n1, n51) = (2_850u64, 57u64);
+        let (attempted, ops) = (n1 + 51 * n51, (n1 + n51) as u32);
+        let squares = (n1 + 51 * 51 * n51) as f64;
+        let mut spread = heard(&[attempted]);
+        spread.note_ops(51, 0, attempted, 0.0);
+        spread.note_ops(51, 57, 51 * 57, 0.0);
+        assert_eq!(spread.cost_step(), 1.0, "nothing said of a mix yet");
+        // From 1, at most twice as much plus 2 a report: 4, 10, 22, then
+        // the report's own.
+        for step in [4.0, 10.0, 22.0] {
+            spread.note_ops(51, ops, attempted, 0.0);
+            assert_eq!(spread.cost_step(), step);
+        }
+        spread.note_ops(51, ops, attempted, 0.0);
+        let effective = squares / attempted as f64;
+        assert!(
+            (spread.cost_step() - effective).abs() <= 1.0 / 16.0,
+            "{}",
+            spread.cost_step()
+        );
+        // The statements and divisors no longer move it.
+        spread.note_op_cost(51, 51 * 57);
+        spread.note_report(3);
+        assert!((spread.cost_step() - effective).abs() <= 1.0 / 16.0);
+        // Cheap operations alone, a round's whole cost: a third of the
+        // way to 1 at once.
+        spread.long = (attempted / 2) as f32;
+        spread.note_ops(51, 9_000, 9_000, attempted as f64);
+        let moved = effective + 9_000.0 / (9_000.0 + 2.0 * attempted as f64) * (1.0 - effective);
+        assert!(
+            (spread.cost_step() - moved).abs() <= 1.0 / 16.0,
+            "{}",
+            spread.cost_step()
+        );
+        // One publish to 4 000 subscribers, then a flood of cheap
+        // operations: the lump cannot make the step its thousands, and the
+        // flood's reports bring it back to 1.
+        let mut flood = heard(&[9_551]);
+        flood.note_ops(4_000, 5_552, 9_551, 0.0);
+        assert_eq!(flood.cost_step(), 4.0, "at most twice 1, plus 2");
+        flood.long = 9_551.0 / 2.0;
+        for _ in 0..10 {
+            flood.note_ops(4_000, 9_551, 9_551, 9_551.0);
+        }
+        // (Kept in eighths, a mean a third of the way from 1.125 rounds
+        // back to it.)
+        assert!(flood.cost_step() <= 1.125, "{}", flood.cost_step());
+    }
+
+    /// Seed 722 of `mixed-costs` at 0.95× (28.5 publishes of 51 and 1 425
+    /// cheap operations a second against 3 000/s, over 20 agents), as its
+    /// rounds came: nine rounds that chance made steady (2 768–2 887 a
+    /// second, where such rounds scatter by 194), so the measured noise
+    /// was a fifth of the truth, then a round of 80 publishes where 57
+    /// were due, 3 487.5 a second. Read as operations of 1, its floor was
+    /// 42 a second and the round was suppressed; with the reports'
+    /// operations, the floor is the round's true scatter.
+    #[test]
+    fn a_round_that_chance_filled_with_publishes_is_not_suppressed_once_reports_say_their_operations()
+     {
+        let over = |say_ops: bool| {
+            let mut spread = Spread::default();
+            let mut previous = None;
+            let mut any = false;
+            // Publishes per round, cheap operations at 2 850 a round less
+            // the publishes' share, for steady rounds, then the tenth.
+            let rounds = [
+                (57, 5_540),
+                (55, 5_600),
+                (58, 5_660),
+                (56, 5_700),
+                (57, 5_740),
+            ];
+            let tenth = [(80u64, 2_895u64)];
+            for (i, &(publishes, total)) in rounds.iter().cycle().take(9).chain(&tenth).enumerate()
+            {
+                let cheap = if i < 9 { total - 51 * publishes } else { total };
+                let mut round = 0.0;
+                for agent in 0..20u64 {
+                    // Each agent's share: the publishes one by one.
+                    let n51 = publishes / 20 + u64::from(agent < publishes % 20);
+                    let n1 = cheap / 20 + u64::from(agent < cheap % 20);
+                    let attempted = n1 + 51 * n51;
+                    let ops = if say_ops { (n1 + n51) as u32 } else { 0 };
+                    spread.note_report(attempted);
+                    spread.note_op_cost(51, attempted);
+                    spread.note_ops(51, ops, attempted, f64::from(spread.long) * 2.0);
+                    round += attempted as f64 / 2.0;
+                }
+                any |= spread.confidently_over(3_000.0, round, 1.5, CONFIDENCE_SIGMAS, 2.0);
+                spread.close(previous, round);
+                previous = Some(round);
+            }
+            any
+        };
+        assert!(over(false), "read as operations of 1, chance suppressed it");
+        assert!(!over(true));
+    }
+
+    /// The same account's rounds as chance gives them, twenty agents'
+    /// reports a round, that say their operations: 2 000 runs of 40
+    /// rounds refuse none.
+    #[test]
+    fn mixed_costs_under_the_limit_are_not_suppressed_when_reports_say_their_operations() {
+        use rand_distr::Poisson;
+        let refused = (0..2_000u64)
+            .filter(|&seed| {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(20_000 + seed);
+                let cheap = Poisson::new(1_425.0 * 2.0 / 20.0).unwrap();
+                let costly = Poisson::new(28.5 * 2.0 / 20.0).unwrap();
+                let mut spread = Spread::default();
+                let mut previous = None;
+                let mut any = false;
+                for _ in 0..40 {
+                    let mut round = 0.0;
+                    for _ in 0..20 {
+                        let (n1, n51) = (cheap.sample(&mut rng), costly.sample(&mut rng));
+                        let attempted = (n1 + 51.0 * n51) as u64;
+                        spread.note_report(attempted);
+                        spread.note_op_cost(51, attempted);
+                        let round_cost = f64::from(spread.long) * 2.0;
+                        spread.note_ops(51, (n1 + n51) as u32, attempted, round_cost);
+                        round += attempted as f64 / 2.0;
+                    }
+                    any |= spread.confidently_over(3_000.0, round, 1.5, CONFIDENCE_SIGMAS, 2.0);
+                    spread.close(previous, round);
+                    previous = Some(round);
+                }
+                any
+            })
+            .count();
+        assert_eq!(refused, 0);
     }
 
     /// One costly operation, then a flood of cheap ones: the agent states

@@ -488,6 +488,33 @@ fn undrained_counts_come_back_with_their_start() {
     assert_eq!(third[0].2.ops, 1);
 }
 
+#[test]
+fn counts_carried_over_failed_rollups_stop_at_two_to_the_31_cost() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    agent.check(t(0), "acme", "messages", 5, &mut rng);
+    let first = drained(&agent);
+    // Failed rollups put back far more than the cost fields can tell
+    // from a wrap: what fits is kept, the rest lost, not all of it.
+    let huge = Delta {
+        attempted: 3 << 30,
+        admitted: 1 << 30,
+        ops: 7,
+        ..first[0].2
+    };
+    agent.undrain("acme", "messages", huge, t(0));
+    agent.undrain("acme", "messages", huge, t(0));
+    agent.check(t(2_500), "acme", "messages", 3, &mut rng);
+    let second = drained(&agent);
+    let d = second[0].2;
+    assert_eq!(d.admitted, (1 << 31) + 3, "two of 2^30 kept whole, then the new 3");
+    assert_eq!(d.attempted - d.admitted, 1 << 31, "two of 2^31 rejected: the first kept");
+    assert_eq!((d.ops, d.since), (15, Some(t(0))));
+    // Delivered: the next drain starts afresh.
+    agent.check(t(4_500), "acme", "messages", 1, &mut rng);
+    assert_eq!(drained(&agent)[0].2.attempted, 1);
+}
+
 /// An agent that forgets a pair after three idle drains of 2 s.
 fn forgetful() -> AgentState {
     AgentState::new(AgentConfig {

@@ -10,7 +10,7 @@ use std::sync::atomic::{
 
 use rand::Rng;
 
-use super::counter::{OPS_MASK, RETIRED, cost_of, ops_of};
+use super::counter::{OPS_MASK, RETIRED, cost_of, ops_between, ops_of};
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
@@ -197,10 +197,12 @@ pub(super) struct Entry {
     /// The attempted cost's field ([`Entry::attempted_total`]) when the
     /// current local measurement began.
     pub(super) local_base: AtomicU32,
-    /// The rest of the check's line, so that the drains' fields begin the
-    /// next: a drain's store into the check's line would take the line
-    /// from a core that checks.
-    _check_line_room: [u8; 4],
+    /// The attempted operations ([`Entry::attempted_ops`]) when the
+    /// current local measurement began: its window's effective cost (see
+    /// [`guard::effective_cost`]). Read and written only when a window
+    /// closes, by the check that closes it; here, it fills the check's
+    /// line, so the drains' fields begin the next.
+    pub(super) local_ops_base: AtomicU32,
     /// The admitted cost's field when the drains last took it (drainer
     /// only).
     pub(super) drained_admitted: AtomicU32,
@@ -345,7 +347,7 @@ impl Entry {
             admitted,
             rejected,
             local_base,
-            _check_line_room: _,
+            local_ops_base,
             drained_admitted,
             drained_rejected,
             drained_ops,
@@ -367,7 +369,13 @@ impl Entry {
         for word in [master_factor, local_factor, utilisation, expiry_counted] {
             word.store(0, Relaxed);
         }
-        for word in [local_base, drained_admitted, drained_rejected, drained_ops] {
+        for word in [
+            local_base,
+            local_ops_base,
+            drained_admitted,
+            drained_rejected,
+            drained_ops,
+        ] {
             word.store(0, Relaxed);
         }
         for word in [slow_rate, surge_total, reported_rate, surge_rate] {
@@ -658,8 +666,9 @@ impl Entry {
         // closing early with `used + j × cost` attempted in it: none before
         // the allowance is spent, then one by one, as the checks would.
         let closes = |j: u64| {
-            let used = used.wrapping_add(j.wrapping_mul(cost)) as f64;
-            guard::closes_early(used, secs, limit, window, cost)
+            let used = used.wrapping_add(j.wrapping_mul(cost));
+            let unit = self.window_unit(used, j, cost);
+            guard::closes_early(used as f64, secs, limit, window, cost, unit)
         };
         let spent = ((limit * window - used as f64) / cost as f64).max(0.0);
         let mut j = (spent.floor() as u64).clamp(1, n);
@@ -749,8 +758,11 @@ impl Entry {
         let secs = elapsed as f64 / 1e9;
         let window_secs = window as f64 / 1e9;
         let next = window_start(now) | (word & YOUTH).saturating_sub(1);
-        if (elapsed < window
-            && !guard::closes_early(self.window_used() as f64, secs, limit, window_secs, cost))
+        let early = |used: u32| {
+            let unit = self.window_unit(u64::from(used), 0, cost);
+            guard::closes_early(f64::from(used), secs, limit, window_secs, cost, unit)
+        };
+        if (elapsed < window && !early(self.window_used()))
             || self
                 .local_start
                 .compare_exchange(word, next, Relaxed, Relaxed)
@@ -760,10 +772,16 @@ impl Entry {
         }
         self.sample_quantum(cost);
         let total = self.attempted_total();
-        // Only the check that won the window writes the base (see `owned`).
+        let unit = self.window_unit(
+            u64::from(total.wrapping_sub(self.local_base.load(Relaxed))),
+            0,
+            cost,
+        );
+        // Only the check that won the window writes the bases (see `owned`).
         let base = self.local_base.replace(total);
+        self.local_ops_base.replace(self.attempted_ops());
         let used = total.wrapping_sub(base) as f64;
-        let t = if guard::confidently_over(used, secs, limit, cost) {
+        let t = if guard::confidently_over(used, secs, limit, cost, unit) {
             factor_bits(1.0 - limit / (used / secs))
         } else {
             0
@@ -918,6 +936,18 @@ impl Entry {
     #[inline]
     fn over_window_allowance(&self, limit: f64, window: u64) -> bool {
         self.window_used() as f64 > limit * (window as f64 / 1e9)
+    }
+
+    /// What one operation of the local guard's current window weighs for
+    /// its chance scatter ([`guard::effective_cost`]), with `used` cost
+    /// attempted in it and `extra` operations not yet counted (a batch's),
+    /// `cost` the operation being decided: the costliest cost is the
+    /// larger of it and the pair's learnt one. Off `check`'s path: when a
+    /// window may close.
+    fn window_unit(&self, used: u64, extra: u64, cost: u64) -> f64 {
+        let counted = ops_between(self.local_ops_base.load(Relaxed), self.attempted_ops());
+        let ops = u64::from(counted).saturating_add(extra);
+        guard::effective_cost(used as f64, ops as f64, cost.max(u64::from(self.op_cost())))
     }
 
     /// The cost attempted in the local guard's current window.

@@ -507,8 +507,16 @@ fn counts_carried_over_failed_rollups_stop_at_two_to_the_31_cost() {
     agent.check(t(2_500), "acme", "messages", 3, &mut rng);
     let second = drained(&agent);
     let d = second[0].2;
-    assert_eq!(d.admitted, (1 << 31) + 3, "two of 2^30 kept whole, then the new 3");
-    assert_eq!(d.attempted - d.admitted, 1 << 31, "two of 2^31 rejected: the first kept");
+    assert_eq!(
+        d.admitted,
+        (1 << 31) + 3,
+        "two of 2^30 kept whole, then the new 3"
+    );
+    assert_eq!(
+        d.attempted - d.admitted,
+        1 << 31,
+        "two of 2^31 rejected: the first kept"
+    );
     assert_eq!((d.ops, d.since), (15, Some(t(0))));
     // Delivered: the next drain starts afresh.
     agent.check(t(4_500), "acme", "messages", 1, &mut rng);

@@ -7,13 +7,22 @@ use damper_sim::summary::{AccountSummary, Summary, summarize};
 use damper_sim::timeseries_csv;
 
 fn scenario(name: &str) -> Scenario {
+    Scenario::from_toml(&scenario_toml(name)).unwrap()
+}
+
+/// The shipped scenario `name`'s file.
+fn scenario_toml(name: &str) -> String {
     let path = format!("{}/scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
-    Scenario::from_toml(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    std::fs::read_to_string(&path).unwrap()
 }
 
 /// Scenario `name` at `seed`, every traffic rate multiplied by `by`.
 fn scaled(name: &str, seed: u64, by: f64) -> Scenario {
-    let mut s = scenario(name);
+    rescaled(scenario(name), seed, by)
+}
+
+/// Scenario `s` at `seed`, every traffic rate multiplied by `by`.
+fn rescaled(mut s: Scenario, seed: u64, by: f64) -> Scenario {
     s.seed = seed;
     for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
         point.rate *= by;
@@ -552,8 +561,19 @@ fn publishes_of_varying_fanout_just_under_their_limit_are_never_refused() {
 /// same account is still held in its first second.
 #[test]
 fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
-    let at = |share: f64, seed: u64| scaled("mixed-costs", seed, share / 2.0);
-    for seed in (1..=6).chain([17, 22, 24, 29, 34, 44, 89, 173, 312, 420, 525, 722]) {
+    let seeds = (1..=6).chain([17, 22, 24, 29, 34, 44, 89, 173, 312, 420, 525, 722]);
+    mixed_costs_under_the_limit_never_refused_and_a_deluge_held(scenario("mixed-costs"), seeds);
+}
+
+/// `mixed` (the `mixed-costs` account at twice its limit) at 0.95× of its
+/// limit at each of `seeds`: nothing refused; at 10×, held in its first
+/// second.
+fn mixed_costs_under_the_limit_never_refused_and_a_deluge_held(
+    mixed: Scenario,
+    seeds: impl IntoIterator<Item = u64>,
+) {
+    let at = |share: f64, seed: u64| rescaled(mixed.clone(), seed, share / 2.0);
+    for seed in seeds {
         let (_, summary) = simulate(at(0.95, seed));
         let a = account(&summary, "mixed-costs");
         assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
@@ -573,27 +593,10 @@ fn an_account_of_mixed_costs_just_under_its_limit_is_never_refused() {
 /// still held by the guard within its first second.
 #[test]
 fn an_account_of_mixed_costs_on_one_node_just_under_its_limit_is_never_refused() {
-    let path = format!("{}/scenarios/mixed-costs.toml", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = scenario_toml("mixed-costs");
     assert!(text.contains("\nagents = 20\n"));
     let one_node = Scenario::from_toml(&text.replace("\nagents = 20\n", "\nagents = 1\n")).unwrap();
-    let at = |share: f64, seed: u64| {
-        let mut s = one_node.clone();
-        s.seed = seed;
-        for point in s.traffic.iter_mut().flat_map(|t| t.profile.iter_mut()) {
-            point.rate *= share / 2.0;
-        }
-        s
-    };
-    for seed in 1..=4 {
-        let (_, summary) = simulate(at(0.95, seed));
-        let a = account(&summary, "mixed-costs");
-        assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
-    }
-    let (_, summary) = simulate(at(10.0, 1));
-    let deluge = account(&summary, "mixed-costs");
-    assert_eq!(deluge.reaction_s, Some(1.0), "{deluge:?}");
-    assert!(deluge.peak_6s_ratio.unwrap() < 1.2, "{deluge:?}");
+    mixed_costs_under_the_limit_never_refused_and_a_deluge_held(one_node, 1..=4);
 }
 
 /// `mixed-costs` held deep, at 5× and 10× of its limit (a factor of 0.8

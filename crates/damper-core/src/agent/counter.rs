@@ -64,6 +64,13 @@ pub(super) fn ops_of(word: u64) -> u32 {
     (word >> OPS_SHIFT) as u32 & OPS_MASK
 }
 
+/// The attempted operations of a pair's two counter words (admitted and
+/// rejected), modulo 2^30.
+#[inline]
+pub(super) fn attempted_ops(admitted: u64, rejected: u64) -> u32 {
+    ops_of(admitted).wrapping_add(ops_of(rejected)) & OPS_MASK
+}
+
 /// How many operations were counted between two readings of the
 /// operations' field (or of two fields' sums).
 #[inline(always)]

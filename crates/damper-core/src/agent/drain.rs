@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::counter::{OPS_MASK, clear_overflow, cost_of, ops_between, ops_of};
+use super::counter::{OPS_MASK, attempted_ops, clear_overflow, cost_of, ops_between};
 use super::entry::Entry;
 use super::owned::Owned;
 use super::{AgentState, Delta, Pending, Routed, reportable};
@@ -82,7 +82,7 @@ impl AgentState {
             let (admitted, rejected, ops) = (
                 cost_of(admitted),
                 cost_of(rejected),
-                ops_of(admitted).wrapping_add(ops_of(rejected)) & OPS_MASK,
+                attempted_ops(admitted, rejected),
             );
             let d_admitted =
                 u64::from(admitted.wrapping_sub(entry.drained_admitted.replace(admitted)));

@@ -10,7 +10,7 @@ use std::sync::atomic::{
 
 use rand::Rng;
 
-use super::counter::{OPS_MASK, RETIRED, cost_of, ops_between, ops_of};
+use super::counter::{self, RETIRED, cost_of, ops_between};
 use super::frozen::{word_factor, word_frozen};
 use super::guard;
 use super::owned::Owned;
@@ -410,8 +410,7 @@ impl Entry {
     ///
     /// [`ops_between`]: super::counter::ops_between
     pub(super) fn attempted_ops(&self) -> u32 {
-        ops_of(self.admitted.load(Relaxed)).wrapping_add(ops_of(self.rejected.load(Relaxed)))
-            & OPS_MASK
+        counter::attempted_ops(self.admitted.load(Relaxed), self.rejected.load(Relaxed))
     }
 
     /// What is in force for this pair at `now`: the factors, the limit,
@@ -662,12 +661,14 @@ impl Entry {
         );
         let secs = now.saturating_sub(start) as f64 / 1e9;
         let used = u64::from(self.window_used());
+        let (ops, costliest) = self.window_mix(cost);
         // The first operation after the first whose check finds the window
-        // closing early with `used + j × cost` attempted in it: none before
-        // the allowance is spent, then one by one, as the checks would.
+        // closing early with `used + j × cost` attempted in it, in `ops + j`
+        // operations: none before the allowance is spent, then one by one,
+        // as the checks would.
         let closes = |j: u64| {
             let used = used.wrapping_add(j.wrapping_mul(cost));
-            let unit = self.window_unit(used, j, cost);
+            let unit = guard::effective_cost(used as f64, ops.saturating_add(j) as f64, costliest);
             guard::closes_early(used as f64, secs, limit, window, cost, unit)
         };
         let spent = ((limit * window - used as f64) / cost as f64).max(0.0);
@@ -759,7 +760,7 @@ impl Entry {
         let window_secs = window as f64 / 1e9;
         let next = window_start(now) | (word & YOUTH).saturating_sub(1);
         let early = |used: u32| {
-            let unit = self.window_unit(u64::from(used), 0, cost);
+            let unit = self.window_unit(used, cost);
             guard::closes_early(f64::from(used), secs, limit, window_secs, cost, unit)
         };
         if (elapsed < window && !early(self.window_used()))
@@ -772,15 +773,12 @@ impl Entry {
         }
         self.sample_quantum(cost);
         let total = self.attempted_total();
-        let unit = self.window_unit(
-            u64::from(total.wrapping_sub(self.local_base.load(Relaxed))),
-            0,
-            cost,
-        );
         // Only the check that won the window writes the bases (see `owned`).
-        let base = self.local_base.replace(total);
+        let used = total.wrapping_sub(self.local_base.replace(total));
+        // Weighed before the operations' base moves on.
+        let unit = self.window_unit(used, cost);
         self.local_ops_base.replace(self.attempted_ops());
-        let used = total.wrapping_sub(base) as f64;
+        let used = f64::from(used);
         let t = if guard::confidently_over(used, secs, limit, cost, unit) {
             factor_bits(1.0 - limit / (used / secs))
         } else {
@@ -938,16 +936,20 @@ impl Entry {
         self.window_used() as f64 > limit * (window as f64 / 1e9)
     }
 
-    /// What one operation of the local guard's current window weighs for
-    /// its chance scatter ([`guard::effective_cost`]), with `used` cost
-    /// attempted in it and `extra` operations not yet counted (a batch's),
-    /// `cost` the operation being decided: the costliest cost is the
-    /// larger of it and the pair's learnt one. Off `check`'s path: when a
+    /// The operations counted in the local guard's current window, and
+    /// its costliest cost: the larger of `cost`, the operation being
+    /// decided, and the pair's learnt one. Off `check`'s path: read when a
     /// window may close.
-    fn window_unit(&self, used: u64, extra: u64, cost: u64) -> f64 {
-        let counted = ops_between(self.local_ops_base.load(Relaxed), self.attempted_ops());
-        let ops = u64::from(counted).saturating_add(extra);
-        guard::effective_cost(used as f64, ops as f64, cost.max(u64::from(self.op_cost())))
+    fn window_mix(&self, cost: u64) -> (u64, u64) {
+        let ops = ops_between(self.local_ops_base.load(Relaxed), self.attempted_ops());
+        (u64::from(ops), cost.max(u64::from(self.op_cost())))
+    }
+
+    /// What one operation of the local guard's current window, of `used`
+    /// cost, weighs for its chance scatter ([`guard::effective_cost`]).
+    fn window_unit(&self, used: u32, cost: u64) -> f64 {
+        let (ops, costliest) = self.window_mix(cost);
+        guard::effective_cost(f64::from(used), ops as f64, costliest)
     }
 
     /// The cost attempted in the local guard's current window.

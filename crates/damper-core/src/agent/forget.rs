@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 
 use super::AgentState;
-use super::counter::{RETIRED, cost_of, ops_between, ops_of, tally};
+use super::counter::{RETIRED, attempted_ops, cost_of, ops_between, tally};
 use crate::time::Nanos;
 
 impl AgentState {
@@ -51,7 +51,7 @@ impl AgentState {
                 u64::from(cost_of(rejected).wrapping_sub(entry.drained_rejected.load(Relaxed)));
             let late_ops = u64::from(ops_between(
                 entry.drained_ops.load(Relaxed),
-                ops_of(admitted).wrapping_add(ops_of(rejected)),
+                attempted_ops(admitted, rejected),
             ));
             if late_admitted != 0 || late_rejected != 0 || late_ops != 0 {
                 // Checks that found the entry just before it left the map:

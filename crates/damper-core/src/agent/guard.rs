@@ -68,8 +68,9 @@ pub(super) const EARLY_CLOSE_RATIO: f64 = 2.0;
 /// of the cheap operation that closed its window, was a count of a few
 /// hundred operations of 1 that chance does not move, and was refused
 /// in every other second, 4% of its cost (`mixed-costs` on one agent, all
-/// of 200 seeds); its windows weigh 26 each.
-pub(super) fn effective_cost(used: f64, ops: f64, costliest: u64) -> f64 {
+/// of 200 seeds); its windows weigh 26 each. The master weighs a
+/// report's operations by the same bound (`Spread::note_ops`).
+pub fn effective_cost(used: f64, ops: f64, costliest: u64) -> f64 {
     let s = costliest.max(1) as f64;
     if ops <= 0.0 || ops > used {
         return s;

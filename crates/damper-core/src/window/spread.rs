@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{beyond_chance, normal_tail};
+use crate::agent::{beyond_chance, effective_cost, normal_tail};
 
 /// How many standard deviations of its own noise a demand must be above
 /// the limit to be suppressed, by default (`policy.confidence_sigmas`).
@@ -340,13 +340,12 @@ impl Spread {
         if known.is_none() && u64::from(ops) * u64::from(cost) <= attempted {
             return;
         }
-        let (c, n, s) = (attempted as f64, f64::from(ops), f64::from(cost));
+        let c = attempted as f64;
         // From 1 (a count of cheap operations, as before), rising at most
         // to twice what it was (plus 2) by any one report's weight.
         let known = known.unwrap_or(1.0);
-        let own = (s + 1.0 - s * n / c)
-            .clamp(1.0, s)
-            .min(EFFECTIVE_RISE * known + 2.0);
+        let own =
+            effective_cost(c, f64::from(ops), u64::from(cost)).min(EFFECTIVE_RISE * known + 2.0);
         let weight = if round_cost > 0.0 {
             c / (c + EFFECTIVE_ROUNDS * round_cost)
         } else {

@@ -958,7 +958,11 @@ fn verdict(
     let mut factor = config.policy.kind.factor(limit, estimate.rates);
     // A round's demand over the limit by no more than its own scatter is
     // chance, not overload: an account that keeps to its limit is never
-    // refused for it. (Early reports are tested for noise by the agents.)
+    // refused for it. (Early reports of rises are tested for noise by the
+    // agents and above; a fall says less than its rounds, so the rounds'
+    // test stands for it: a chance lump reported and taken back left a
+    // fall a hair under a round that chance read 1.3× high, and it
+    // suppressed an account at 0.95× of its limit untested.)
     // Asked only to begin a suppression: one already in force (`held`,
     // proven by a round or by early reports) holds while the demand stays
     // over the limit, so an overload within a few of its rounds' scatter
@@ -967,7 +971,7 @@ fn verdict(
     // half a minute, its rounds alternately confident and not).
     if factor > 0.0
         && !held
-        && !estimate.surge
+        && (!estimate.surge || estimate.rates.demand <= estimate.surge_rounds)
         && matches!(config.policy.kind, PolicyKind::Demand)
         && config.window.estimator == EstimatorKind::LatestRound
         && !window.confidently_over(

@@ -388,6 +388,45 @@ fn scattered(toml: &str) -> (MasterState, u64) {
     (m, end)
 }
 
+/// A fall says less than its rounds, so it is no surer than they are: the
+/// scattered account of the test above, one agent's chance lump reported
+/// (within the margin, so nothing suppressed) and taken back a sub-window
+/// later, then a round that chance reads at 1.25× its limit (not beyond
+/// its scatter). The estimate stands as a fall, 1 190/s, 60/s under the
+/// round; it was taken as a surge, exempt from the rounds' test of
+/// chance, and suppressed the account (a factor of 0.16). An account of
+/// publishes to 1 000 subscribers among cheap operations at 0.95× of its
+/// limit on one node was refused so. A deluge's round still suppresses.
+#[test]
+fn a_fall_under_a_chance_round_is_weighed_as_the_round() {
+    let factor = |round_rate: f64| {
+        let (mut m, end) = scattered(&format!("[limits]\nmessages = {L}\n"));
+        let pair = || Pair::new("acme", "messages");
+        let lump = SurgeRates {
+            rate: 1_100.0,
+            baseline: 960.0,
+            ..SurgeRates::default()
+        };
+        let told = m.surge(at(end + 300), at(end + 200), "a", pair(), lump);
+        assert_eq!(
+            told.unwrap().unwrap().factor,
+            0.0,
+            "the lump, within the margin"
+        );
+        let taken_back = SurgeRates {
+            rate: 900.0,
+            baseline: 1_100.0,
+            surged: true,
+            ..SurgeRates::default()
+        };
+        let fell = m.surge(at(end + 400), at(end + 300), "a", pair(), taken_back);
+        assert_eq!(fell.unwrap().unwrap().factor, 0.0, "taken back");
+        round(&mut m, end + 2_000, round_rate)
+    };
+    assert_eq!(factor(1.25 * L), 0.0, "a chance round");
+    assert!(factor(10.0 * L) > 0.85, "a deluge's round");
+}
+
 /// A suppression in force holds while the demand stays over the limit,
 /// confident or not: the scattered account of the test above, suppressed
 /// by an early report of a deluge, stays suppressed through its next

@@ -233,12 +233,20 @@ impl DemandWindow {
             surge.counted = surge.counted.saturating_add(1);
             surge.counted_rate += rate;
             surge.counted_var += rate * rate / rates.ops as f32;
-        } else if surge.counted == 1 && rates.ops > surge.ops {
+        } else if surge.counted == 1
+            && rates.ops > 0
+            && (rates.ops > surge.ops || rate > surge.counted_rate)
+        {
             // A single agent's later sub-window, more than its first
             // counted: its count is the larger. A young pair's first peek
             // of a single node's deluge may hold ten operations, too few
             // alone (see `master::surge_proven_by`), and its follow-ups
-            // would otherwise wait for the round.
+            // would otherwise wait for the round. And one that reads
+            // higher: the estimate stands on it now, and its count is what
+            // that rate rests on. (Kept, the first count of 146 cheap
+            // operations at 730/s stood beside a follow-up's rate of
+            // 6 400/s, one publish of 1 001 among them, and proved it: an
+            // account at 0.95× of its limit on one node was refused.)
             surge.ops = rates.ops;
             surge.counted_rate = rate;
             surge.counted_var = rate * rate / rates.ops as f32;
@@ -514,6 +522,32 @@ mod tests {
         assert!(w.surge(&c, ms(2_400), ms(2_400), counted(200, true)));
         let e = w.estimate(&c, ms(2_410));
         assert_eq!((e.surge_ops, e.surge_reports), (92, 2));
+    }
+
+    /// And that agent's later sub-window that reads higher stands for it,
+    /// whatever it counted: the estimate's rate is that sub-window's now.
+    /// An account of cheap operations and rare publishes to 1 000
+    /// subscribers on one node: its young pair's first peek counted 146
+    /// cheap operations at 730/s, its next sub-window one publish among
+    /// 279 cheap ones, 6 400/s, weighing as 2 operations; kept beside that
+    /// rate, the 146 proved 2.1× its limit beyond chance, and the account,
+    /// at 0.95× of it, was refused.
+    #[test]
+    fn a_single_agents_higher_sub_window_stands_with_its_own_count() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        let first = SurgeRates {
+            ops: 146,
+            ..rates(730.0, 0.0, false)
+        };
+        assert!(w.surge(&c, ms(100), ms(100), first));
+        let higher = SurgeRates {
+            ops: 2,
+            ..rates(6_400.0, 730.0, true)
+        };
+        assert!(w.surge(&c, ms(200), ms(200), higher));
+        let e = w.estimate(&c, ms(210));
+        assert_eq!(e.rates.demand, 6_400.0);
+        assert_eq!((e.surge_ops, e.surge_reports), (2, 1));
     }
 
     #[test]

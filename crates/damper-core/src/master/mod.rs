@@ -942,7 +942,12 @@ fn verdict(
     // their chance spread, may have brought the demand under the limit (a
     // few costly operations in a few hundred milliseconds read the rate
     // left after a flood at twice what it is one time in twenty, and held
-    // the flood's suppression until the answers' next reports).
+    // the flood's suppression until the answers' next reports). A rise
+    // over rounds that are themselves over the limit reads as those
+    // rounds, which say what they say whatever the rise adds: read as
+    // the limit, a held flood of publishes to 1 000 subscribers was
+    // released whenever one agent's sub-window of a single publish (a
+    // count of one, unproven) began a fresh estimate.
     let demand = estimate.rates.demand;
     if estimate.surge
         && (!surge_proven_by(
@@ -953,7 +958,12 @@ fn verdict(
         ) || (estimate.surge_from_nothing() && demand <= limit.get() * FIRST_SURGE_MARGIN)
             || demand - POLL_SIGMAS * estimate.surge_fall_noise <= limit.get())
     {
-        estimate.rates.demand = demand.min(limit.get());
+        let unproven = if demand > estimate.surge_rounds {
+            limit.get().max(estimate.surge_rounds)
+        } else {
+            limit.get()
+        };
+        estimate.rates.demand = demand.min(unproven);
     }
     let mut factor = config.policy.kind.factor(limit, estimate.rates);
     // A round's demand over the limit by no more than its own scatter is

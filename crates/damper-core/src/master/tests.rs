@@ -388,6 +388,35 @@ fn scattered(toml: &str) -> (MasterState, u64) {
     (m, end)
 }
 
+/// An early report's rise that its count does not prove says nothing the
+/// rounds do not: over rounds at 8× the limit, held, one agent's
+/// sub-window of a single publish to 1 000 subscribers (10 010/s, one
+/// operation, chance at any rate) read as the limit, and released the
+/// flood until the next round (a heavy fan-out flood at 10× its limit
+/// over 20 agents admitted up to 8.6× in a 6-s bucket). It reads as the
+/// rounds.
+#[test]
+fn an_unproven_rise_over_rounds_that_prove_an_overload_keeps_it_held() {
+    let mut m = master("latest-round");
+    let mut end = 0;
+    let mut held = 0.0;
+    for _ in 0..6 {
+        end += 2_000;
+        held = round(&mut m, end, 8.0 * L);
+    }
+    assert!((held - (1.0 - 1.0 / 8.0)).abs() < 0.01, "{held}");
+    let lump = SurgeRates {
+        rate: 10_010.0,
+        baseline: 400.0,
+        ops: 1,
+        ..SurgeRates::default()
+    };
+    let pair = Pair::new("acme", "messages");
+    let told = m.surge(at(end + 300), at(end + 200), "b", pair, lump);
+    let factor = told.unwrap().unwrap().factor;
+    assert!((factor - held).abs() < 0.01, "{factor}");
+}
+
 /// A fall says less than its rounds, so it is no surer than they are: the
 /// scattered account of the test above, one agent's chance lump reported
 /// (within the margin, so nothing suppressed) and taken back a sub-window

@@ -599,6 +599,36 @@ fn an_account_of_mixed_costs_on_one_node_just_under_its_limit_is_never_refused()
     mixed_costs_under_the_limit_never_refused_and_a_deluge_held(one_node, 1..=4);
 }
 
+/// `mixed-costs` with its costly publisher's operations publishes to
+/// 1 000 subscribers (cost 1 001, 3 a second at 2×: 1.4 at 0.95×, among
+/// 1 425 cheap operations a second against 3 000/s), over its 20 agents.
+/// At 0.95× early reports refused it in every seed, about 49 000 cost
+/// (14%) each: an agent that had seen no such publish counted one among
+/// its cheap operations as 1 008 operations, a certain rise. Counted as
+/// the one it is (`counted_ops`), it is refused nothing at these seeds
+/// (in 9 of 20, 7 336 cost in all). At 10× it is held: the rounds hold
+/// it where a single publish's unproven rise used to release it (seed
+/// 2: the worst 6-s bucket 4.38× before).
+#[test]
+fn rare_publishes_to_a_thousand_among_cheap_operations_just_under_the_limit_are_not_refused() {
+    let text = scenario_toml("mixed-costs");
+    assert!(text.contains("cost = 51\nprofile = [ { at_s = 0, rate = 60 } ]"));
+    let heavy = text.replace(
+        "cost = 51\nprofile = [ { at_s = 0, rate = 60 } ]",
+        "cost = 1001\nprofile = [ { at_s = 0, rate = 3.0 } ]",
+    );
+    let heavy = Scenario::from_toml(&heavy).unwrap();
+    for seed in 2..=4 {
+        let (_, summary) = simulate(rescaled(heavy.clone(), seed, 0.95 / 2.0));
+        let a = account(&summary, "mixed-costs");
+        assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
+    }
+    let (_, summary) = simulate(rescaled(heavy, 2, 5.0));
+    let deluge = account(&summary, "mixed-costs");
+    assert!(deluge.reaction_s.unwrap() <= 2.0, "{deluge:?}");
+    assert!(deluge.peak_6s_ratio.unwrap() < 1.35, "{deluge:?}");
+}
+
 /// `mixed-costs` held deep, at 5× and 10× of its limit (a factor of 0.8
 /// and 0.9): the costly publisher keeps the cheap one's share within 5%.
 /// Paced, each lane held its publisher to what the pair offered each of

@@ -93,14 +93,19 @@ impl Hold<'_> {
             return n;
         }
         let (state, pinned) = (self.state, &self.pinned);
+        // A pair made here is seeded as `check` seeds it (`new_entry`);
+        // one a master's answer made is not, as `check` leaves it.
         let found = match pinned.find_near(account, op, at) {
             Some(entry) => Some(entry),
-            None => state.traffic_entry(now, account, op, pinned),
+            None => state
+                .traffic_entry(now, account, op, pinned)
+                .inspect(|entry| {
+                    entry.seed_quantum(cost);
+                }),
         };
         let Some(entry) = found else {
             return n;
         };
-        entry.seed_quantum(cost);
         let (mut left, mut admitted) = (n, 0);
         while left > 0 {
             let (decided, yes) = entry.decide_batch(now, cost, left, rng, &state.config, publisher);

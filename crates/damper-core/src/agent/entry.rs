@@ -12,7 +12,7 @@ use rand::Rng;
 
 use super::counter::{self, RETIRED, cost_of, ops_between};
 use super::frozen::{word_factor, word_frozen};
-use super::guard;
+use super::guard::{self, CostBounds};
 use super::owned::Owned;
 use super::publisher::{self, ByPublisher, Sender, Share};
 use super::table::{PairTable, Pinned};
@@ -212,6 +212,11 @@ pub(super) struct Entry {
     /// The attempted operations ([`Entry::attempted_ops`]) when the drains
     /// last took them (drainer only).
     pub(super) drained_ops: AtomicU32,
+    /// The attempted operations at the last surge scan (as
+    /// `surge_total` is their cost): a sub-window's count of operations,
+    /// which an early report weighs its rise by
+    /// ([`counted_ops`](super::surge::counted_ops); scanner only).
+    pub(super) surge_ops: AtomicU32,
     /// Start of the oldest interval of counts put back by `undrain`, or 0.
     pub(super) carried_since: AtomicU64,
     /// The `master_expires` whose expiry [`AgentState::expired_factors`]
@@ -351,6 +356,7 @@ impl Entry {
             drained_admitted,
             drained_rejected,
             drained_ops,
+            surge_ops,
             carried_since,
             expiry_counted,
             slow_rate,
@@ -375,6 +381,7 @@ impl Entry {
             drained_admitted,
             drained_rejected,
             drained_ops,
+            surge_ops,
         ] {
             word.store(0, Relaxed);
         }
@@ -403,6 +410,19 @@ impl Entry {
     #[inline]
     pub(super) fn attempted_total(&self) -> u32 {
         cost_of(self.admitted.load(Relaxed)).wrapping_add(cost_of(self.rejected.load(Relaxed)))
+    }
+
+    /// Total attempted cost and operations, as [`attempted_total`] and
+    /// [`attempted_ops`] give them, from one reading of each counter.
+    ///
+    /// [`attempted_total`]: Self::attempted_total
+    /// [`attempted_ops`]: Self::attempted_ops
+    pub(super) fn attempted(&self) -> (u32, u32) {
+        let (admitted, rejected) = (self.admitted.load(Relaxed), self.rejected.load(Relaxed));
+        (
+            cost_of(admitted).wrapping_add(cost_of(rejected)),
+            counter::attempted_ops(admitted, rejected),
+        )
     }
 
     /// Total attempted operations, modulo 2^30 ([`ops_between`] takes
@@ -661,14 +681,14 @@ impl Entry {
         );
         let secs = now.saturating_sub(start) as f64 / 1e9;
         let used = u64::from(self.window_used());
-        let (ops, costliest) = self.window_mix(cost);
+        let (ops, bounds) = self.window_mix(cost);
         // The first operation after the first whose check finds the window
         // closing early with `used + j × cost` attempted in it, in `ops + j`
         // operations: none before the allowance is spent, then one by one,
         // as the checks would.
         let closes = |j: u64| {
             let used = used.wrapping_add(j.wrapping_mul(cost));
-            let unit = guard::effective_cost(used as f64, ops.saturating_add(j) as f64, costliest);
+            let unit = guard::effective_cost(used as f64, ops.saturating_add(j) as f64, bounds);
             guard::closes_early(used as f64, secs, limit, window, cost, unit)
         };
         let spent = ((limit * window - used as f64) / cost as f64).max(0.0);
@@ -937,19 +957,21 @@ impl Entry {
     }
 
     /// The operations counted in the local guard's current window, and
-    /// its costliest cost: the larger of `cost`, the operation being
-    /// decided, and the pair's learnt one. Off `check`'s path: read when a
-    /// window may close.
-    fn window_mix(&self, cost: u64) -> (u64, u64) {
+    /// what is known of their costs with `cost`, the operation being
+    /// decided, among them ([`Quantum::bounds`]). Off `check`'s path: read
+    /// when a window may close.
+    ///
+    /// [`Quantum::bounds`]: super::surge::Quantum::bounds
+    fn window_mix(&self, cost: u64) -> (u64, CostBounds) {
         let ops = ops_between(self.local_ops_base.load(Relaxed), self.attempted_ops());
-        (u64::from(ops), cost.max(u64::from(self.op_cost())))
+        (u64::from(ops), self.quantum().bounds(cost))
     }
 
     /// What one operation of the local guard's current window, of `used`
     /// cost, weighs for its chance scatter ([`guard::effective_cost`]).
     fn window_unit(&self, used: u32, cost: u64) -> f64 {
-        let (ops, costliest) = self.window_mix(cost);
-        guard::effective_cost(f64::from(used), ops as f64, costliest)
+        let (ops, bounds) = self.window_mix(cost);
+        guard::effective_cost(f64::from(used), ops as f64, bounds)
     }
 
     /// The cost attempted in the local guard's current window.

@@ -57,25 +57,67 @@ const GUARD_ALPHA: f64 = 2.867e-7;
 /// not.
 pub(super) const EARLY_CLOSE_RATIO: f64 = 2.0;
 
-/// What one operation of a window of `used` cost in `ops` operations
-/// weighs for its chance scatter, the costliest costing `costliest`: the
-/// bound on their sum of squares, `used × (costliest + 1) − ops ×
-/// costliest` (each cost `c` between 1 and the costliest has `c² ≤
-/// c·(costliest + 1) − costliest`), over `used`; `costliest` for
-/// operations all of it (and when the count says nothing: none, or more
-/// operations than cost). An account of publishes of 51 and cheap
-/// operations at 0.95× of its limit from one node, weighed by the cost
-/// of the cheap operation that closed its window, was a count of a few
-/// hundred operations of 1 that chance does not move, and was refused
-/// in every other second, 4% of its cost (`mixed-costs` on one agent, all
-/// of 200 seeds); its windows weigh 26 each. The master weighs a
-/// report's operations by the same bound (`Spread::note_ops`).
-pub fn effective_cost(used: f64, ops: f64, costliest: u64) -> f64 {
-    let s = costliest.max(1) as f64;
-    if ops <= 0.0 || ops > used {
-        return s;
+/// What is known of the costs of a pair's operations: each costs at least
+/// `least`, and at most `costliest` when that is known. The scans learn
+/// them (the quantum's divisor while costs look alike; the costliest seen
+/// once they differ), and a rollup states the costliest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostBounds {
+    /// The least an operation costs (at least 1).
+    pub least: u64,
+    /// The most one costs, when known.
+    pub costliest: Option<u64>,
+}
+
+impl CostBounds {
+    /// Costs of at least 1 and at most `costliest`.
+    pub fn up_to(costliest: u64) -> CostBounds {
+        CostBounds {
+            least: 1,
+            costliest: Some(costliest.max(1)),
+        }
     }
-    (s + 1.0 - s * ops / used).clamp(1.0, s)
+}
+
+/// What one operation of a window of `used` cost in `ops` operations
+/// weighs for its chance scatter: a bound on their sum of squares over
+/// `used`.
+///
+/// Each cost `c` between `q` (the least) and `s` (the costliest) has `c² ≤
+/// c·(s + q) − s·q`, so the squares are at most `used × (s + q) − ops × s
+/// × q`, exactly for two costs; and, whatever the costliest, at most those
+/// of one operation holding all the cost the others leave, `(used − (ops −
+/// 1)·q)² + (ops − 1)·q²`, which is all there is to go on while the
+/// costliest is not known. The smaller bound stands: operations all of
+/// one cost weigh that cost. When the count says nothing (none, or more
+/// operations than cost), the costliest (or the least, not knowing it).
+///
+/// An account of publishes of 51 and cheap operations at 0.95× of its
+/// limit from one node, weighed by the cost of the cheap operation that
+/// closed its window, was a count of a few hundred operations of 1 that
+/// chance does not move, and was refused in every other second, 4% of its
+/// cost (`mixed-costs` on one agent, all of 200 seeds); its windows weigh
+/// 26 each. One publish to 1 000 subscribers among cheap operations, on
+/// an agent that had not seen one before, weighs as itself. The master
+/// weighs a report's operations by the same bound (`Spread::note_ops`).
+pub fn effective_cost(used: f64, ops: f64, bounds: CostBounds) -> f64 {
+    let q = bounds.least.max(1) as f64;
+    let fallback = bounds.costliest.map_or(q, |s| s.max(1) as f64);
+    if ops < 1.0 || ops > used {
+        return fallback;
+    }
+    // A least the count belies (its operations cost less on average)
+    // bounds nothing.
+    let q = q.min(used / ops).max(1.0);
+    let rest = used - (ops - 1.0) * q;
+    let mut squares = rest * rest + (ops - 1.0) * q * q;
+    if let Some(s) = bounds.costliest.map(|s| s as f64)
+        && s >= q
+        && used <= ops * s
+    {
+        squares = squares.min(used * (s + q) - ops * s * q);
+    }
+    (squares / used).clamp(1.0, used)
 }
 
 /// Whether `used` cost attempted over `secs` seconds, by operations that
@@ -166,7 +208,7 @@ mod tests {
     /// was proof; weighed as their mix, only what chance does not give.
     #[test]
     fn a_window_of_mixed_costs_is_weighed_by_its_costs_squares() {
-        let unit = effective_cost(719.0, 363.0, 51);
+        let unit = effective_cost(719.0, 363.0, CostBounds::up_to(51));
         let squares = 356.0 + 7.0 * 51.0 * 51.0;
         assert!((unit - squares / 713.0).abs() < 1.0, "{unit}");
         assert!(confidently_over(900.0, 0.25, 3_000.0, 1, 1.0));
@@ -174,10 +216,45 @@ mod tests {
         // A deluge of the same mix still is.
         assert!(confidently_over(4_000.0, 0.25, 3_000.0, 1, unit));
         // One cost: its own; a count that says nothing: the costliest.
-        assert_eq!(effective_cost(510.0, 10.0, 51), 51.0);
-        assert_eq!(effective_cost(300.0, 300.0, 51), 1.0);
-        assert_eq!(effective_cost(510.0, 0.0, 51), 51.0);
-        assert_eq!(effective_cost(5.0, 9.0, 51), 51.0);
+        let up_to_51 = CostBounds::up_to(51);
+        assert_eq!(effective_cost(510.0, 10.0, up_to_51), 51.0);
+        assert_eq!(effective_cost(300.0, 300.0, up_to_51), 1.0);
+        assert_eq!(effective_cost(510.0, 0.0, up_to_51), 51.0);
+        assert_eq!(effective_cost(5.0, 9.0, up_to_51), 51.0);
+    }
+
+    /// A 250-ms window of 300 cheap operations and one publish to 1 000
+    /// subscribers (1 300 cost, 5 200/s against 3 000/s), on an agent that
+    /// never saw such a publish (costs of at least 1, the costliest not
+    /// known): weighed as a count of 1 300 operations of 1 it was a
+    /// deluge; one operation may hold 1 000 of its cost, and so weighed
+    /// it is chance. Costs all alike still weigh their cost, and a
+    /// deluge of cheap operations is still one.
+    #[test]
+    fn a_window_whose_costliest_is_not_known_is_weighed_by_its_largest_possible_lump() {
+        let unknown = CostBounds {
+            least: 1,
+            costliest: None,
+        };
+        let unit = effective_cost(1_300.0, 301.0, unknown);
+        assert!(
+            (unit - (1_000.0f64.powi(2) + 300.0) / 1_300.0).abs() < 1e-6,
+            "{unit}"
+        );
+        assert!(confidently_over(1_300.0, 0.25, 3_000.0, 1, 1.0));
+        assert!(!confidently_over(1_300.0, 0.25, 3_000.0, 1, unit));
+        assert_eq!(effective_cost(300.0, 300.0, unknown), 1.0);
+        let alike = CostBounds {
+            least: 51,
+            costliest: None,
+        };
+        assert_eq!(effective_cost(510.0, 10.0, alike), 51.0);
+        let deluge = effective_cost(4_000.0, 4_000.0, unknown);
+        assert!(confidently_over(4_000.0, 0.25, 3_000.0, 1, deluge));
+        // Known, the costliest bounds it as before; and the smaller bound
+        // stands (90 operations of 100 cost hold no 51).
+        let up_to_51 = CostBounds::up_to(51);
+        assert!((effective_cost(100.0, 90.0, up_to_51) - 2.1).abs() < 1e-9);
     }
 
     #[test]

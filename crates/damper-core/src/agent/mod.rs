@@ -120,7 +120,7 @@ pub use batch::Hold;
 use counter::{RETIRED, tally};
 use entry::{Entry, OpInfo, factor_bits, factor_of, limit_bits};
 pub use frozen::FROZEN_MAX_OPS;
-pub use guard::effective_cost;
+pub use guard::{CostBounds, effective_cost};
 pub use hint::{
     DEEP_FALL_ALPHA, DEEP_FALL_FROM, FALL_ALPHA, HINT_ALPHA, HINT_MIN_OPS, HINT_NEW_SHARE,
     SPARSE_OPS, beyond_chance, fall_alpha, normal_tail, poisson_tail,

@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::Duration;
 
 use super::AgentState;
+use super::counter::ops_between;
 use super::entry::{CONFIRM_ASKED, Entry, HINTED, YOUNG_REPORTED};
+use super::guard::CostBounds;
 use super::hint::HintSpan;
 use super::owned::Owned;
 use crate::Pair;
@@ -347,6 +349,27 @@ impl Quantum {
         Quantum(seen | Self::MIXED | cheap_first | known.max(cost) as u16)
     }
 
+    /// What it says of the costs of the pair's operations, once it has
+    /// learnt from `cost`, an operation's own (0: none; see
+    /// [`sample`](Self::sample)): while they look alike, each costs at
+    /// least the divisor, and the costliest is not known (an agent that
+    /// never saw the rare costly one has a divisor of 1); once they
+    /// differ, at least 1 and at most the costliest seen. Knowing nothing
+    /// yet (a pair a master's answer made, which no check seeded), `cost`
+    /// stands for the costliest.
+    pub(super) fn bounds(self, cost: u64) -> CostBounds {
+        let learnt = if cost > 0 { self.sample(cost) } else { self };
+        let known = u64::from(learnt.cost());
+        if learnt.is_mixed() || known == 0 {
+            CostBounds::up_to(known.max(cost))
+        } else {
+            CostBounds {
+                least: known.max(1),
+                costliest: None,
+            }
+        }
+    }
+
     /// Whether operations of different costs were seen.
     pub(super) fn is_mixed(self) -> bool {
         self.0 & Self::MIXED != 0
@@ -486,10 +509,16 @@ impl AgentState {
         let mut taken = 0;
         for found in pinned.pairs() {
             let entry = found.entry();
-            let total = entry.attempted_total();
-            let before = match pass {
-                Pass::Close => entry.surge_total.replace(total),
-                Pass::Peek => entry.surge_total.load(Relaxed),
+            let (total, ops_now) = entry.attempted();
+            let (before, ops_before) = match pass {
+                Pass::Close => (
+                    entry.surge_total.replace(total),
+                    entry.surge_ops.replace(ops_now),
+                ),
+                Pass::Peek => (
+                    entry.surge_total.load(Relaxed),
+                    entry.surge_ops.load(Relaxed),
+                ),
             };
             let cost = total.wrapping_sub(before);
             let rate = f64::from(cost) / secs;
@@ -621,7 +650,13 @@ impl AgentState {
                 rate: rate as f32,
                 baseline,
                 surged,
-                ops: rise_ops(rate, baseline, u64::from(cost), entry.op_cost()),
+                ops: rise_ops(
+                    rate,
+                    baseline,
+                    u64::from(cost),
+                    ops_between(ops_before, ops_now),
+                    entry.quantum(),
+                ),
                 ..SurgeRates::default()
             };
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
@@ -659,18 +694,40 @@ pub(super) fn ops_in(cost: u64, quantum: u32) -> u32 {
         .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32)
 }
 
-/// What an early report of `rate` against `baseline` says it counted: the
-/// operations of its `cost` for a rise, so the master weighs a jump summed
-/// from a few sub-windows by their Poisson noise before it suppresses on
-/// it (two agents that a 0.95× account moved onto read 19% high over
-/// their first peek one time in forty, and the jump stood until its round
-/// after next); 0 for a fall, which the master weighs otherwise.
-pub(super) fn rise_ops(rate: f64, baseline: f32, cost: u64, quantum: u32) -> u32 {
+/// What an early report of `rate` against `baseline` says it counted: for
+/// a rise, the operations its sub-window of `cost` in `ops` operations
+/// weighs as ([`counted_ops`]), so the master weighs a jump summed from a
+/// few sub-windows by their Poisson noise before it suppresses on it (two
+/// agents that a 0.95× account moved onto read 19% high over their first
+/// peek one time in forty, and the jump stood until its round after
+/// next); 0 for a fall, which the master weighs otherwise.
+pub(super) fn rise_ops(rate: f64, baseline: f32, cost: u64, ops: u32, quantum: Quantum) -> u32 {
     if rate > f64::from(baseline) {
-        ops_in(cost, quantum)
+        counted_ops(cost, ops, quantum)
     } else {
         0
     }
+}
+
+/// How many operations a sub-window of `cost` in `ops` operations weighs
+/// as for its chance scatter: `cost² ÷ Σc²`, the squares bounded by what
+/// the scans know of its costs ([`Quantum::bounds`],
+/// [`guard::effective_cost`](super::guard::effective_cost)); 0 (not said)
+/// while they know nothing, as before operations were counted.
+///
+/// A sub-window's cost over the quantum counted one publish to 1 000
+/// subscribers, among cheap operations on an agent that had seen none
+/// before (a divisor of 1), as 1 008 operations: a certain rise, and an
+/// account at 0.95× of its limit (1.4 such publishes and 1 425 cheap
+/// operations a second over 20 agents) was refused 14% of its cost in
+/// every seed. Bounded, it counts as one.
+pub(super) fn counted_ops(cost: u64, ops: u32, quantum: Quantum) -> u32 {
+    if quantum.cost() == 0 || ops == 0 || u64::from(ops) > cost {
+        // The count is unknown (or wrapped): as before counts were kept.
+        return ops_in(cost, quantum.cost());
+    }
+    let unit = super::guard::effective_cost(cost as f64, f64::from(ops), quantum.bounds(0));
+    (cost as f64 / unit).round().clamp(1.0, f64::from(ops)) as u32
 }
 
 impl AgentState {
@@ -738,6 +795,11 @@ impl Entry {
     /// second (0 before the first).
     pub(super) fn last_window_rate(&self) -> f64 {
         f64::from(f32::from_bits(self.window_rate.load(Relaxed)))
+    }
+
+    /// What the scans know of the pair's cost per operation.
+    pub(super) fn quantum(&self) -> Quantum {
+        Quantum(self.quantum.load(Relaxed))
     }
 
     /// The cost of one operation as the scans learnt it (see [`Quantum`]):
@@ -1181,6 +1243,78 @@ mod tests {
         // cost: a sub-window it does not divide shows nothing.
         assert!(!Quantum::seeded(10_000).learn(5_000).is_mixed());
         assert!(Quantum::seeded(4_000).learn(5_000).is_mixed());
+    }
+
+    /// What an early report's sub-window counts: its operations when
+    /// they all cost alike, and what their costs' squares allow when they
+    /// differ, whether the costliest is known or not.
+    #[test]
+    fn a_sub_window_counts_what_its_costs_squares_allow() {
+        let ones = Quantum::seeded(1);
+        let fifty_ones = Quantum::seeded(51);
+        let mixed = Quantum::seeded(1).sample(51);
+        // One publish to 1 000 subscribers among 7 cheap operations, on an
+        // agent that never saw one: one operation, not 1 008.
+        assert_eq!(counted_ops(1_008, 8, ones), 1);
+        assert_eq!(ones.bounds(0).costliest, None);
+        // The same once the costliest is known.
+        assert_eq!(counted_ops(1_008, 8, Quantum::seeded(1).sample(1_001)), 1);
+        // Costs all alike count as themselves.
+        assert_eq!(counted_ops(15, 15, ones), 15);
+        assert_eq!(counted_ops(510, 10, fifty_ones), 10);
+        assert_eq!(counted_ops(15, 15, mixed), 15);
+        // Two publishes of 51 and 15 cheap operations: Σc² is 5 217
+        // exactly for two costs, 117² ÷ 5 217 = 2.6.
+        assert_eq!(counted_ops(117, 17, mixed), 3);
+        // Not knowing the costliest, one operation may hold all but 16.
+        assert_eq!(counted_ops(117, 17, ones), 1);
+        // Nothing learnt yet: not said, as before counts were kept; a
+        // count that says nothing: the cost over the quantum.
+        assert_eq!(counted_ops(1_008, 8, Quantum::default()), 0);
+        assert_eq!(counted_ops(510, 0, fifty_ones), 10);
+        assert_eq!(counted_ops(5, 9, ones), 5);
+    }
+
+    /// A pair whose operations are mostly cheap and now and then a
+    /// publish to 1 000 subscribers, on an agent whose first operations
+    /// cost 1: a sub-window holding one publish among the cheap ones is
+    /// reported, as the rise it is, counting one operation (its cost over
+    /// the divisor of 1 counted 1 008, and the master took it for a
+    /// certain deluge).
+    #[test]
+    fn a_single_costly_operation_among_cheap_ones_counts_as_one() {
+        let state = AgentState::new(AgentConfig::default());
+        let rule = SurgeRule::default_for(Duration::from_secs(2));
+        let mut rng = SmallRng::seed_from_u64(4);
+        let mut reports = Vec::new();
+        for window in 0..50u64 {
+            for i in 0..7 {
+                state.check(
+                    at(window * 200 + 20 * i + 5),
+                    "acme",
+                    "messages",
+                    1,
+                    &mut rng,
+                );
+            }
+            if window == 40 {
+                state.check(at(window * 200 + 150), "acme", "messages", 1_001, &mut rng);
+            }
+            let end = at(window * 200 + 200);
+            state.scan_surges(end - Duration::from_millis(200), end, &rule, |_, rates| {
+                reports.push((window, rates));
+                true
+            });
+            if window % 10 == 9 {
+                state.drain(end, |_, _, _| {});
+            }
+        }
+        let rise = reports.iter().find(|(window, _)| *window == 40);
+        let Some((_, rates)) = rise else {
+            panic!("{reports:?}")
+        };
+        assert!(rates.rate > 5_000.0, "{rates:?}");
+        assert_eq!(rates.ops, 1, "{rates:?}");
     }
 
     #[test]

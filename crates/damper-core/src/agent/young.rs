@@ -73,8 +73,9 @@ pub(super) struct YoungPair {
     /// When the round first saw it, and its attempted total then: its
     /// rate is measured from there (what came before, the operations
     /// that created it among them, is left out, so a batch of operations
-    /// at its birth does not read as a rate). `None` until then.
-    start: Option<(Nanos, u32)>,
+    /// at its birth does not read as a rate), and the attempted cost and
+    /// operations then. `None` until then.
+    start: Option<(Nanos, u32, u32)>,
     /// When it is next peeked at; its birth until the round has seen it.
     due: Nanos,
     /// The rate its last young report said, `f32` bits; `None` before one.
@@ -168,8 +169,9 @@ impl AgentState {
             let Some(entry) = pinned.find(&pair.account, &pair.op) else {
                 return false;
             };
-            let Some((start, base)) = pair.start else {
-                pair.start = Some((now, entry.attempted_total()));
+            let Some((start, base, ops_base)) = pair.start else {
+                let (total, ops) = entry.attempted();
+                pair.start = Some((now, total, ops));
                 pair.due = now + YOUNG_PEEK_AFTER;
                 return true;
             };
@@ -198,7 +200,8 @@ impl AgentState {
                 return false;
             };
             let secs = age.as_secs_f64();
-            let cost = u64::from(entry.attempted_total().wrapping_sub(base));
+            let (total, ops) = entry.attempted();
+            let cost = u64::from(total.wrapping_sub(base));
             let rate = cost as f64 / secs;
             if grown && !holds_steady(entry, rate, rule.window()) {
                 // Its traffic moved since: its mean since its start lags,
@@ -232,7 +235,13 @@ impl AgentState {
                 baseline,
                 surged,
                 joined: false,
-                ops: super::surge::rise_ops(rate, baseline, cost, entry.op_cost()),
+                ops: super::surge::rise_ops(
+                    rate,
+                    baseline,
+                    cost,
+                    super::counter::ops_between(ops_base, ops),
+                    entry.quantum(),
+                ),
                 ..SurgeRates::default()
             };
             // Not taken: its master is busy with another early report.

@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{beyond_chance, effective_cost, normal_tail};
+use crate::agent::{CostBounds, beyond_chance, effective_cost, normal_tail};
 
 /// How many standard deviations of its own noise a demand must be above
 /// the limit to be suppressed, by default (`policy.confidence_sigmas`).
@@ -344,8 +344,8 @@ impl Spread {
         // From 1 (a count of cheap operations, as before), rising at most
         // to twice what it was (plus 2) by any one report's weight.
         let known = known.unwrap_or(1.0);
-        let own =
-            effective_cost(c, f64::from(ops), u64::from(cost)).min(EFFECTIVE_RISE * known + 2.0);
+        let own = effective_cost(c, f64::from(ops), CostBounds::up_to(u64::from(cost)))
+            .min(EFFECTIVE_RISE * known + 2.0);
         let weight = if round_cost > 0.0 {
             c / (c + EFFECTIVE_ROUNDS * round_cost)
         } else {

@@ -183,7 +183,8 @@ const STEP_STATED: u16 = 3;
 const EFFECTIVE_SCALE: f64 = 8.0;
 
 /// How many whole rounds of cost the effective cost's moving mean weighs
-/// a report against: a report of a round's whole cost moves it by a third,
+/// a report that lowers it against (a rise is taken whole, as far as
+/// [`EFFECTIVE_RISE`] lets it): a report of a round's whole cost moves it by a third,
 /// one agent's of twenty by 2.4%, so it follows a mix over a few rounds
 /// rather than one round's chance.
 const EFFECTIVE_ROUNDS: f64 = 2.0;
@@ -325,8 +326,9 @@ impl Spread {
     /// Each cost `c` between 1 and the costliest `s` has `c² ≤ c(s + 1) −
     /// s`, so a report's sum of squares is at most `attempted × (s + 1) −
     /// ops × s`: exactly, for two costs (1 and `s`). The step is then that
-    /// bound over the cost, the report's effective cost, as a moving mean
-    /// weighted by cost over [`EFFECTIVE_ROUNDS`]: a count of operations
+    /// bound over the cost, the report's effective cost, rising to a
+    /// report's own at once (within [`EFFECTIVE_RISE`]) and falling as a
+    /// moving mean weighted by cost over [`EFFECTIVE_ROUNDS`]: a count of operations
     /// of the effective cost scatters as the rounds do. From then on the
     /// statements and the reports' divisor are set aside ([`REFUSED`]).
     /// Reports that say no operations (agents that predate them) leave it
@@ -346,7 +348,15 @@ impl Spread {
         let known = known.unwrap_or(1.0);
         let own = effective_cost(c, f64::from(ops), CostBounds::up_to(u64::from(cost)))
             .min(EFFECTIVE_RISE * known + 2.0);
-        let weight = if round_cost > 0.0 {
+        // A rise is taken whole, as far as the bound lets it: weighed as
+        // well, its steps compounded, and an account whose reports come
+        // from one agent (each a whole round) learnt its mix over some
+        // twenty rounds rather than eight, its chance rounds meanwhile
+        // read as proof. A fall is a moving mean, so a round without its
+        // rare costly operation does not forget them.
+        let weight = if own > known {
+            1.0
+        } else if round_cost > 0.0 {
             c / (c + EFFECTIVE_ROUNDS * round_cost)
         } else {
             1.0
@@ -708,6 +718,23 @@ mod tests {
             (spread.cost_step() - moved).abs() <= 1.0 / 16.0,
             "{}",
             spread.cost_step()
+        );
+        // One agent's reports, each a whole round, of rare publishes to
+        // 1 000 subscribers among cheap operations (3 and 2 850 a round):
+        // the rises' steps do not compound with the rounds' weight, and
+        // the mix is learnt in nine rounds (at a third of the way a
+        // round as well, 38 after nine).
+        let (heavy, heavy_ops) = (3 * 1_001 + 2_850u64, 2_853u32);
+        let heavy_effective = (3.0 * 1_001.0f64.powi(2) + 2_850.0) / heavy as f64;
+        let mut one_agent = heard(&[heavy]);
+        one_agent.long = heavy as f32 / 2.0;
+        for _ in 0..9 {
+            one_agent.note_ops(1_001, heavy_ops, heavy, heavy as f64);
+        }
+        assert!(
+            (one_agent.cost_step() - heavy_effective).abs() <= 1.0,
+            "{} against {heavy_effective}",
+            one_agent.cost_step()
         );
         // One publish to 4 000 subscribers, then a flood of cheap
         // operations: the lump cannot make the step its thousands, and the

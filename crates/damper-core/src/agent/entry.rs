@@ -372,23 +372,25 @@ impl Entry {
             active_last_drain,
             scan_flags,
         } = self;
-        for word in [master_factor, local_factor, utilisation, expiry_counted] {
-            word.store(0, Relaxed);
-        }
         for word in [
+            master_factor,
+            local_factor,
+            utilisation,
+            expiry_counted,
             local_base,
             local_ops_base,
             drained_admitted,
             drained_rejected,
             drained_ops,
             surge_ops,
+            slow_rate,
+            surge_total,
+            reported_rate,
+            surge_rate,
+            window_rate,
+            held_rate,
+            surge_noise,
         ] {
-            word.store(0, Relaxed);
-        }
-        for word in [slow_rate, surge_total, reported_rate, surge_rate] {
-            word.store(0, Relaxed);
-        }
-        for word in [window_rate, held_rate, surge_noise] {
             word.store(0, Relaxed);
         }
         for word in [master_expires, admitted, rejected, carried_since] {
@@ -798,16 +800,10 @@ impl Entry {
         // Weighed before the operations' base moves on, and only when over
         // the limit at all: most windows of most pairs are under it, and
         // their weighing was 5% of a simulated fleet's time.
-        let over = f64::from(used) > limit * secs
-            && guard::confidently_over(
-                f64::from(used),
-                secs,
-                limit,
-                cost,
-                self.window_unit(used, cost),
-            );
-        self.local_ops_base.replace(self.attempted_ops());
+        let unit = || self.window_unit(used, cost);
         let used = f64::from(used);
+        let over = used > limit * secs && guard::confidently_over(used, secs, limit, cost, unit());
+        self.local_ops_base.replace(self.attempted_ops());
         let t = if over {
             factor_bits(1.0 - limit / (used / secs))
         } else {

@@ -16,8 +16,9 @@
 //! operations of cost `c` over `t` seconds read `n·c/t ± √n·c/t`. Costs
 //! that differ scatter as the sum of their squares: `c` is the window's
 //! effective cost ([`effective_cost`]), from its operations, counted
-//! beside its cost, and the costliest cost the pair has shown (read when
-//! a window closes, not on every check); a window of fewer than 50 operations
+//! beside its cost, and what is known of the pair's costs ([`CostBounds`]:
+//! read when a window closes over its limit, not on every check); a
+//! window of fewer than 50 operations
 //! is weighed by its Poisson tail instead (`hint::beyond_chance`), which
 //! the normal law misjudges.
 //! A deluge of cost-1 operations passes at its first early close; one of

@@ -364,7 +364,7 @@ impl Quantum {
             CostBounds::up_to(known.max(cost))
         } else {
             CostBounds {
-                least: known.max(1),
+                least: known,
                 costliest: None,
             }
         }
@@ -805,7 +805,7 @@ impl Entry {
     /// The cost of one operation as the scans learnt it (see [`Quantum`]):
     /// 0 until they trust it.
     pub(super) fn op_cost(&self) -> u32 {
-        Quantum(self.quantum.load(Relaxed)).cost()
+        self.quantum().cost()
     }
 
     /// The cost of one operation for the noise a rise is judged by: the
@@ -827,7 +827,7 @@ impl Entry {
     /// judged as counts of 1, every publish read as a rise, and the
     /// master, weighing hundreds of them, was refused one by chance.
     pub(super) fn rise_cost(&self) -> u32 {
-        let quantum = Quantum(self.quantum.load(Relaxed));
+        let quantum = self.quantum();
         if quantum.cheap_first() && super::entry::young_for_rises(self.local_start.load(Relaxed)) {
             quantum.cost().min(1)
         } else {

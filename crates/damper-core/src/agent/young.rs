@@ -70,11 +70,11 @@ pub const YOUNG_SPAN: Duration = Duration::from_millis(1_600);
 pub(super) struct YoungPair {
     op: Arc<str>,
     account: CompactString,
-    /// When the round first saw it, and its attempted total then: its
-    /// rate is measured from there (what came before, the operations
-    /// that created it among them, is left out, so a batch of operations
-    /// at its birth does not read as a rate), and the attempted cost and
-    /// operations then. `None` until then.
+    /// When the round first saw it, and its attempted cost and operations
+    /// then: its rate is measured from there (what came before, the
+    /// operations that created it among them, is left out, so a batch of
+    /// operations at its birth does not read as a rate). `None` until
+    /// then.
     start: Option<(Nanos, u32, u32)>,
     /// When it is next peeked at; its birth until the round has seen it.
     due: Nanos,

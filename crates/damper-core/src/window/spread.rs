@@ -354,12 +354,10 @@ impl Spread {
         // twenty rounds rather than eight, its chance rounds meanwhile
         // read as proof. A fall is a moving mean, so a round without its
         // rare costly operation does not forget them.
-        let weight = if own > known {
+        let weight = if own > known || round_cost <= 0.0 {
             1.0
-        } else if round_cost > 0.0 {
-            c / (c + EFFECTIVE_ROUNDS * round_cost)
         } else {
-            1.0
+            c / (c + EFFECTIVE_ROUNDS * round_cost)
         };
         let mean = known + weight * (own - known);
         let most = f64::from(DIVISOR_MASK);

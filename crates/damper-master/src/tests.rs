@@ -457,6 +457,22 @@ fn claims_above_max_claimed_rate_are_refused_and_count_nothing() {
     let bad = m.factors(&uneven).unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().contains("joined (2)"), "{bad:?}");
+    // A follow-up's rollup baseline is a claim too: one far above the
+    // ceiling, taken against in a fresh estimate, would move it by as much.
+    let mut follow_up = early.clone();
+    follow_up.ops[0].rates = vec![10.0];
+    follow_up.ops[0].surged = vec![true];
+    follow_up.ops[0].rollup_baselines = vec![1e12];
+    let lie = m.factors(&follow_up).unwrap_err();
+    assert_eq!(lie.code(), Code::InvalidArgument);
+    assert!(
+        lie.message().contains("ops[0].rollup_baselines[0]"),
+        "{lie:?}"
+    );
+    follow_up.ops[0].rollup_baselines = vec![f32::NAN];
+    let bad = m.factors(&follow_up).unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("rollup_baselines"), "{bad:?}");
     assert_eq!(
         m.len(),
         0,

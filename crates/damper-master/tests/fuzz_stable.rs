@@ -154,17 +154,21 @@ fn factors() -> impl Strategy<Value = FactorsRequest> {
         prop::collection::vec(any::<bool>(), 0..6),
         prop::collection::vec(any::<bool>(), 0..6),
         prop::collection::vec(any::<u32>(), 0..6),
+        prop::collection::vec(rate(), 0..6),
     )
         .prop_map(
-            |(op, accounts, rates, baselines, surged, joined, hints, ops)| OpAccounts {
-                op,
-                accounts,
-                rates,
-                baselines,
-                surged,
-                joined,
-                hints,
-                ops,
+            |(op, accounts, rates, baselines, surged, joined, hints, ops, rollup_baselines)| {
+                OpAccounts {
+                    op,
+                    accounts,
+                    rates,
+                    baselines,
+                    surged,
+                    joined,
+                    hints,
+                    ops,
+                    rollup_baselines,
+                }
             },
         );
     (name(), prop::collection::vec(op, 0..3), millis()).prop_map(|(agent_id, ops, surge_at)| {

@@ -272,6 +272,20 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                     } else {
                         Vec::new()
                     },
+                    // Empty unless a follow-up says it: for the rest it is
+                    // their baseline.
+                    rollup_baselines: if op
+                        .surges
+                        .iter()
+                        .any(|s| s.surged && s.rollup_baseline.is_some())
+                    {
+                        op.surges
+                            .iter()
+                            .map(|s| s.rollup_baseline.unwrap_or(s.baseline))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 })
                 .collect(),
             surge_at_unix_ms: q.surge_at.map_or(0, |t| t.as_millis()),
@@ -297,10 +311,10 @@ impl From<v1::FactorsRequest> for FactorsQuery {
     }
 }
 
-/// An op's surges from the three parallel lists. Lists of unequal length
-/// are a malformed request, which [`surge_lists_error`] names; converted
-/// anyway, they come out as long as `rates`, the missing values 0 or
-/// `false`.
+/// An op's surges from its parallel lists. Lists of unequal length are a
+/// malformed request, which [`surge_lists_error`] names; converted
+/// anyway, they come out as long as `rates`, the missing values 0, `false`
+/// or `None`. A rollup baseline is read for follow-ups (`surged`) only.
 fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
     op.rates
         .iter()
@@ -312,14 +326,20 @@ fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
             joined: op.joined.get(i).copied().unwrap_or(false),
             hint: op.hints.get(i).copied().unwrap_or(false),
             ops: op.ops.get(i).copied().unwrap_or(0),
+            rollup_baseline: op
+                .surged
+                .get(i)
+                .is_some_and(|&s| s)
+                .then(|| op.rollup_baselines.get(i).copied())
+                .flatten(),
         })
         .collect()
 }
 
 /// Why an early report's parallel lists do not line up, naming the field;
 /// `None` when every op's `rates`, `baselines` and `surged` are as long as
-/// its `accounts` (or all empty), and `joined`, `hints` and `ops` each as
-/// long or empty (and empty when the rest are).
+/// its `accounts` (or all empty), and `joined`, `hints`, `ops` and
+/// `rollup_baselines` each as long or empty (and empty when the rest are).
 pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
     request.ops.iter().enumerate().find_map(|(i, op)| {
         let n = op.accounts.len();
@@ -328,6 +348,7 @@ pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
             ("joined", op.joined.len()),
             ("hints", op.hints.len()),
             ("ops", op.ops.len()),
+            ("rollup_baselines", op.rollup_baselines.len()),
         ];
         if lens != [0, 0, 0] && lens != [n, n, n] {
             return Some(format!(
@@ -744,7 +765,9 @@ mod tests {
             prop_assert_eq!(back, query);
             let surges = pairs.enumerate().map(|(i, p)| {
                 let (hint, ops) = (i % 4 == 1, (i % 5) as u32);
-                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged: i % 2 == 0, joined: i % 3 == 0, hint, ops })
+                let surged = i % 2 == 0;
+                let rollup_baseline = surged.then_some(i as f32 * 0.5);
+                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged, joined: i % 3 == 0, hint, ops, rollup_baseline })
             });
             let query = FactorsQuery::surge(&rollup.agent_id, ms(1 << 40), surges);
             let request = v1::FactorsRequest::from(query.clone());

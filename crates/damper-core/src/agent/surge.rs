@@ -646,21 +646,16 @@ impl AgentState {
                 }
                 continue;
             };
-            let rates = SurgeRates {
-                rate: rate as f32,
-                baseline,
-                surged,
-                ops: rise_ops(
-                    rate,
-                    baseline,
-                    u64::from(cost),
-                    ops_between(ops_before, ops_now),
-                    entry.quantum(),
-                ),
-                ..SurgeRates::default()
-            };
+            let ops = rise_ops(
+                rate,
+                entry.rise_from((baseline, surged)),
+                u64::from(cost),
+                ops_between(ops_before, ops_now),
+                entry.quantum(),
+            );
+            let rates = entry.early_report(rate as f32, (baseline, surged), ops);
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
-                entry.told_early(rates.rate, round, Some(rates.ops));
+                entry.told_early(rates.rate, round, Some(rise_counted(&rates)));
                 taken += 1;
             }
         }
@@ -694,16 +689,29 @@ pub(super) fn ops_in(cost: u64, quantum: u32) -> u32 {
         .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32)
 }
 
-/// What an early report of `rate` against `baseline` says it counted: for
-/// a rise, the operations its sub-window of `cost` in `ops` operations
+/// What an early report of `rate` says it counted: for a rise from `from`
+/// (see [`Entry::rise_from`]), the operations its sub-window of `cost` in `ops` operations
 /// weighs as ([`counted_ops`]), so the master weighs a jump summed from a
 /// few sub-windows by their Poisson noise before it suppresses on it (two
 /// agents that a 0.95× account moved onto read 19% high over their first
 /// peek one time in forty, and the jump stood until its round after
 /// next); 0 for a fall, which the master weighs otherwise.
-pub(super) fn rise_ops(rate: f64, baseline: f32, cost: u64, ops: u32, quantum: Quantum) -> u32 {
-    if rate > f64::from(baseline) {
+pub(super) fn rise_ops(rate: f64, from: f32, cost: u64, ops: u32, quantum: Quantum) -> u32 {
+    if rate > f64::from(from) {
         counted_ops(cost, ops, quantum)
+    } else {
+        0
+    }
+}
+
+/// What an early report counted of a rise from the rate it was sent
+/// against (`baseline`): a chance lump, or not ([`CHANCE_OPS`]), as
+/// [`Entry::told_early`] judges it; 0 for a fall, even one that counts its
+/// operations in case the master takes it against the agent's last rollup
+/// ([`Entry::rise_from`]).
+pub(super) fn rise_counted(rates: &SurgeRates) -> u32 {
+    if rates.rate > rates.baseline {
+        rates.ops
     } else {
         0
     }
@@ -844,6 +852,41 @@ impl Entry {
             (self.told_early_rate(), true)
         } else {
             (f32::from_bits(self.reported_rate.load(Relaxed)), false)
+        }
+    }
+
+    /// An early report of `rate` over `ops` operations against `baseline`,
+    /// what this agent last told the master ([`told_rate`](Self::told_rate));
+    /// a follow-up (`surged`) also says what its last rollup said (see
+    /// [`SurgeRates::rollup_baseline`]).
+    pub(super) fn early_report(
+        &self,
+        rate: f32,
+        (baseline, surged): (f32, bool),
+        ops: u32,
+    ) -> SurgeRates {
+        SurgeRates {
+            rate,
+            baseline,
+            surged,
+            ops,
+            rollup_baseline: surged.then(|| f32::from_bits(self.reported_rate.load(Relaxed))),
+            ..SurgeRates::default()
+        }
+    }
+
+    /// The least rate the master may hold for this agent, told `baseline`
+    /// (`surged`: by an early report): what a rise is counted against
+    /// ([`rise_ops`]). A follow-up may be taken against its last rollup's
+    /// rate instead ([`SurgeRates::rollup_baseline`]), and a fall from a
+    /// lump is then a rise: counted, a single publish of 1 001 that
+    /// followed up its own lump in a fresh estimate stood as an unproven
+    /// 5 075/s, and suppressed an account at 0.95× of its limit.
+    pub(super) fn rise_from(&self, (baseline, surged): (f32, bool)) -> f32 {
+        if surged {
+            baseline.min(f32::from_bits(self.reported_rate.load(Relaxed)))
+        } else {
+            baseline
         }
     }
 

@@ -230,26 +230,20 @@ impl AgentState {
                     now + YOUNG_PEEK_AFTER
                 }
             };
-            let rates = SurgeRates {
-                rate: rate as f32,
-                baseline,
-                surged,
-                joined: false,
-                ops: super::surge::rise_ops(
-                    rate,
-                    baseline,
-                    cost,
-                    super::counter::ops_between(ops_base, ops),
-                    entry.quantum(),
-                ),
-                ..SurgeRates::default()
-            };
+            let ops = super::surge::rise_ops(
+                rate,
+                entry.rise_from((baseline, surged)),
+                cost,
+                super::counter::ops_between(ops_base, ops),
+                entry.quantum(),
+            );
+            let rates = entry.early_report(rate as f32, (baseline, surged), ops);
             // Not taken: its master is busy with another early report.
             if !again || !report(Pair::new(&pair.account, &pair.op), rates) {
                 pair.due = next(follow_up);
                 return true;
             }
-            entry.told_early(rates.rate, round, Some(rates.ops));
+            entry.told_early(rates.rate, round, Some(super::surge::rise_counted(&rates)));
             if !grown {
                 // The sub-window the next scan closes began before it.
                 entry.set_scanned(YOUNG_REPORTED, true);

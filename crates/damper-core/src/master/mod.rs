@@ -485,7 +485,7 @@ impl MasterState {
         }
         let mut window = self.entries.take_window(i);
         // An agent whose clock runs ahead: its sub-window ended by now.
-        window.surge(&self.config.window, now, at.min(now), rates);
+        window.surge(&self.config.window, now, at.min(now), agent, rates);
         let key = self.entries.get_mut(i);
         key.set_last_report(key.last_report().later(now));
         let was_suppressed = key.is(table::SUPPRESSED);

@@ -211,7 +211,7 @@ fn a_suppressed_pair_is_not_released_by_one_reports_small_count() {
         ops: 10,
         ..SurgeRates::default()
     };
-    assert!(window.surge(&m.config.window, at(40), at(40), peek));
+    assert!(window.surge(&m.config.window, at(40), at(40), "a", peek));
     let factor = |held| verdict(&m.config, &window, held, matched, at(50)).factor;
     assert_eq!(factor(false), 0.0, "not enough to begin");
     assert!(factor(true) > 0.7, "enough to go on");

@@ -576,6 +576,10 @@ fn an_early_report_sent_twice_and_unanswered_stays_the_baseline() {
     assert!(first.rate > 2_000.0 && !first.surged, "{first:?}");
     assert!(next.rate > first.rate, "{next:?}");
     assert!(next.surged && next.baseline == first.rate, "{next:?}");
+    // A follow-up also says its last rollup's rate, in case the master's
+    // estimate that held the first report has given way to a fresh one.
+    assert_eq!(first.rollup_baseline, None);
+    assert_eq!(next.rollup_baseline, Some(first.baseline), "{next:?}");
 }
 
 /// A rollup lost in the round that shows a deluge's end must not keep its

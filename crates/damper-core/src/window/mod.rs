@@ -29,12 +29,14 @@
 //! # Layout
 //! - this file: the window, its rounds and sub-intervals, the estimators.
 //! - `surge`: the surge estimate from early reports.
+//! - `reporters`: which agents a surge estimate holds a report of.
 //! - `hint`: the tally of agents' sparse hints, and when it polls.
 //! - `spread`: how much whole rounds scatter, and a slower average of
 //!   them: whether a demand over the limit is more than chance.
 
 mod admitted;
 mod hint;
+mod reporters;
 mod spread;
 mod surge;
 
@@ -863,7 +865,7 @@ mod tests {
                 w.record(&c, at(0), at(2_000), 400, 300);
             }
             let rounds = w.estimate(&c, at(2_400));
-            assert!(w.surge(&c, at(2_600), at(2_600), surge));
+            assert!(w.surge(&c, at(2_600), at(2_600), "a", surge));
             let json = serde_json::to_value(&w).unwrap();
             let keys: Vec<&str> = json
                 .as_object()

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::DemandWindow;
+use super::reporters::Reporters;
 use crate::config::WindowConfig;
 use crate::time::{Nanos, duration_nanos};
 use crate::wire::SurgeRates;
@@ -104,6 +105,10 @@ pub(super) struct Surge {
     /// ([`FALLING_FOR`]).
     #[serde(default)]
     moved_at: u64,
+    /// The agents it holds an early report of: a follow-up from any other
+    /// is its first report here (see [`Surge::as_held`]).
+    #[serde(default)]
+    reporters: Reporters,
 }
 
 /// How long after its last early report a fall counts as still coming in
@@ -169,6 +174,28 @@ impl Surge {
         (weighed.round().max(1.0) as u32).min(self.ops)
     }
 
+    /// A report from the agent whose id hashes to `agent`, as this
+    /// estimate holds it: a follow-up (`surged`) from an agent it holds no
+    /// report of is that agent's first report here, against its last
+    /// rollup ([`SurgeRates::rollup_baseline`]; its early report went to
+    /// an estimate this one replaced). Notes the agent as held.
+    fn as_held(&mut self, agent: u64, rates: SurgeRates) -> SurgeRates {
+        let held = self.reporters.may_hold(agent);
+        self.reporters.insert(agent);
+        match rates.rollup_baseline {
+            Some(baseline) if rates.surged && !held => SurgeRates {
+                baseline,
+                surged: false,
+                ..rates
+            },
+            // A follow-up's fall from a rise this estimate holds counts
+            // nothing here; it says its operations only in case it was
+            // not held (`agent::Entry::rise_from`).
+            _ if rates.surged && rates.rate < rates.baseline => SurgeRates { ops: 0, ..rates },
+            _ => rates,
+        }
+    }
+
     /// Whether it reports a fall: less than when it began.
     fn is_fall(&self) -> bool {
         self.own() < f64::from(self.base)
@@ -176,10 +203,17 @@ impl Surge {
 }
 
 impl DemandWindow {
-    /// Takes one early report at `now`: the agent's rate over the
+    /// Takes one early report from `agent` at `now`: its rate over the
     /// sub-window that ended at `at`. Returns `false` when it describes a
     /// round already reported (it came too late to matter).
-    pub fn surge(&mut self, cfg: &WindowConfig, now: Nanos, at: Nanos, rates: SurgeRates) -> bool {
+    pub fn surge(
+        &mut self,
+        cfg: &WindowConfig,
+        now: Nanos,
+        at: Nanos,
+        agent: &str,
+        rates: SurgeRates,
+    ) -> bool {
         let r = duration_nanos(cfg.rollup_interval).max(1);
         let round = at.as_nanos().saturating_sub(1) / r + 1;
         if round < self.round_near(round) {
@@ -214,6 +248,7 @@ impl DemandWindow {
             .and_then(|e| e.surge.as_mut())
             .expect("made above");
         surge.moved_at = now.as_nanos();
+        let rates = surge.as_held(crate::agent::agent_seed(agent), rates);
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
         if rates.joined {
             surge.joined += rate;
@@ -380,7 +415,7 @@ mod tests {
     fn a_lapsed_surge_is_let_go_of_as_the_next_round_begins() {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 25);
-        assert!(w.surge(&c, ms(2_800), ms(2_800), rates(500.0, 25.0, false)));
+        assert!(w.surge(&c, ms(2_800), ms(2_800), "a", rates(500.0, 25.0, false)));
         round(&mut w, 4_000, 25);
         // Its round after (to 6 s) is whole, but the round that begins
         // then cannot know it yet: kept.
@@ -398,7 +433,7 @@ mod tests {
         round(&mut w, 2_000, 25);
         assert_eq!(w.estimate(&c, ms(2_400)).rates.demand, 500.0);
         for _ in 0..20 {
-            assert!(w.surge(&c, ms(2_800), ms(2_800), rates(500.0, 25.0, false)));
+            assert!(w.surge(&c, ms(2_800), ms(2_800), "a", rates(500.0, 25.0, false)));
         }
         let e = w.estimate(&c, ms(2_810));
         assert!(e.surge);
@@ -423,11 +458,11 @@ mod tests {
         round(&mut w, 2_000, 25);
         // One agent's chance spike, in the round ending at 2 000: it
         // proves less than the rounds.
-        assert!(w.surge(&c, ms(2_100), ms(1_900), rates(100.0, 25.0, false)));
+        assert!(w.surge(&c, ms(2_100), ms(1_900), "a", rates(100.0, 25.0, false)));
         assert_eq!(w.estimate(&c, ms(2_110)).rates.demand, 500.0);
         // A deluge, in the round ending at 4 000.
         for _ in 0..20 {
-            w.surge(&c, ms(2_300), ms(2_200), rates(500.0, 25.0, false));
+            w.surge(&c, ms(2_300), ms(2_200), "a", rates(500.0, 25.0, false));
         }
         assert_eq!(w.estimate(&c, ms(2_310)).rates.demand, 10_000.0);
         // The round ending at 4 000, whole, holds only part of it: the
@@ -437,6 +472,35 @@ mod tests {
         let e = w.estimate(&c, ms(4_400));
         assert!(e.surge);
         assert_eq!(e.rates.demand, 10_000.0);
+    }
+
+    /// An agent's fall from a chance lump, reported after the lump's
+    /// estimate gave way to a fresh one, is its first report in the fresh
+    /// one: taken against its last rollup, it moves nothing. Taken as a
+    /// change from the lump the fresh estimate never held, it took the
+    /// lump off the rounds, and released a publish-to-1 000 account at 2×
+    /// its limit within a second, again and again.
+    #[test]
+    fn a_fall_from_a_lump_a_replaced_estimate_held_moves_nothing() {
+        let demand_after_fall = |rollup_baseline: Option<f32>| {
+            let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+            round(&mut w, 2_000, 250);
+            // Agent a's chance lump, in the round ending at 2 000: no more
+            // than the rounds say.
+            assert!(w.surge(&c, ms(2_100), ms(1_900), "a", rates(1_500.0, 250.0, false)));
+            assert_eq!(w.estimate(&c, ms(2_110)).rates.demand, 5_000.0);
+            // Its fall, in the next round's first sub-window: a fresh
+            // estimate.
+            let fall = SurgeRates {
+                rollup_baseline,
+                ..rates(250.0, 1_500.0, true)
+            };
+            assert!(w.surge(&c, ms(2_300), ms(2_200), "a", fall));
+            w.estimate(&c, ms(2_310)).rates.demand
+        };
+        assert_eq!(demand_after_fall(Some(250.0)), 5_000.0);
+        // An agent that predates `rollup_baseline`: taken as before.
+        assert_eq!(demand_after_fall(None), 3_750.0);
     }
 
     /// The operations an estimate's reports counted, and how many reports
@@ -453,13 +517,13 @@ mod tests {
         // A follow-up of a report the master no longer holds, first in a
         // fresh estimate: counted (it used to stand with no count, which
         // the master takes for proof).
-        assert!(w.surge(&c, ms(2_800), ms(2_800), counted(10, true)));
+        assert!(w.surge(&c, ms(2_800), ms(2_800), "a", counted(10, true)));
         let e = w.estimate(&c, ms(2_810));
         assert_eq!((e.surge_ops, e.surge_reports), (10, 1), "{e:?}");
         // Another agent's first report adds; a follow-up within the same
         // estimate measures the same operations again and does not.
-        assert!(w.surge(&c, ms(2_820), ms(2_800), counted(9, false)));
-        assert!(w.surge(&c, ms(2_900), ms(2_900), counted(12, true)));
+        assert!(w.surge(&c, ms(2_820), ms(2_800), "a", counted(9, false)));
+        assert!(w.surge(&c, ms(2_900), ms(2_900), "a", counted(12, true)));
         let e = w.estimate(&c, ms(2_910));
         assert_eq!((e.surge_ops, e.surge_reports), (19, 2));
         assert_eq!(e.surge_rounds, 500.0);
@@ -480,7 +544,7 @@ mod tests {
                     ops,
                     ..rates(rate, 0.0, false)
                 };
-                assert!(w.surge(&c, ms(100 + i as u64), ms(100), r));
+                assert!(w.surge(&c, ms(100 + i as u64), ms(100), "a", r));
             }
             let e = w.estimate(&c, ms(150));
             (e.surge_ops, e.surge_reports)
@@ -505,21 +569,21 @@ mod tests {
             ..rates(4_750.0, if surged { 4_750.0 } else { 25.0 }, surged)
         };
         round(&mut w, 2_000, 25);
-        assert!(w.surge(&c, ms(2_100), ms(2_100), counted(10, false)));
-        assert!(w.surge(&c, ms(2_200), ms(2_200), counted(83, true)));
+        assert!(w.surge(&c, ms(2_100), ms(2_100), "a", counted(10, false)));
+        assert!(w.surge(&c, ms(2_200), ms(2_200), "a", counted(83, true)));
         let e = w.estimate(&c, ms(2_210));
         assert_eq!((e.surge_ops, e.surge_reports), (83, 1));
         // A smaller one does not lower it; once two agents counted, a
         // follow-up adds nothing.
-        assert!(w.surge(&c, ms(2_300), ms(2_300), counted(40, true)));
+        assert!(w.surge(&c, ms(2_300), ms(2_300), "a", counted(40, true)));
         // (Its rate as 9 such operations make it: counted at 4 750/s, 9
         // would weigh as much less.)
         let another = SurgeRates {
             ops: 9,
             ..rates(515.0, 25.0, false)
         };
-        assert!(w.surge(&c, ms(2_310), ms(2_300), another));
-        assert!(w.surge(&c, ms(2_400), ms(2_400), counted(200, true)));
+        assert!(w.surge(&c, ms(2_310), ms(2_300), "a", another));
+        assert!(w.surge(&c, ms(2_400), ms(2_400), "a", counted(200, true)));
         let e = w.estimate(&c, ms(2_410));
         assert_eq!((e.surge_ops, e.surge_reports), (92, 2));
     }
@@ -539,12 +603,12 @@ mod tests {
             ops: 146,
             ..rates(730.0, 0.0, false)
         };
-        assert!(w.surge(&c, ms(100), ms(100), first));
+        assert!(w.surge(&c, ms(100), ms(100), "a", first));
         let higher = SurgeRates {
             ops: 2,
             ..rates(6_400.0, 730.0, true)
         };
-        assert!(w.surge(&c, ms(200), ms(200), higher));
+        assert!(w.surge(&c, ms(200), ms(200), "a", higher));
         let e = w.estimate(&c, ms(210));
         assert_eq!(e.rates.demand, 6_400.0);
         assert_eq!((e.surge_ops, e.surge_reports), (2, 1));
@@ -557,7 +621,7 @@ mod tests {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 40);
         for _ in 0..2 {
-            w.surge(&c, ms(2_800), ms(2_800), rates(400.0, 40.0, false));
+            w.surge(&c, ms(2_800), ms(2_800), "a", rates(400.0, 40.0, false));
         }
         let demand = w.estimate(&c, ms(2_810)).rates.demand;
         assert!(demand <= 800.0, "{demand}");
@@ -566,7 +630,7 @@ mod tests {
     /// `agents` of the 20 report, at 2 600 ms, a drop from 500/s to 25/s.
     fn drops(w: &mut DemandWindow, agents: usize) {
         for _ in 0..agents {
-            w.surge(&cfg(), ms(2_600), ms(2_600), rates(25.0, 500.0, false));
+            w.surge(&cfg(), ms(2_600), ms(2_600), "a", rates(25.0, 500.0, false));
         }
     }
 
@@ -585,7 +649,7 @@ mod tests {
         let (c, mut w) = released_by_drops();
         // A late early report, for a round already reported, is refused.
         round(&mut w, 4_000, 25);
-        assert!(!w.surge(&c, ms(4_100), ms(1_900), rates(9.0, 1.0, false)));
+        assert!(!w.surge(&c, ms(4_100), ms(1_900), "a", rates(9.0, 1.0, false)));
     }
 
     #[test]
@@ -616,7 +680,7 @@ mod tests {
         // The round to 4 000 held the flood until 2 600.
         round(&mut w, 4_000, 300);
         assert_eq!(w.estimate(&c, ms(4_300)).rates.demand, 500.0);
-        assert!(w.surge(&c, ms(4_300), ms(4_200), rates(40.0, 25.0, true)));
+        assert!(w.surge(&c, ms(4_300), ms(4_200), "a", rates(40.0, 25.0, true)));
         let demand = w.estimate(&c, ms(4_310)).rates.demand;
         assert!(demand <= 600.0, "{demand}");
     }
@@ -624,7 +688,7 @@ mod tests {
     #[test]
     fn the_surge_lapses_when_no_round_comes() {
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
-        w.surge(&c, ms(2_800), ms(2_800), rates(5_000.0, 0.0, false));
+        w.surge(&c, ms(2_800), ms(2_800), "a", rates(5_000.0, 0.0, false));
         assert_eq!(w.estimate(&c, ms(2_810)).rates.demand, 5_000.0);
         assert!(w.estimate(&c, ms(9_000)).rates.demand == 0.0);
     }
@@ -639,7 +703,7 @@ mod tests {
         }
         assert_eq!(w.estimate(&c, ms(2_400)).rates.demand, 4_000.0);
         for _ in 0..2 {
-            assert!(w.surge(&c, ms(2_600), ms(2_600), join(2_000.0)));
+            assert!(w.surge(&c, ms(2_600), ms(2_600), "a", join(2_000.0)));
         }
         let e = w.estimate(&c, ms(2_610));
         assert!(e.surge);
@@ -651,7 +715,7 @@ mod tests {
             old.record(&c, ms(0), ms(2_000), 4_000, 4_000);
         }
         for _ in 0..2 {
-            old.surge(&c, ms(2_600), ms(2_600), rates(2_000.0, 0.0, false));
+            old.surge(&c, ms(2_600), ms(2_600), "a", rates(2_000.0, 0.0, false));
         }
         assert_eq!(old.estimate(&c, ms(2_610)).rates.demand, 4_000.0);
         // The round the move happened in, with all four, confirms it, and
@@ -674,8 +738,8 @@ mod tests {
         // account), and one agent moves here with 500/s.
         let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
         round(&mut w, 2_000, 25);
-        w.surge(&c, ms(2_600), ms(2_600), join(500.0));
-        w.surge(&c, ms(2_600), ms(2_600), rates(1_025.0, 25.0, false));
+        w.surge(&c, ms(2_600), ms(2_600), "a", join(500.0));
+        w.surge(&c, ms(2_600), ms(2_600), "a", rates(1_025.0, 25.0, false));
         assert_eq!(w.estimate(&c, ms(2_610)).rates.demand, 1_525.0);
     }
 }

@@ -198,6 +198,16 @@ pub struct SurgeRates {
     /// operations summed over many agents, or on a jump two agents read
     /// high by chance over their first peeks.
     pub ops: u32,
+    /// For a follow-up (`surged`): the rate of the agent's last rollup of
+    /// the pair (`None`: not said, by agents that predate it, and for any
+    /// other report, whose `baseline` it is). The
+    /// master's surge estimate may have given way to a fresh one since
+    /// the agent's last early report, and the fresh one never held that
+    /// report's rate: there the follow-up is the agent's first report,
+    /// against this. Taken as a change from `baseline` instead, a fall
+    /// from a chance lump that the fresh estimate never held took the lump
+    /// off the rounds, and released an account at twice its limit.
+    pub rollup_baseline: Option<f32>,
 }
 
 /// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).

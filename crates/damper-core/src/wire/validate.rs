@@ -286,7 +286,7 @@ pub enum RollupError {
         op: usize,
         /// Index of the account within it.
         account: usize,
-        /// `rate` or `baseline`.
+        /// `rate`, `baseline` or `rollup_baseline`.
         field: &'static str,
         /// The value.
         rate: f32,
@@ -440,7 +440,7 @@ impl Rollup {
 }
 
 impl FactorsQuery {
-    /// Checks that no early report's rate or baseline is above `max_rate`
+    /// Checks that no early report's rate or baselines are above `max_rate`
     /// cost per second (see [`Rollup::validate_within`]).
     pub fn check_rates(&self, max_rate: u64) -> Result<(), RollupError> {
         self.surge_rates_within(max_rate as f64)
@@ -484,12 +484,18 @@ impl FactorsQuery {
         self.surge_rates_within(f64::INFINITY)
     }
 
-    /// Checks that every early report's rate and baseline is a finite
-    /// number from 0 to `max` cost per second.
+    /// Checks that every early report's rate and baselines are finite
+    /// numbers from 0 to `max` cost per second.
     fn surge_rates_within(&self, max: f64) -> Result<(), RollupError> {
         for (i, op) in self.ops.iter().enumerate() {
             for (j, s) in op.surges.iter().enumerate() {
-                for (field, rate) in [("rate", s.rate), ("baseline", s.baseline)] {
+                let rollup = s.rollup_baseline.unwrap_or(0.0);
+                let rates = [
+                    ("rate", s.rate),
+                    ("baseline", s.baseline),
+                    ("rollup_baseline", rollup),
+                ];
+                for (field, rate) in rates {
                     if !(rate.is_finite() && rate >= 0.0 && f64::from(rate) <= max) {
                         return Err(RollupError::SurgeRate {
                             op: i,

@@ -70,6 +70,7 @@ use crate::wire::{SurgeRates, Validated, validate_name};
 pub use budget::{SurgeBudget, SurgeRefused, SurgeTaken};
 pub use hint::{HintStats, POLLS_PER_INTERVAL};
 pub use new_pairs::NewPairBudget;
+use push::Suppression;
 pub use push::{PUSH_MAX_PAIRS, Push, RELEASE_PUSH_SHARE, push_reply};
 pub use report_time::MAX_REPORT_AGE;
 use report_time::ReportTime;
@@ -448,8 +449,13 @@ impl MasterState {
         key.set_last_report(key.last_report().later(now));
         let was_suppressed = key.is(table::SUPPRESSED);
         let verdict = self.conclude(i, &window, report.account, report.op, now);
+        let pushed = window.surge_pushed_suppression();
         self.entries.put_window(i, window);
-        self.queue_release_push(report.account, report.op, was_suppressed, verdict.as_ref());
+        let was = Suppression {
+            held: was_suppressed,
+            pushed,
+        };
+        self.queue_release_push(report.account, report.op, was, verdict.as_ref());
         verdict
     }
 
@@ -911,6 +917,15 @@ pub const SINGLE_REPORT_SIGMAS: f64 = crate::window::CONFIDENCE_SIGMAS;
 /// [`DemandWindow::confidently_over`]).
 pub const UNKNOWN_NOISE_MARGIN: f64 = 1.5;
 
+/// How many standard deviations of its rounds' noise a suppressed pair's
+/// demand must stay above its limit to stay suppressed (at most
+/// `policy.confidence_sigmas`, which begins one). Held by any excess, an
+/// account at 0.95× of its limit of rare publishes to 1 000 (a round's
+/// scatter about 0.3× of the limit), suppressed by its agents' chance
+/// lumps, stayed suppressed for eight seconds of rounds that chance read
+/// 1.2–1.6× over.
+pub const HOLD_SIGMAS: f64 = 1.0;
+
 /// The verdict for an exempt pair: never suppressed, and no limit, so the
 /// agents' local guard never refuses it either ([`Rate::UNLIMITED`]); its
 /// demand is still estimated.
@@ -973,14 +988,20 @@ fn verdict(
     // test stands for it: a chance lump reported and taken back left a
     // fall a hair under a round that chance read 1.3× high, and it
     // suppressed an account at 0.95× of its limit untested.)
-    // Asked only to begin a suppression: one already in force (`held`,
-    // proven by a round or by early reports) holds while the demand stays
-    // over the limit, so an overload within a few of its rounds' scatter
-    // is not released and suppressed by turns (a sparse costly flood at
-    // 1.6× of its limit, caught by early reports, went 0.4 → 0 → 0.4 for
-    // half a minute, its rounds alternately confident and not).
+    // A suppression in force (`held`, proven by a round or by early
+    // reports) is asked less: it holds while the demand stays over the
+    // limit by [`HOLD_SIGMAS`] of the rounds' scatter, so an overload
+    // within a few of its rounds' scatter is not released and suppressed
+    // by turns (a sparse costly flood at 1.6× of its limit, caught by
+    // early reports, went 0.4 → 0 → 0.4 for half a minute, its rounds
+    // alternately confident and not), while one that chance began is let
+    // go once the rounds show no more than chance.
+    let (margin, sigmas) = if held {
+        (1.0, HOLD_SIGMAS.min(config.policy.confidence_sigmas))
+    } else {
+        (UNKNOWN_NOISE_MARGIN, config.policy.confidence_sigmas)
+    };
     if factor > 0.0
-        && !held
         && (!estimate.surge || estimate.rates.demand <= estimate.surge_rounds)
         && matches!(config.policy.kind, PolicyKind::Demand)
         && config.window.estimator == EstimatorKind::LatestRound
@@ -988,8 +1009,8 @@ fn verdict(
             &config.window,
             limit.get(),
             estimate.rates.demand,
-            UNKNOWN_NOISE_MARGIN,
-            config.policy.confidence_sigmas,
+            margin,
+            sigmas,
         )
     {
         factor = 0.0;

@@ -157,29 +157,46 @@ impl MasterState {
     }
 
     /// Queues `verdict` if pushes are tracked and a rollup released the
-    /// pair (`was_suppressed` before it) with its demand at most
-    /// [`RELEASE_PUSH_SHARE`] of the limit. A flood too sparse on each
+    /// pair (suppressed before it, `was`) with its demand at most
+    /// [`RELEASE_PUSH_SHARE`] of the limit, or whatever its demand when
+    /// the suppression was itself pushed. A flood too sparse on each
     /// agent for any of them to report its end early is released by the
     /// round that shows it; without a push, the agents that reported that
     /// round before it was whole would hear only at their recheck, and
     /// the rest at their next round. Only releases: a rollup that turns
     /// suppression on is not pushed (the agents that report next hear it),
     /// since a round read high by chance would hold the account on every
-    /// agent.
+    /// agent; and one that lets go of a suppression the rounds began,
+    /// whose demand hovers near the limit, is not either, so the rounds'
+    /// flips of an account at its limit stay where they are heard. But a
+    /// suppression pushed to every agent (an early report's) and released
+    /// by the round that shows it was chance is released on every agent:
+    /// unpushed, an account at 0.95× of its limit that its agents' chance
+    /// lumps had suppressed for a tenth of a second was refused for a
+    /// second and a half more, until each agent's next round.
     pub(super) fn queue_release_push(
         &mut self,
         account: &str,
         op: &str,
-        was_suppressed: bool,
+        was: Suppression,
         verdict: Option<&Verdict>,
     ) {
         let released = verdict.is_some_and(|v| {
-            v.factor == 0.0 && v.rates.demand <= RELEASE_PUSH_SHARE * v.limit.get()
+            v.factor == 0.0 && (was.pushed || v.rates.demand <= RELEASE_PUSH_SHARE * v.limit.get())
         });
-        if was_suppressed && released {
-            self.queue_push(account, op, was_suppressed, verdict);
+        if was.held && released {
+            self.queue_push(account, op, was.held, verdict);
         }
     }
+}
+
+/// A pair's suppression before a rollup, as its release push is decided.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Suppression {
+    /// Its last verdict suppressed it.
+    pub(super) held: bool,
+    /// The last verdict pushed for its surge estimate suppressed it.
+    pub(super) pushed: bool,
 }
 
 /// The message that carries `pushes` to agents: a reply listing every
@@ -449,6 +466,33 @@ mod tests {
         assert_eq!(factor(&m, 32_010), 0.0);
         assert!(m.take_pushes().is_empty());
         const { assert!(RELEASE_PUSH_SHARE < 0.9) };
+    }
+
+    /// A suppression an early report pushed to every agent, which the
+    /// rounds then show was chance, is released on every agent however
+    /// near the limit the demand is: otherwise each agent went on
+    /// refusing its share until its own next round.
+    #[test]
+    fn a_round_that_releases_a_pushed_suppression_near_the_limit_is_pushed() {
+        let mut m = master(true);
+        for end in (2_000..=20_000).step_by(2_000) {
+            round(&mut m, end, 400.0);
+        }
+        assert!(early(&mut m, 20_300, 4_000.0, 400.0) > 0.0);
+        assert_eq!(m.take_pushes().len(), 1, "the suppression, pushed");
+        // The rounds show 0.9 of the limit: the round that holds the
+        // report is not enough, the one after it, whole, releases.
+        round(&mut m, 22_000, 450.0);
+        assert!(factor(&m, 22_010) > 0.0);
+        assert!(m.take_pushes().is_empty());
+        round(&mut m, 24_000, 450.0);
+        assert_eq!(factor(&m, 24_010), 0.0);
+        let pushes = m.take_pushes();
+        assert_eq!(pushes.len(), 1, "{pushes:?}");
+        assert_eq!(pushes[0].verdict.factor, 0.0);
+        // Released, the next release of the rounds' own is not pushed.
+        round(&mut m, 26_000, 450.0);
+        assert!(m.take_pushes().is_empty());
     }
 
     #[test]

@@ -351,6 +351,16 @@ impl DemandWindow {
             && (keep - pushed).abs() > moved * pushed
     }
 
+    /// Whether the last verdict pushed for its surge estimate, standing or
+    /// lapsed but not yet let go of, suppressed the pair (see
+    /// `MasterState::queue_release_push`).
+    pub fn surge_pushed_suppression(&self) -> bool {
+        self.extras
+            .as_deref()
+            .and_then(|e| e.surge.as_ref())
+            .is_some_and(|s| s.pushed_keep > 0.0 && s.pushed_keep < 1.0)
+    }
+
     pub(super) fn surge_at(&self, cfg: &WindowConfig, now: Nanos) -> Option<&Surge> {
         let surge = self.extras.as_deref()?.surge.as_ref()?;
         let r = duration_nanos(cfg.rollup_interval).max(1);

@@ -109,6 +109,42 @@ pub(super) struct Surge {
     /// is its first report here (see [`Surge::as_held`]).
     #[serde(default)]
     reporters: Reporters,
+    /// What each of the first [`SHARES`] agents counted added to `ops`,
+    /// `counted_rate` and `counted_var`, so that an agent that takes its
+    /// rise back takes its count back too (see [`Surge::take_back`]).
+    #[serde(skip)]
+    shares: [CountedShare; SHARES],
+}
+
+/// How many agents' counted shares an estimate keeps ([`Surge::shares`]):
+/// past them, a share taken back stays counted, as before.
+const SHARES: usize = 16;
+
+/// How far over its last rollup's rate a follow-up of a counted rise
+/// may be and still have taken the rise back ([`Surge::take_back`]): a
+/// lump of one publish to 1 000 (5 075/s) is followed by the agent's own
+/// share of the rest (70–85/s, its rollup 67–73/s).
+const TAKEN_BACK: f32 = 1.5;
+
+/// One agent's part of an estimate's count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct CountedShare {
+    /// The agent's id hashed (`crate::agent::agent_seed`), low half, and
+    /// never 0 (0: a free place).
+    agent: u32,
+    ops: u32,
+    rate: f32,
+    /// The rate it was counted against: a share counted at about it (a
+    /// poll's answer, say) measured the level, not a rise, and is not
+    /// taken back.
+    from: f32,
+    /// Taken back: the agent's next rise is counted again as its first.
+    back: bool,
+}
+
+/// An agent's place in [`Surge::shares`].
+fn share_id(agent: u64) -> u32 {
+    (agent as u32).max(1)
 }
 
 /// How long after its last early report a fall counts as still coming in
@@ -196,6 +232,77 @@ impl Surge {
         }
     }
 
+    /// Counts an agent's report of `ops` operations at `rate` into the
+    /// estimate's count, and notes its share.
+    fn count(&mut self, agent: u64, ops: u32, rate: f32, from: f32) {
+        self.ops = self.ops.saturating_add(ops);
+        self.counted = self.counted.saturating_add(1);
+        self.counted_rate += rate;
+        self.counted_var += rate * rate / ops as f32;
+        let id = share_id(agent);
+        let place = self
+            .shares
+            .iter()
+            .position(|s| s.agent == id)
+            .or_else(|| self.shares.iter().position(|s| s.agent == 0));
+        if let Some(i) = place {
+            self.shares[i] = CountedShare {
+                agent: id,
+                ops,
+                rate,
+                from,
+                back: false,
+            };
+        }
+    }
+
+    /// Whether the agent's next counted report would be its first counted
+    /// here: it has no share standing in the count, whether it never
+    /// counted (its first report here was a fall, which counts nothing) or
+    /// took its rise back. Not known past [`SHARES`] agents: `None`.
+    fn counts_first(&self, agent: u64) -> Option<bool> {
+        let id = share_id(agent);
+        match self.shares.iter().find(|s| s.agent == id) {
+            Some(share) => Some(share.back),
+            None if self.shares.iter().any(|s| s.agent == 0) => Some(true),
+            None => None,
+        }
+    }
+
+    /// Takes an agent's share out of the count, its follow-up having come
+    /// back to about its last rollup's rate: what its rise counted no
+    /// longer stands behind the estimate's rate. Only a rise's share (its
+    /// rate past [`TAKEN_BACK`] times what it was counted against): a
+    /// poll's answers measure the level of a flood already held, and taken
+    /// back as their follow-ups read the same level, they released a 5×
+    /// flood for two seconds. Kept, a chance lump's
+    /// count stayed after its rate went, and the lumps of agents one after
+    /// another over two seconds, each taken back, were counted as if they
+    /// had come together: two single publishes to 1 000 standing, with
+    /// six counted, proved 5.2× the limit of an account at 0.95× of it.
+    /// The last share stays: a count of none would read as not said.
+    fn take_back(&mut self, agent: u64) {
+        let id = share_id(agent);
+        if self.counted <= 1 {
+            return;
+        }
+        let Some(share) = self
+            .shares
+            .iter_mut()
+            .find(|s| s.agent == id && !s.back && s.rate > TAKEN_BACK * s.from)
+        else {
+            return;
+        };
+        self.ops = self.ops.saturating_sub(share.ops);
+        self.counted -= 1;
+        self.counted_rate = (self.counted_rate - share.rate).max(0.0);
+        self.counted_var = (self.counted_var - share.rate * share.rate / share.ops as f32).max(0.0);
+        *share = CountedShare {
+            back: true,
+            ..*share
+        };
+    }
+
     /// Whether it reports a fall: less than when it began.
     fn is_fall(&self) -> bool {
         self.own() < f64::from(self.base)
@@ -248,7 +355,8 @@ impl DemandWindow {
             .and_then(|e| e.surge.as_mut())
             .expect("made above");
         surge.moved_at = now.as_nanos();
-        let rates = surge.as_held(crate::agent::agent_seed(agent), rates);
+        let agent = crate::agent::agent_seed(agent);
+        let rates = surge.as_held(agent, rates);
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
         if rates.joined {
             surge.joined += rate;
@@ -263,11 +371,21 @@ impl DemandWindow {
         // lump of the round before, stood as a new estimate with no count
         // (`master::surge_proven` takes none for proof): an account at
         // 0.95× on one node was refused for a second.
-        if (!rates.surged || fresh) && rates.ops > 0 {
-            surge.ops = surge.ops.saturating_add(rates.ops);
-            surge.counted = surge.counted.saturating_add(1);
-            surge.counted_rate += rate;
-            surge.counted_var += rate * rate / rates.ops as f32;
+        // And so is the first counted rise of an agent with no share
+        // standing in the count (its first report here a fall, or its
+        // rise taken back): not counted, a single publish's rise from an
+        // agent whose first report here was a fall stood with no count,
+        // which the master takes for not said, and suppressed an account
+        // at 0.95× of its limit.
+        let first = !rates.surged || fresh || surge.counts_first(agent).unwrap_or(false);
+        if rates.surged
+            && rates
+                .rollup_baseline
+                .is_some_and(|r| rate <= TAKEN_BACK * r)
+        {
+            surge.take_back(agent);
+        } else if first && rates.ops > 0 {
+            surge.count(agent, rates.ops, rate, baseline);
         } else if surge.counted == 1
             && rates.ops > 0
             && (rates.ops > surge.ops || rate > surge.counted_rate)
@@ -285,6 +403,14 @@ impl DemandWindow {
             surge.ops = rates.ops;
             surge.counted_rate = rate;
             surge.counted_var = rate * rate / rates.ops as f32;
+            surge.shares = Default::default();
+            surge.shares[0] = CountedShare {
+                agent: share_id(agent),
+                ops: rates.ops,
+                rate,
+                from: baseline,
+                back: false,
+            };
         }
         true
     }
@@ -482,6 +608,108 @@ mod tests {
         let e = w.estimate(&c, ms(4_400));
         assert!(e.surge);
         assert_eq!(e.rates.demand, 10_000.0);
+    }
+
+    /// An agent that takes its counted rise back (its follow-up back to
+    /// about its last rollup's rate) takes its count back too, and its
+    /// next rise counts as its first; the last share stays, since a count
+    /// of none reads as not said.
+    #[test]
+    fn a_rise_taken_back_takes_its_count_back() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        let report = |rate: f32, baseline: f32, surged: bool, ops: u32| SurgeRates {
+            ops,
+            rollup_baseline: surged.then_some(25.0),
+            ..rates(rate, baseline, surged)
+        };
+        let count = |w: &DemandWindow, ms_at: u64| {
+            let s = w.surge_at(&c, ms(ms_at)).expect("standing");
+            (s.ops, s.counted)
+        };
+        round(&mut w, 2_000, 25);
+        assert!(w.surge(
+            &c,
+            ms(2_100),
+            ms(2_100),
+            "a",
+            report(2_550.0, 25.0, false, 1)
+        ));
+        assert!(w.surge(
+            &c,
+            ms(2_110),
+            ms(2_100),
+            "b",
+            report(2_550.0, 25.0, false, 2)
+        ));
+        assert_eq!(count(&w, 2_120), (3, 2));
+        // a's lump is taken back: its count goes.
+        assert!(w.surge(
+            &c,
+            ms(2_200),
+            ms(2_200),
+            "a",
+            report(30.0, 2_550.0, true, 0)
+        ));
+        assert_eq!(count(&w, 2_210), (2, 1));
+        // It rises again: counted as its first.
+        assert!(w.surge(
+            &c,
+            ms(2_300),
+            ms(2_300),
+            "a",
+            report(2_550.0, 30.0, true, 1)
+        ));
+        assert_eq!(count(&w, 2_310), (3, 2));
+        // b's is taken back; then a's again, the last share: it stays.
+        assert!(w.surge(
+            &c,
+            ms(2_400),
+            ms(2_400),
+            "b",
+            report(25.0, 2_550.0, true, 0)
+        ));
+        assert_eq!(count(&w, 2_410), (1, 1));
+        assert!(w.surge(
+            &c,
+            ms(2_500),
+            ms(2_500),
+            "a",
+            report(30.0, 2_550.0, true, 0)
+        ));
+        assert_eq!(count(&w, 2_510), (1, 1));
+        // A share counted at about its agent's level (a poll's answer
+        // measures the level of a flood already held) is not a rise, and
+        // its follow-up at that level takes nothing back.
+        assert!(w.surge(&c, ms(2_520), ms(2_500), "c", report(30.0, 25.0, false, 3)));
+        assert_eq!(count(&w, 2_530), (4, 2));
+        assert!(w.surge(&c, ms(2_620), ms(2_600), "c", report(28.0, 30.0, true, 0)));
+        assert_eq!(count(&w, 2_630), (4, 2));
+    }
+
+    /// An agent whose first report in an estimate was a fall (which
+    /// counts nothing) counts its next rise as its first: left uncounted,
+    /// that rise stood with no count, which the master takes for not
+    /// said, and a single publish to 1 000 suppressed an account at 0.95×
+    /// of its limit.
+    #[test]
+    fn a_rise_after_a_first_report_that_fell_is_counted() {
+        let (c, mut w) = (cfg(), DemandWindow::new(&cfg()));
+        round(&mut w, 2_000, 25);
+        let fall = SurgeRates {
+            rollup_baseline: Some(25.0),
+            ..rates(5.0, 2_550.0, true)
+        };
+        // Its lump went to an estimate this one replaced: its fall, the
+        // first report here, against its rollup.
+        assert!(w.surge(&c, ms(2_100), ms(2_100), "a", fall));
+        let rise = SurgeRates {
+            ops: 1,
+            rollup_baseline: Some(25.0),
+            ..rates(2_550.0, 5.0, true)
+        };
+        assert!(w.surge(&c, ms(2_200), ms(2_200), "a", rise));
+        let s = w.surge_at(&c, ms(2_210)).expect("standing");
+        assert_eq!((s.ops, s.counted), (1, 1));
     }
 
     /// An agent's fall from a chance lump, reported after the lump's

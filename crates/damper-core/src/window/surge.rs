@@ -275,12 +275,12 @@ impl Surge {
     /// rate past [`TAKEN_BACK`] times what it was counted against): a
     /// poll's answers measure the level of a flood already held, and taken
     /// back as their follow-ups read the same level, they released a 5×
-    /// flood for two seconds. Kept, a chance lump's
-    /// count stayed after its rate went, and the lumps of agents one after
-    /// another over two seconds, each taken back, were counted as if they
-    /// had come together: two single publishes to 1 000 standing, with
-    /// six counted, proved 5.2× the limit of an account at 0.95× of it.
-    /// The last share stays: a count of none would read as not said.
+    /// flood for two seconds. Kept, a chance lump's count stayed after its
+    /// rate went, and the lumps of agents one after another over two
+    /// seconds, each taken back, were counted as if they had come
+    /// together: two single publishes to 1 000 standing, with six
+    /// counted, proved 5.2× the limit of an account at 0.95× of it. The
+    /// last share stays: a count of none would read as not said.
     fn take_back(&mut self, agent: u64) {
         let id = share_id(agent);
         if self.counted <= 1 {

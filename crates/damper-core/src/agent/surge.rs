@@ -646,14 +646,8 @@ impl AgentState {
                 }
                 continue;
             };
-            let ops = rise_ops(
-                rate,
-                entry.rise_from((baseline, surged)),
-                u64::from(cost),
-                ops_between(ops_before, ops_now),
-                entry.quantum(),
-            );
-            let rates = entry.early_report(rate as f32, (baseline, surged), ops);
+            let ops = ops_between(ops_before, ops_now);
+            let rates = entry.rise_report(rate, (baseline, surged), u64::from(cost), ops);
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
                 entry.told_early(rates.rate, round, Some(rise_counted(&rates)));
                 taken += 1;
@@ -689,26 +683,11 @@ pub(super) fn ops_in(cost: u64, quantum: u32) -> u32 {
         .map_or(0, |n| n.min(u64::from(u32::MAX)) as u32)
 }
 
-/// What an early report of `rate` says it counted: for a rise from `from`
-/// (see [`Entry::rise_from`]), the operations its sub-window of `cost` in `ops` operations
-/// weighs as ([`counted_ops`]), so the master weighs a jump summed from a
-/// few sub-windows by their Poisson noise before it suppresses on it (two
-/// agents that a 0.95× account moved onto read 19% high over their first
-/// peek one time in forty, and the jump stood until its round after
-/// next); 0 for a fall, which the master weighs otherwise.
-pub(super) fn rise_ops(rate: f64, from: f32, cost: u64, ops: u32, quantum: Quantum) -> u32 {
-    if rate > f64::from(from) {
-        counted_ops(cost, ops, quantum)
-    } else {
-        0
-    }
-}
-
 /// What an early report counted of a rise from the rate it was sent
 /// against (`baseline`): a chance lump, or not ([`CHANCE_OPS`]), as
 /// [`Entry::told_early`] judges it; 0 for a fall, even one that counts its
 /// operations in case the master takes it against the agent's last rollup
-/// ([`Entry::rise_from`]).
+/// ([`Entry::rise_report`]).
 pub(super) fn rise_counted(rates: &SurgeRates) -> u32 {
     if rates.rate > rates.baseline {
         rates.ops
@@ -829,7 +808,7 @@ impl Entry {
     /// held in its third second rather than its first. Judged as counts
     /// of 1, as before the costs were seen, every agent reports it, and
     /// the master weighs the sum by the operations the costliest cost
-    /// counts ([`rise_ops`]): a deluge is proven by twenty such reports,
+    /// counts ([`Entry::rise_report`]): a deluge is proven by twenty such reports,
     /// and an account at 0.95× of its limit, whose rises are chance, is
     /// not. Publishes of 1 001 and 1 003 are judged by their own cost:
     /// judged as counts of 1, every publish read as a rise, and the
@@ -875,19 +854,35 @@ impl Entry {
         }
     }
 
-    /// The least rate the master may hold for this agent, told `baseline`
-    /// (`surged`: by an early report): what a rise is counted against
-    /// ([`rise_ops`]). A follow-up may be taken against its last rollup's
-    /// rate instead ([`SurgeRates::rollup_baseline`]), and a fall from a
-    /// lump is then a rise: counted, a single publish of 1 001 that
-    /// followed up its own lump in a fresh estimate stood as an unproven
-    /// 5 075/s, and suppressed an account at 0.95× of its limit.
-    pub(super) fn rise_from(&self, (baseline, surged): (f32, bool)) -> f32 {
-        if surged {
-            baseline.min(f32::from_bits(self.reported_rate.load(Relaxed)))
-        } else {
-            baseline
+    /// An early report of a scan's or a young peek's `rate`, over a span
+    /// of `cost` in `ops` operations, against `told` (what this agent last
+    /// told the master, [`told_rate`](Self::told_rate)). A rise says what
+    /// it counted ([`counted_ops`]), so the master weighs a jump summed
+    /// from a few sub-windows by their Poisson noise before it suppresses
+    /// on it (two agents that a 0.95× account moved onto read 19% high
+    /// over their first peek one time in forty, and the jump stood until
+    /// its round after next); a fall says 0, the master weighing it
+    /// otherwise. A rise from the least rate the master may hold for this
+    /// agent: a follow-up may be taken against its last rollup's rate
+    /// ([`SurgeRates::rollup_baseline`]), and a fall from a lump is then a
+    /// rise (uncounted, a single publish of 1 001 that followed up its own
+    /// lump in a fresh estimate stood as an unproven 5 075/s, and
+    /// suppressed an account at 0.95× of its limit).
+    pub(super) fn rise_report(
+        &self,
+        rate: f64,
+        told: (f32, bool),
+        cost: u64,
+        ops: u32,
+    ) -> SurgeRates {
+        let mut rates = self.early_report(rate as f32, told, 0);
+        let from = rates
+            .rollup_baseline
+            .map_or(told.0, |rollup| told.0.min(rollup));
+        if rate > f64::from(from) {
+            rates.ops = counted_ops(cost, ops, self.quantum());
         }
+        rates
     }
 
     /// The rate the last early report said, of whichever round.

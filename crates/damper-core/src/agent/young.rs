@@ -230,14 +230,8 @@ impl AgentState {
                     now + YOUNG_PEEK_AFTER
                 }
             };
-            let ops = super::surge::rise_ops(
-                rate,
-                entry.rise_from((baseline, surged)),
-                cost,
-                super::counter::ops_between(ops_base, ops),
-                entry.quantum(),
-            );
-            let rates = entry.early_report(rate as f32, (baseline, surged), ops);
+            let ops = super::counter::ops_between(ops_base, ops);
+            let rates = entry.rise_report(rate, (baseline, surged), cost, ops);
             // Not taken: its master is busy with another early report.
             if !again || !report(Pair::new(&pair.account, &pair.op), rates) {
                 pair.due = next(follow_up);

@@ -449,7 +449,7 @@ impl MasterState {
         key.set_last_report(key.last_report().later(now));
         let was_suppressed = key.is(table::SUPPRESSED);
         let verdict = self.conclude(i, &window, report.account, report.op, now);
-        let pushed = window.surge_pushed_suppression();
+        let pushed = was_suppressed && window.surge_pushed_suppression();
         self.entries.put_window(i, window);
         let was = Suppression {
             held: was_suppressed,

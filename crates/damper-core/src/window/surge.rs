@@ -226,7 +226,7 @@ impl Surge {
             },
             // A follow-up's fall from a rise this estimate holds counts
             // nothing here; it says its operations only in case it was
-            // not held (`agent::Entry::rise_from`).
+            // not held (`agent::Entry::rise_report`).
             _ if rates.surged && rates.rate < rates.baseline => SurgeRates { ops: 0, ..rates },
             _ => rates,
         }
@@ -254,6 +254,16 @@ impl Surge {
                 back: false,
             };
         }
+    }
+
+    /// Replaces the count with an agent's report alone (see [`count`](Self::count)).
+    fn count_alone(&mut self, agent: u64, ops: u32, rate: f32, from: f32) {
+        self.ops = 0;
+        self.counted = 0;
+        self.counted_rate = 0.0;
+        self.counted_var = 0.0;
+        self.shares = Default::default();
+        self.count(agent, ops, rate, from);
     }
 
     /// Whether the agent's next counted report would be its first counted
@@ -377,14 +387,15 @@ impl DemandWindow {
         // agent whose first report here was a fall stood with no count,
         // which the master takes for not said, and suppressed an account
         // at 0.95× of its limit.
-        let first = !rates.surged || fresh || surge.counts_first(agent).unwrap_or(false);
         if rates.surged
             && rates
                 .rollup_baseline
                 .is_some_and(|r| rate <= TAKEN_BACK * r)
         {
             surge.take_back(agent);
-        } else if first && rates.ops > 0 {
+        } else if rates.ops > 0
+            && (!rates.surged || fresh || surge.counts_first(agent).unwrap_or(false))
+        {
             surge.count(agent, rates.ops, rate, baseline);
         } else if surge.counted == 1
             && rates.ops > 0
@@ -400,17 +411,7 @@ impl DemandWindow {
             // operations at 730/s stood beside a follow-up's rate of
             // 6 400/s, one publish of 1 001 among them, and proved it: an
             // account at 0.95× of its limit on one node was refused.)
-            surge.ops = rates.ops;
-            surge.counted_rate = rate;
-            surge.counted_var = rate * rate / rates.ops as f32;
-            surge.shares = Default::default();
-            surge.shares[0] = CountedShare {
-                agent: share_id(agent),
-                ops: rates.ops,
-                rate,
-                from: baseline,
-                back: false,
-            };
+            surge.count_alone(agent, rates.ops, rate, baseline);
         }
         true
     }

@@ -439,6 +439,7 @@ impl MasterState {
         window.note_op_cost(report.op_cost, report.attempted);
         window.note_ops(
             &self.config.window,
+            end,
             report.op_cost,
             report.ops,
             report.attempted,

@@ -288,8 +288,8 @@ fn a_costly_operation_does_not_shield_a_flood_of_cheap_ones() {
 /// ones, then a flood of cheap ones at twice the limit. The lump's
 /// report alone reads as an effective cost of 3 645, which a moving mean
 /// forgets over rounds: taken whole, the flood's first three rounds
-/// stayed within its chance. It rises by at most twice a report, so the
-/// flood is suppressed from its first round, as any.
+/// stayed within its chance. A round is weighed by its own reports, so
+/// the flood's first round, once whole, is suppressed, as any.
 #[test]
 fn a_costly_operation_among_reports_that_say_their_operations_does_not_shield_a_flood() {
     let mut m = master("latest-round");

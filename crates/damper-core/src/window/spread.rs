@@ -343,7 +343,7 @@ impl Spread {
     /// by its own: a learnt mean, which a round of lumps that chance
     /// gathered did not move far enough, read such rounds as proof (a
     /// new account at 0.95× of its limit, of rare publishes to 1 000
-    /// subscribers, refused in 3 seeds of 20), and kept a single lump's
+    /// subscribers, refused so in 2 seeds of 20), and kept a single lump's
     /// weight over the cheap flood that came after it. From then on the
     /// statements and the reports' divisor are set aside ([`REFUSED`]).
     /// Reports that say no operations (agents that predate them) leave it

@@ -61,6 +61,34 @@ fn unknown_pairs_are_admitted_and_counted() {
     assert_eq!((d[0].2.ops, d[1].2.ops), (10, 1));
 }
 
+/// A pair whose scans know of no cost above 1 (its first operations were
+/// cheap, and its youth is over) tells, of a delta whose cost is more than
+/// its operations, the most one of them can cost: a rare publish to 4 000
+/// subscribers among cheap operations is not told as nothing, which the
+/// master read as a count of operations of 1. A delta of cheap ones alone
+/// tells nothing still.
+#[test]
+fn a_delta_dearer_than_its_operations_tells_the_most_one_can_cost() {
+    let agent = AgentState::new(AgentConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    let at = |ms: u64| Nanos::from_millis(1_000_000 + ms);
+    agent.check(at(0), "acme", "messages", 1, &mut rng);
+    // Past its youth (no limit known: by the time its windows would take).
+    agent.check(at(5_000), "acme", "messages", 1, &mut rng);
+    agent.check(at(5_001), "acme", "messages", 4_001, &mut rng);
+    for _ in 0..9 {
+        agent.check(at(5_002), "acme", "messages", 1, &mut rng);
+    }
+    let d = drained_at(&agent, at(6_000));
+    assert_eq!((d[0].2.attempted, d[0].2.ops), (4_012, 12));
+    assert_eq!(d[0].2.op_cost, 4_001);
+    for _ in 0..5 {
+        agent.check(at(6_500), "acme", "messages", 1, &mut rng);
+    }
+    let d = drained_at(&agent, at(7_000));
+    assert_eq!((d[0].2.attempted, d[0].2.op_cost), (5, 0));
+}
+
 #[test]
 fn zero_cost_and_unreportable_names_are_admitted_uncounted() {
     let agent = AgentState::new(AgentConfig::default());

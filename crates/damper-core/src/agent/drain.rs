@@ -125,18 +125,15 @@ impl AgentState {
             let suppressed = entry.master_factor_at(now) != 0;
             if active || was_active || suppressed {
                 let since = entry.carried_since.replace(0);
+                let attempted = d_admitted.saturating_add(d_rejected);
                 visit(
                     found.account().as_str(),
                     found.op(),
                     Delta {
-                        attempted: d_admitted.saturating_add(d_rejected),
+                        attempted,
                         admitted: d_admitted,
                         since: (since != 0).then(|| Nanos::from_nanos(since)),
-                        op_cost: told_op_cost(
-                            entry.op_cost(),
-                            u64::from(d_admitted) + u64::from(d_rejected),
-                            d_ops,
-                        ),
+                        op_cost: told_op_cost(entry.op_cost(), attempted, d_ops),
                         ops: d_ops,
                     },
                     found.pos + 1,

@@ -584,6 +584,29 @@ fn mixed_costs_under_the_limit_never_refused_and_a_deluge_held(
     assert!(deluge.peak_6s_ratio.unwrap() < 1.2, "{deluge:?}");
 }
 
+/// `mixed-costs` with its costly publisher at cost 1 001 (publishes to
+/// 1 000 subscribers, 1.425 a second beside 1 425 cheap operations) at
+/// 0.95× of its limit, over 20 agents: nothing refused at seeds 17 and
+/// 20, which refused 1 030 and 880 cost. Each was a round that chance
+/// filled with seven publishes where 2.85 were due (1.6× the limit),
+/// weighed by an effective cost the master learnt report by report, its
+/// rises bounded, and so far below the round's own (46 against about
+/// 730) that the round read as proof. A round is now weighed by its own
+/// reports' costs.
+#[test]
+fn a_heavy_fan_out_account_just_under_its_limit_is_not_refused_by_its_rounds() {
+    let text = scenario_toml("mixed-costs")
+        .replace("cost = 51\n", "cost = 1001\n")
+        .replace("rate = 60 }", "rate = 3.0 }");
+    assert!(text.contains("cost = 1001") && text.contains("rate = 3.0"));
+    let heavy = Scenario::from_toml(&text).unwrap();
+    for seed in [17, 20] {
+        let (_, summary) = simulate(rescaled(heavy.clone(), seed, 0.95 / 2.0));
+        let a = account(&summary, "mixed-costs");
+        assert_eq!(a.admitted, a.attempted, "seed {seed}: {a:?}");
+    }
+}
+
 /// `mixed-costs` at 0.95× on one node: its local guard weighed each
 /// 250-ms window as a count of operations of the cost of the one that
 /// closed it, mostly cheap ones, whose chance scatter is a fifth of the

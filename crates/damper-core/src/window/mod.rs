@@ -349,6 +349,23 @@ fn ring_len(cfg: &WindowConfig) -> usize {
     cfg.sub_intervals.get() + usize::try_from(unsettled).unwrap_or(usize::MAX / 2) + 1
 }
 
+/// Where round `id` is kept while `round` is the current one: 0, the
+/// current round; 1, the one before; `None`, neither (older, or later).
+fn slot_of(round: u64, id: u64) -> Option<usize> {
+    match round.checked_sub(id) {
+        Some(0) => Some(0),
+        Some(1) => Some(1),
+        _ => None,
+    }
+}
+
+/// The round a report that ended at `end` belongs to: the grid point
+/// nearest its end (one ending up to half a round after it counts in it).
+fn report_round(cfg: &WindowConfig, end: Nanos) -> u64 {
+    let r = duration_nanos(cfg.rollup_interval);
+    end.as_nanos().saturating_add(r / 2) / r
+}
+
 impl DemandWindow {
     /// The window as a master's table keeps it: the part every window
     /// has, and what only some hold.
@@ -434,8 +451,7 @@ impl DemandWindow {
         attempted: u64,
         admitted: u64,
     ) -> bool {
-        let r = duration_nanos(cfg.rollup_interval);
-        let id = end.as_nanos().saturating_add(r / 2) / r;
+        let id = report_round(cfg, end);
         // A report shorter than a rollup interval (an agent's first, say)
         // still describes a whole round: its activity before `start` was
         // zero. Dividing by the round keeps a short report from reading as
@@ -446,17 +462,16 @@ impl DemandWindow {
             admitted: admitted as f64 / secs,
         };
         let round = self.round_near(id);
-        let slot = if id == round {
-            0
-        } else if id > round {
+        let slot = if id > round {
             self.close_round();
             self.core.advance(round, id);
             self.tidy_extras(cfg, end);
-            0
-        } else if id + 1 == round {
-            1
+            Some(0)
         } else {
-            // Older rounds no longer matter to the estimate.
+            slot_of(round, id)
+        };
+        // Older rounds no longer matter to the estimate.
+        let Some(slot) = slot else {
             return false;
         };
         self.core.add(slot, rates);
@@ -484,13 +499,9 @@ impl DemandWindow {
         ops: u32,
         attempted: u64,
     ) {
-        let r = duration_nanos(cfg.rollup_interval);
-        let id = end.as_nanos().saturating_add(r / 2) / r;
-        let round = self.round_near(id);
-        let slot = match round.checked_sub(id) {
-            Some(0) => 0,
-            Some(1) => 1,
-            _ => return,
+        let id = report_round(cfg, end);
+        let Some(slot) = slot_of(self.round_near(id), id) else {
+            return;
         };
         // What the report's round held before it (just recorded), as cost.
         let secs = cfg.rollup_interval.as_secs_f64();

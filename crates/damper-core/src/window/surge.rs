@@ -627,63 +627,30 @@ mod tests {
             let s = w.surge_at(&c, ms(ms_at)).expect("standing");
             (s.ops, s.counted)
         };
+        let send = |w: &mut DemandWindow, now: u64, at: u64, agent: &str, rates: SurgeRates| {
+            assert!(w.surge(&c, ms(now), ms(at), agent, rates));
+        };
         round(&mut w, 2_000, 25);
-        assert!(w.surge(
-            &c,
-            ms(2_100),
-            ms(2_100),
-            "a",
-            report(2_550.0, 25.0, false, 1)
-        ));
-        assert!(w.surge(
-            &c,
-            ms(2_110),
-            ms(2_100),
-            "b",
-            report(2_550.0, 25.0, false, 2)
-        ));
+        send(&mut w, 2_100, 2_100, "a", report(2_550.0, 25.0, false, 1));
+        send(&mut w, 2_110, 2_100, "b", report(2_550.0, 25.0, false, 2));
         assert_eq!(count(&w, 2_120), (3, 2));
         // a's lump is taken back: its count goes.
-        assert!(w.surge(
-            &c,
-            ms(2_200),
-            ms(2_200),
-            "a",
-            report(30.0, 2_550.0, true, 0)
-        ));
+        send(&mut w, 2_200, 2_200, "a", report(30.0, 2_550.0, true, 0));
         assert_eq!(count(&w, 2_210), (2, 1));
         // It rises again: counted as its first.
-        assert!(w.surge(
-            &c,
-            ms(2_300),
-            ms(2_300),
-            "a",
-            report(2_550.0, 30.0, true, 1)
-        ));
+        send(&mut w, 2_300, 2_300, "a", report(2_550.0, 30.0, true, 1));
         assert_eq!(count(&w, 2_310), (3, 2));
         // b's is taken back; then a's again, the last share: it stays.
-        assert!(w.surge(
-            &c,
-            ms(2_400),
-            ms(2_400),
-            "b",
-            report(25.0, 2_550.0, true, 0)
-        ));
+        send(&mut w, 2_400, 2_400, "b", report(25.0, 2_550.0, true, 0));
         assert_eq!(count(&w, 2_410), (1, 1));
-        assert!(w.surge(
-            &c,
-            ms(2_500),
-            ms(2_500),
-            "a",
-            report(30.0, 2_550.0, true, 0)
-        ));
+        send(&mut w, 2_500, 2_500, "a", report(30.0, 2_550.0, true, 0));
         assert_eq!(count(&w, 2_510), (1, 1));
         // A share counted at about its agent's level (a poll's answer
         // measures the level of a flood already held) is not a rise, and
         // its follow-up at that level takes nothing back.
-        assert!(w.surge(&c, ms(2_520), ms(2_500), "c", report(30.0, 25.0, false, 3)));
+        send(&mut w, 2_520, 2_500, "c", report(30.0, 25.0, false, 3));
         assert_eq!(count(&w, 2_530), (4, 2));
-        assert!(w.surge(&c, ms(2_620), ms(2_600), "c", report(28.0, 30.0, true, 0)));
+        send(&mut w, 2_620, 2_600, "c", report(28.0, 30.0, true, 0));
         assert_eq!(count(&w, 2_630), (4, 2));
     }
 

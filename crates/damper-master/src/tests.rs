@@ -457,6 +457,12 @@ fn claims_above_max_claimed_rate_are_refused_and_count_nothing() {
     let bad = m.factors(&uneven).unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().contains("joined (2)"), "{bad:?}");
+    // So must the spans of counted rises.
+    let mut uneven = early.clone();
+    uneven.ops[0].span_micros = vec![100_000, 100_000];
+    let bad = m.factors(&uneven).unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("span_micros (2)"), "{bad:?}");
     // A follow-up's rollup baseline is a claim too: one far above the
     // ceiling, taken against in a fresh estimate, would move it by as much.
     let mut follow_up = early.clone();

@@ -155,9 +155,21 @@ fn factors() -> impl Strategy<Value = FactorsRequest> {
         prop::collection::vec(any::<bool>(), 0..6),
         prop::collection::vec(any::<u32>(), 0..6),
         prop::collection::vec(rate(), 0..6),
+        prop::collection::vec(any::<u32>(), 0..6),
     )
         .prop_map(
-            |(op, accounts, rates, baselines, surged, joined, hints, ops, rollup_baselines)| {
+            |(
+                op,
+                accounts,
+                rates,
+                baselines,
+                surged,
+                joined,
+                hints,
+                ops,
+                rollup_baselines,
+                span_micros,
+            )| {
                 OpAccounts {
                     op,
                     accounts,
@@ -168,6 +180,7 @@ fn factors() -> impl Strategy<Value = FactorsRequest> {
                     hints,
                     ops,
                     rollup_baselines,
+                    span_micros,
                 }
             },
         );

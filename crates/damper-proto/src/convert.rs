@@ -286,6 +286,12 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                     } else {
                         Vec::new()
                     },
+                    // Empty unless a counted rise says it.
+                    span_micros: if op.surges.iter().any(|s| s.span.is_some()) {
+                        op.surges.iter().map(|s| span_micros(s.span)).collect()
+                    } else {
+                        Vec::new()
+                    },
                 })
                 .collect(),
             surge_at_unix_ms: q.surge_at.map_or(0, |t| t.as_millis()),
@@ -332,14 +338,26 @@ fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
                 .is_some_and(|&s| s)
                 .then(|| op.rollup_baselines.get(i).copied())
                 .flatten(),
+            span: op
+                .span_micros
+                .get(i)
+                .filter(|&&us| us != 0)
+                .map(|&us| Duration::from_micros(u64::from(us))),
         })
         .collect()
+}
+
+/// A report's span on the wire: whole microseconds, 0 for none (and at
+/// most `u32::MAX`, 71 minutes; the master reads no more than a round).
+fn span_micros(span: Option<Duration>) -> u32 {
+    span.map_or(0, |s| s.as_micros().min(u128::from(u32::MAX)) as u32)
 }
 
 /// Why an early report's parallel lists do not line up, naming the field;
 /// `None` when every op's `rates`, `baselines` and `surged` are as long as
 /// its `accounts` (or all empty), and `joined`, `hints`, `ops` and
-/// `rollup_baselines` each as long or empty (and empty when the rest are).
+/// `rollup_baselines` and `span_micros` each as long or empty (and empty
+/// when the rest are).
 pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
     request.ops.iter().enumerate().find_map(|(i, op)| {
         let n = op.accounts.len();
@@ -349,6 +367,7 @@ pub fn surge_lists_error(request: &v1::FactorsRequest) -> Option<String> {
             ("hints", op.hints.len()),
             ("ops", op.ops.len()),
             ("rollup_baselines", op.rollup_baselines.len()),
+            ("span_micros", op.span_micros.len()),
         ];
         if lens != [0, 0, 0] && lens != [n, n, n] {
             return Some(format!(
@@ -767,7 +786,8 @@ mod tests {
                 let (hint, ops) = (i % 4 == 1, (i % 5) as u32);
                 let surged = i % 2 == 0;
                 let rollup_baseline = surged.then_some(i as f32 * 0.5);
-                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged, joined: i % 3 == 0, hint, ops, rollup_baseline })
+                let span = (ops > 0).then(|| Duration::from_micros(100_000 + i as u64));
+                (p, SurgeRates { rate: i as f32 * 1.5, baseline: i as f32, surged, joined: i % 3 == 0, hint, ops, rollup_baseline, span })
             });
             let query = FactorsQuery::surge(&rollup.agent_id, ms(1 << 40), surges);
             let request = v1::FactorsRequest::from(query.clone());

@@ -647,7 +647,12 @@ impl AgentState {
                 continue;
             };
             let ops = ops_between(ops_before, ops_now);
-            let rates = entry.rise_report(rate, (baseline, surged), u64::from(cost), ops);
+            let rates = entry.rise_report(
+                rate,
+                (baseline, surged),
+                (u64::from(cost), ops),
+                now.since(since),
+            );
             if report(Pair::new(found.account().as_str(), found.op()), rates) {
                 entry.told_early(rates.rate, round, Some(rise_counted(&rates)));
                 taken += 1;
@@ -854,10 +859,11 @@ impl Entry {
         }
     }
 
-    /// An early report of a scan's or a young peek's `rate`, over a span
+    /// An early report of a scan's or a young peek's `rate`, over a `span`
     /// of `cost` in `ops` operations, against `told` (what this agent last
     /// told the master, [`told_rate`](Self::told_rate)). A rise says what
-    /// it counted ([`counted_ops`]), so the master weighs a jump summed
+    /// it counted ([`counted_ops`]) and over how long
+    /// ([`SurgeRates::span`]), so the master weighs a jump summed
     /// from a few sub-windows by their Poisson noise before it suppresses
     /// on it (two agents that a 0.95× account moved onto read 19% high
     /// over their first peek one time in forty, and the jump stood until
@@ -872,8 +878,8 @@ impl Entry {
         &self,
         rate: f64,
         told: (f32, bool),
-        cost: u64,
-        ops: u32,
+        (cost, ops): (u64, u32),
+        span: Duration,
     ) -> SurgeRates {
         let mut rates = self.early_report(rate as f32, told, 0);
         let from = rates
@@ -881,6 +887,9 @@ impl Entry {
             .map_or(told.0, |rollup| told.0.min(rollup));
         if rate > f64::from(from) {
             rates.ops = counted_ops(cost, ops, self.quantum());
+        }
+        if rates.ops > 0 {
+            rates = rates.with_span(span);
         }
         rates
     }
@@ -1072,6 +1081,7 @@ mod tests {
         assert_eq!(rates.rate, 0.0);
         assert!((1_990.0..2_030.0).contains(&rates.baseline), "{rates:?}");
         assert_eq!(rates.ops, 0, "a fall counts nothing");
+        assert_eq!(rates.span, None, "nor says its span");
     }
 
     /// A suppressed flood that stops 40 ms into a sub-window leaves it a
@@ -1547,8 +1557,10 @@ mod tests {
         assert_eq!(first.rate, 2_500.0);
         assert!(!first.surged);
         // What it counted: 250 operations of cost 1, whose Poisson noise the
-        // master weighs before it suppresses on them.
+        // master weighs before it suppresses on them, and over how long:
+        // the peek's 100 ms, where the master places it among others.
         assert_eq!(first.ops, 250);
+        assert_eq!(first.span, Some(Duration::from_millis(100)));
         // The master's answer suppresses it (1 000/s against 2 500/s so far).
         state.apply(
             at(4_105),

@@ -231,7 +231,7 @@ impl AgentState {
                 }
             };
             let ops = super::counter::ops_between(ops_base, ops);
-            let rates = entry.rise_report(rate, (baseline, surged), cost, ops);
+            let rates = entry.rise_report(rate, (baseline, surged), (cost, ops), age);
             // Not taken: its master is busy with another early report.
             if !again || !report(Pair::new(&pair.account, &pair.op), rates) {
                 pair.due = next(follow_up);
@@ -385,6 +385,11 @@ mod tests {
         assert_eq!(rates.rate, 3_000.0, "60 in 20 ms; the first 500 left out");
         assert_eq!((rates.baseline, rates.surged), (0.0, false));
         assert_eq!(rates.ops, 60, "what it counted, for the master to weigh");
+        assert_eq!(
+            rates.span,
+            Some(Duration::from_millis(20)),
+            "and over how long"
+        );
         // Measured over 40 ms at 2 000/s since: 100 in 40 ms, 2 500/s, a
         // follow-up of what it said.
         assert_eq!(agent.young_due(), Some(at(41)));

@@ -232,6 +232,11 @@ fn a_poll_is_answered_at_once_and_again_while_the_pair_is_suppressed() {
         "{answer:?}"
     );
     assert!((answer.rate - 102.0 / 0.28).abs() < 1.0, "{answer:?}");
+    assert_eq!(
+        answer.span,
+        Some(std::time::Duration::from_millis(280)),
+        "the time the answer measured, for the master to place it"
+    );
     // The master suppresses it.
     let suppressed = verdict_reply(0.8);
     rig.round

@@ -208,6 +208,29 @@ pub struct SurgeRates {
     /// from a chance lump that the fresh estimate never held took the lump
     /// off the rounds, and released an account at twice its limit.
     pub rollup_baseline: Option<f32>,
+    /// For a rise that counted its operations (`ops`): how long `rate` was
+    /// measured over, to the microsecond, ending with the report's
+    /// sub-window (`None`: not said, by agents that predate it, and for
+    /// any other report). Lumps that agents saw one after another were
+    /// not there at once: the master weighs the count of a rise summed
+    /// from several reports against the time they span together, not as
+    /// if each agent's rate had held over the same sub-window (three
+    /// publishes to 4 000 subscribers on three agents, over 400 ms in all,
+    /// each read over its own 200, proved 20× the limit of an account at
+    /// 0.95× of it).
+    pub span: Option<Duration>,
+}
+
+impl SurgeRates {
+    /// The report with its span said, to the microsecond as the wire
+    /// carries it (so the simulator's master reads what a service's does).
+    pub fn with_span(self, span: Duration) -> SurgeRates {
+        let micros = span.as_micros().min(u128::from(u32::MAX)) as u64;
+        SurgeRates {
+            span: Some(Duration::from_micros(micros)),
+            ..self
+        }
+    }
 }
 
 /// A master's answer to a [`Rollup`] or a [`FactorsQuery`] (`RollupReply`).

@@ -964,10 +964,18 @@ fn verdict(
     // the limit, a held flood of publishes to 1 000 subscribers was
     // released whenever one agent's sub-window of a single publish (a
     // count of one, unproven) began a fresh estimate.
+    // A rise is weighed by its counted reports' rates read over the time
+    // they span together (lumps that agents saw one after another were
+    // not there at once); a fall by its answers' noise.
     let demand = estimate.rates.demand;
+    let proof = if estimate.surge_demand_over_span > 0.0 {
+        estimate.surge_demand_over_span
+    } else {
+        demand
+    };
     if estimate.surge
         && (!surge_proven_by(
-            demand,
+            proof,
             limit.get(),
             estimate.surge_ops,
             reports_weighed(config, window, &estimate, held, limit.get()),

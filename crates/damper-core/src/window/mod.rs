@@ -104,6 +104,13 @@ pub struct Estimate {
     /// With `surge_ops`: how many reports counted them. One is a single
     /// agent's sub-window, of the many each agent measures.
     pub surge_reports: u16,
+    /// With `surge_ops`: the demand with the counted reports' rates read
+    /// over the time they span together, not each over its own (lumps
+    /// that agents saw one after another were not there at once); the
+    /// demand when they were measured over the same time or did not say
+    /// (`SurgeRates::span`); 0 when not a surge. What chance is weighed
+    /// against before the count proves a rise (`master::surge_proven_by`).
+    pub surge_demand_over_span: f64,
     /// With `surge`: the demand the rounds alone say, cost per second (0
     /// when they say none: see [`surge_from_nothing`](Self::surge_from_nothing)).
     pub surge_rounds: f64,
@@ -700,6 +707,7 @@ impl DemandWindow {
                 surge: true,
                 surge_ops: surge.ops,
                 surge_reports: surge.counted,
+                surge_demand_over_span: surge.over_span,
                 surge_rounds: estimate.rates.demand,
                 surge_fall_noise: surge.fall_noise,
                 surge_falling: surge.falling,

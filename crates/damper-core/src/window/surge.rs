@@ -44,6 +44,10 @@ pub(super) struct SurgeDemand {
     /// or a fall): a rise summed from few operations waits for more
     /// before it suppresses (`master::surge_proven`).
     pub(super) ops: u32,
+    /// For a rise, the demand with its counted reports' rates read over
+    /// the time they span together ([`Surge::demand_over_span`]); for a
+    /// fall, the demand.
+    pub(super) over_span: f64,
     /// How many reports those are.
     pub(super) counted: u16,
     /// For a fall, the chance spread of the part of the demand its counted
@@ -116,6 +120,16 @@ pub(super) struct Surge {
     shares: [CountedShare; SHARES],
 }
 
+/// The most counted reports not known to have ended (by a fall, or taken
+/// back) a rise may stand on and still be weighed over the time they span
+/// together ([`Surge::demand_over_span`]). Lumps of sparse costly operations under
+/// the limit coincide two, three or four at a time; more agents than
+/// that rising together, none falling, is a flood's onset, and read over
+/// the time their reports span before their falls could have come,
+/// `mixed-costs` at 2× of its limit was held half a second later (over
+/// its limit by 6% more, seeds 1–200).
+const SPREAD_REPORTS: usize = 4;
+
 /// How many agents' counted shares an estimate keeps ([`Surge::shares`]):
 /// past them, a share taken back stays counted, as before.
 const SHARES: usize = 16;
@@ -144,11 +158,107 @@ struct CountedShare {
     /// count of none would read as not said) until another is counted
     /// ([`Surge::count`]).
     lingers: bool,
+    /// The agent's rate over time since its rise, as its reports said it
+    /// ([`Surge::demand_over_span`]): from `start` to `end`
+    /// (nanoseconds; `start` 0: the report did not say its span), `cost`
+    /// in all, at `now_rate` last (a follow-up's, or the rise's).
+    start: u64,
+    end: u64,
+    cost: f32,
+    now_rate: f32,
+}
+
+impl CountedShare {
+    /// A report of `ops` operations at `rate` from the agent whose id
+    /// hashes to `agent`, counted against `from`, its rate over `span`
+    /// (0: not said) to `end`.
+    fn new(agent: u64, (ops, rate, from): (u32, f32, f32), end: Nanos, span: Duration) -> Self {
+        let end = end.as_nanos();
+        let start = if span.is_zero() {
+            0
+        } else {
+            end.saturating_sub(duration_nanos(span)).max(1)
+        };
+        CountedShare {
+            agent: share_id(agent),
+            ops,
+            rate,
+            from,
+            back: false,
+            lingers: false,
+            start,
+            end,
+            cost: rate * span.as_secs_f32(),
+            now_rate: rate,
+        }
+    }
+
+    /// Its agent's rate moved to `rate` by a report measured over `span`
+    /// (0: not said) to `at`: the rate it says held over its span, and
+    /// since the last report before it. A span that reaches back into
+    /// what the share holds measures that time again (a close's rate
+    /// over the sub-window whose first half a peek reported), and
+    /// replaces its part of the cost.
+    fn moved(&mut self, rate: f32, at: Nanos, span: Duration) {
+        self.now_rate = rate;
+        let at = at.as_nanos();
+        if self.start == 0 || at <= self.end {
+            return;
+        }
+        let from = at
+            .saturating_sub(duration_nanos(span))
+            .clamp(self.start, self.end);
+        let kept = (from - self.start) as f32 / (self.end - self.start).max(1) as f32;
+        self.cost = self.cost * kept + rate * (at - from) as f32 / 1e9;
+        self.end = at;
+    }
+
+    /// Whether its agent's rate has fallen well below its rise (a lump's
+    /// fall that took nothing back: a new account's agent has no rollup
+    /// to come back to).
+    fn fell(&self) -> bool {
+        self.now_rate * TAKEN_BACK < self.rate
+    }
+
+    /// Its end, held on to `held_to` when that is later: had its rate
+    /// fallen since, its agent would have said so.
+    fn held_end(&self, held_to: u64) -> u64 {
+        self.end.max(held_to)
+    }
+
+    /// Its cost from its start to [`held_end`](Self::held_end).
+    fn held_cost(&self, held_to: u64) -> f64 {
+        let more = self.held_end(held_to) - self.end;
+        f64::from(self.cost) + f64::from(self.now_rate) * more as f64 / 1e9
+    }
+
+    /// Whether it stands in the count.
+    fn stands(&self) -> bool {
+        self.agent != 0 && (!self.back || self.lingers)
+    }
 }
 
 /// An agent's place in [`Surge::shares`].
 fn share_id(agent: u64) -> u32 {
     (agent as u32).max(1)
+}
+
+/// How many of the agents' sub-windows after a counted rise's end its
+/// fall would have been reported by, were it a lump: a chance lump's fall
+/// is followed up at the second sub-window's close after the lump's (a
+/// fall is judged over two), and half a sub-window more allows for the
+/// report's way and a peek's rise, measured half a sub-window early. Past
+/// it, a rise with no fall reported goes on ([`Surge::demand_over_span`]).
+const FALL_SAID_WITHIN: f64 = 2.5;
+
+/// [`FALL_SAID_WITHIN`] in nanoseconds, of the sub-window a default
+/// agent's surge rule cuts the round into
+/// ([`SurgeRule::default_for`](crate::agent::SurgeRule::default_for)). Agents
+/// of a longer sub-window report a lump's fall later, and a lump may then
+/// read as going on: weighed as before spans were said.
+fn fall_said_within(cfg: &WindowConfig) -> u64 {
+    let window = crate::agent::SurgeRule::default_for(cfg.rollup_interval).window();
+    (window.as_secs_f64() * FALL_SAID_WITHIN * 1e9) as u64
 }
 
 /// How long after its last early report a fall counts as still coming in
@@ -236,30 +346,59 @@ impl Surge {
         }
     }
 
-    /// Counts an agent's report of `ops` operations at `rate` into the
-    /// estimate's count, and notes its share.
-    fn count(&mut self, agent: u64, ops: u32, rate: f32, from: f32) {
+    /// Counts an agent's report into the estimate's count, and notes its
+    /// share.
+    fn count(&mut self, share: CountedShare) {
         self.let_go_of_lingering();
+        let (ops, rate) = (share.ops, share.rate);
         self.ops = self.ops.saturating_add(ops);
         self.counted = self.counted.saturating_add(1);
         self.counted_rate += rate;
         self.counted_var += rate * rate / ops as f32;
-        let id = share_id(agent);
         let place = self
             .shares
             .iter()
-            .position(|s| s.agent == id)
+            .position(|s| s.agent == share.agent)
             .or_else(|| self.shares.iter().position(|s| s.agent == 0));
         if let Some(i) = place {
-            self.shares[i] = CountedShare {
-                agent: id,
-                ops,
-                rate,
-                from,
-                back: false,
-                lingers: false,
-            };
+            self.shares[i] = share;
         }
+    }
+
+    /// The demand `demand` (the estimate's) with its counted reports'
+    /// agents' rates read over the time they span together, as of
+    /// `held_to`: what chance is weighed against before the count proves
+    /// a rise. The estimate sums each agent's rate now, as if each had
+    /// held over the same sub-window; here they are read as the cost
+    /// their reports say came from the earliest start to the latest end
+    /// (`U`), `Σ cost ÷ U`, where less. Each agent's rate holds over the
+    /// span its rise was measured over, then as its follow-ups said, and
+    /// on to `held_to` once that is past its last report: its agent would
+    /// have reported a fall by then (see [`FALL_SAID_WITHIN`]), so its
+    /// rate goes on. The demand as it is for reports measured over the
+    /// same time (a deluge's, or a poll's answers), for one alone, when a
+    /// standing report did not say its span (or is past the [`SHARES`]
+    /// noted), and while more than [`SPREAD_REPORTS`] have not fallen.
+    fn demand_over_span(&self, demand: f64, held_to: u64) -> f64 {
+        let standing = || self.shares.iter().filter(|s| s.stands());
+        let noted = standing().count();
+        let going_on = standing().filter(|s| !s.back && !s.fell()).count();
+        if noted < 2
+            || noted < usize::from(self.counted)
+            || going_on > SPREAD_REPORTS
+            || standing().any(|s| s.start == 0)
+        {
+            return demand;
+        }
+        let first = standing().map(|s| s.start).min().unwrap_or(0);
+        let last = standing().map(|s| s.held_end(held_to)).max().unwrap_or(0);
+        let span = last.saturating_sub(first) as f64 / 1e9;
+        if span <= 0.0 {
+            return demand;
+        }
+        let now: f64 = standing().map(|s| f64::from(s.now_rate)).sum();
+        let over_span: f64 = standing().map(|s| s.held_cost(held_to)).sum::<f64>() / span;
+        (demand - (now - over_span).max(0.0)).max(0.0)
     }
 
     /// Takes a share that [`take_back`](Self::take_back) left lingering out
@@ -279,6 +418,19 @@ impl Surge {
         self.subtract(share);
     }
 
+    /// Notes a follow-up at `rate` from the agent whose id hashes to
+    /// `agent`, its sub-window ending at `at`, where it took nothing back:
+    /// its agent's rate since its rise ([`demand_over_span`](Self::demand_over_span)).
+    /// A young pair's follow-ups measure the same rise over a longer span,
+    /// a flood's agents say theirs goes on, and a new account's lump
+    /// falls (its agent has no rollup to come back to).
+    fn followed_up(&mut self, agent: u64, rate: f32, at: Nanos, span: Duration) {
+        let id = share_id(agent);
+        if let Some(share) = self.shares.iter_mut().find(|s| s.agent == id && s.stands()) {
+            share.moved(rate, at, span);
+        }
+    }
+
     /// Takes a counted share's part out of the sums.
     fn subtract(&mut self, share: CountedShare) {
         self.ops = self.ops.saturating_sub(share.ops);
@@ -288,13 +440,13 @@ impl Surge {
     }
 
     /// Replaces the count with an agent's report alone (see [`count`](Self::count)).
-    fn count_alone(&mut self, agent: u64, ops: u32, rate: f32, from: f32) {
+    fn count_alone(&mut self, share: CountedShare) {
         self.ops = 0;
         self.counted = 0;
         self.counted_rate = 0.0;
         self.counted_var = 0.0;
         self.shares = Default::default();
-        self.count(agent, ops, rate, from);
+        self.count(share);
     }
 
     /// Whether the agent's next counted report would be its first counted
@@ -323,7 +475,7 @@ impl Surge {
     /// counted, proved 5.2× the limit of an account at 0.95× of it. The
     /// last share stays, a count of none reading as not said, and
     /// lingers until another is counted.
-    fn take_back(&mut self, agent: u64) {
+    fn take_back(&mut self, agent: u64, rate: f32, at: Nanos, span: Duration) {
         let id = share_id(agent);
         let last = self.counted <= 1;
         let Some(share) = self
@@ -333,6 +485,7 @@ impl Surge {
         else {
             return;
         };
+        share.moved(rate, at, span);
         share.back = true;
         share.lingers = last;
         let share = *share;
@@ -396,6 +549,12 @@ impl DemandWindow {
         let agent = crate::agent::agent_seed(agent);
         let rates = surge.as_held(agent, rates);
         let (rate, baseline) = (rates.rate.max(0.0), rates.baseline.max(0.0));
+        // No longer than a round: a longer span says nothing more of where
+        // the report lies, and no agent measures one.
+        let span = rates
+            .span
+            .map_or(Duration::ZERO, |s| s.min(cfg.rollup_interval));
+        let share = || CountedShare::new(agent, (rates.ops, rate, baseline), at, span);
         if rates.joined {
             surge.joined += rate;
             return true;
@@ -420,11 +579,11 @@ impl DemandWindow {
                 .rollup_baseline
                 .is_some_and(|r| rate <= TAKEN_BACK * r)
         {
-            surge.take_back(agent);
+            surge.take_back(agent, rate, at, span);
         } else if rates.ops > 0
             && (!rates.surged || fresh || surge.counts_first(agent).unwrap_or(false))
         {
-            surge.count(agent, rates.ops, rate, baseline);
+            surge.count(share());
         } else if surge.counted == 1
             && rates.ops > 0
             && (rates.ops > surge.ops || rate > surge.counted_rate)
@@ -439,7 +598,9 @@ impl DemandWindow {
             // operations at 730/s stood beside a follow-up's rate of
             // 6 400/s, one publish of 1 001 among them, and proved it: an
             // account at 0.95× of its limit on one node was refused.)
-            surge.count_alone(agent, rates.ops, rate, baseline);
+            surge.count_alone(share());
+        } else if rates.surged {
+            surge.followed_up(agent, rate, at, span);
         }
         true
     }
@@ -454,9 +615,16 @@ impl DemandWindow {
     ) -> Option<SurgeDemand> {
         self.surge_at(cfg, now).map(|s| {
             let fall = s.is_fall();
+            let demand = s.demand(rounds);
             SurgeDemand {
-                demand: s.demand(rounds),
+                demand,
                 ops: if fall { 0 } else { s.weighed_ops() },
+                over_span: if fall {
+                    demand
+                } else {
+                    let grace = fall_said_within(cfg);
+                    s.demand_over_span(demand, now.as_nanos().saturating_sub(grace))
+                },
                 counted: if fall { 0 } else { s.counted },
                 fall_noise: if fall { s.answers_noise() } else { 0.0 },
                 falling: fall
@@ -715,6 +883,134 @@ mod tests {
             |ops, reports| crate::master::surge_proven_by(e.rates.demand, 3_000.0, ops, reports);
         assert!(!proven(2, 2));
         assert!(proven(3, 3));
+    }
+
+    /// Lumps that agents saw one after another are weighed over the time
+    /// they span together: three publishes to 4 000 subscribers on three
+    /// agents, each read over its own 200 ms, sum to 20× a limit of
+    /// 3 000/s, but over the 400 ms they span they are 10×, and three
+    /// operations where 0.3 were due at the limit are chance one time in
+    /// 280 (seed 18 of `heavy-fanout`'s `rare-4000-95`, at 0.95× of its
+    /// limit, was refused on them). The same three measured over the same
+    /// 200 ms are proof; so are a deluge's reports, spread or not.
+    #[test]
+    fn lumps_one_after_another_are_weighed_over_the_time_they_span() {
+        let c = cfg();
+        let lump = |rate: f32| {
+            SurgeRates {
+                ops: 1,
+                ..rates(rate, 70.0, false)
+            }
+            .with_span(Duration::from_millis(200))
+        };
+        let proven = |ends: [u64; 3], rate: f32, ops: u32| {
+            let mut w = DemandWindow::new(&c);
+            round(&mut w, 2_000, 70);
+            for (agent, end) in ["a", "b", "c"].into_iter().zip(ends) {
+                let report = SurgeRates { ops, ..lump(rate) };
+                assert!(w.surge(&c, ms(end + 5), ms(end), agent, report));
+            }
+            let e = w.estimate(&c, ms(2_810));
+            assert!(e.surge);
+            assert_eq!(e.rates.demand, 3.0 * f64::from(rate), "{e:?}");
+            let proof = e.surge_demand_over_span;
+            (
+                proof,
+                crate::master::surge_proven_by(proof, 3_000.0, e.surge_ops, e.surge_reports),
+            )
+        };
+        let (spread, chance) = proven([2_600, 2_800, 2_800], 20_075.0, 1);
+        assert!((spread - 30_112.5).abs() < 1.0, "{spread}");
+        assert!(!chance);
+        let (together, proof) = proven([2_800, 2_800, 2_800], 20_075.0, 1);
+        assert_eq!(together, 60_225.0);
+        assert!(proof);
+        // A deluge: 60 operations each, as spread.
+        assert!(proven([2_600, 2_800, 2_800], 20_000.0, 60).1);
+    }
+
+    /// A counted rise its agent has not followed up with a fall holds on
+    /// once its fall would have been said ([`FALL_SAID_WITHIN`] of a
+    /// 200-ms sub-window: 500 ms), and a flood's rises are read as the
+    /// flood's again; one whose fall came held until its fall only (an
+    /// account new to this master has no rollup for it to take its rise
+    /// back to: `heavy-fanout`'s `heavy-95` at seed 7, seven lumps over
+    /// 1.5 s, four of them fallen, was refused on them). A follow-up
+    /// measured over time its share already holds replaces that part.
+    #[test]
+    fn a_rise_holds_on_until_its_agent_says_it_fell() {
+        let c = cfg();
+        let lump = SurgeRates {
+            ops: 1,
+            ..rates(10_000.0, 0.0, false)
+        }
+        .with_span(Duration::from_millis(100));
+        let fall = SurgeRates {
+            ops: 14,
+            rollup_baseline: Some(0.0),
+            ..rates(70.0, 10_000.0, true)
+        };
+        let over_span = |w: &DemandWindow, now: u64| {
+            let e = w.estimate(&c, ms(now));
+            assert_eq!(e.rates.demand, 20_000.0, "{e:?}");
+            e.surge_demand_over_span
+        };
+        let two_lumps = || {
+            let mut w = DemandWindow::new(&c);
+            assert!(w.surge(&c, ms(2_105), ms(2_100), "a", lump));
+            assert!(w.surge(&c, ms(2_305), ms(2_300), "b", lump));
+            w
+        };
+        let w = two_lumps();
+        // 2 000 cost over the 300 ms from 2.0 to 2.3 s: 6 667/s.
+        assert!((over_span(&w, 2_310) - 20_000.0 / 3.0).abs() < 1.0);
+        // By 2.9 s neither fell: both held on to 2.4 s, 6 000 over 400 ms.
+        assert!((over_span(&w, 2_900) - 15_000.0).abs() < 1.0);
+        // a's fall came at 2.5 s: 70/s since 2.1 s. By 2.9 s: a 1 028 to
+        // 2.5 s, b 2 000 to 2.4 s, 3 028 over 500 ms.
+        let mut w = two_lumps();
+        assert!(w.surge(&c, ms(2_505), ms(2_500), "a", fall));
+        let e = w.estimate(&c, ms(2_900));
+        assert_eq!(e.rates.demand, 10_070.0, "{e:?}");
+        assert!((e.surge_demand_over_span - 6_056.0).abs() < 1.0, "{e:?}");
+        // b's follow-up of 9 000/s at 2.5 s: 2 800 to there, with a's
+        // 1 000, 3 800 over 500 ms (the demand 19 000 now).
+        let mut w = two_lumps();
+        let on = SurgeRates {
+            rollup_baseline: Some(0.0),
+            ..rates(9_000.0, 10_000.0, true)
+        };
+        assert!(w.surge(&c, ms(2_505), ms(2_500), "b", on));
+        let e = w.estimate(&c, ms(2_510));
+        assert_eq!(e.rates.demand, 19_000.0, "{e:?}");
+        assert!((e.surge_demand_over_span - 7_600.0).abs() < 1.0, "{e:?}");
+        // A peek's lump (20 000/s over 100 ms to 2.1 s), then the close of
+        // its sub-window (10 000/s over 200 ms to 2.2 s): the same 2 000
+        // measured again, not 3 000. With b's lump: 3 000 over 300 ms.
+        let mut w = DemandWindow::new(&c);
+        let peeked = SurgeRates {
+            ops: 1,
+            ..rates(20_000.0, 0.0, false)
+        }
+        .with_span(Duration::from_millis(100));
+        assert!(w.surge(&c, ms(2_105), ms(2_100), "a", peeked));
+        let close = SurgeRates {
+            ops: 1,
+            rollup_baseline: Some(0.0),
+            ..rates(10_000.0, 20_000.0, true)
+        }
+        .with_span(Duration::from_millis(200));
+        assert!(w.surge(&c, ms(2_205), ms(2_200), "a", close));
+        assert!(w.surge(&c, ms(2_305), ms(2_300), "b", lump));
+        assert!((over_span(&w, 2_310) - 10_000.0).abs() < 1.0);
+        // Five agents rising, none fallen: a flood's onset, read as it is.
+        let mut w = DemandWindow::new(&c);
+        for (i, agent) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+            let end = 2_100 + 100 * i as u64;
+            assert!(w.surge(&c, ms(end + 5), ms(end), agent, lump));
+        }
+        let e = w.estimate(&c, ms(2_510));
+        assert_eq!(e.surge_demand_over_span, e.rates.demand);
     }
 
     /// An agent whose first report in an estimate was a fall (which

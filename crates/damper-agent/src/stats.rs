@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-/// Running totals behind [`Agent::stats`], kept by the rollup task.
+/// Running totals behind [`Agent::stats`](crate::Agent::stats), kept by the rollup task.
 pub(crate) struct Stats {
     pub(crate) rollups_sent: AtomicU64,
     pub(crate) rollups_failed: AtomicU64,

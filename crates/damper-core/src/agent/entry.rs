@@ -186,11 +186,11 @@ pub(super) struct Entry {
     pub(super) local_start: AtomicU64,
     /// The admission credit: cost this pair should have admitted under the
     /// factors in force minus what it did, in fixed point (see
-    /// [`admission`](super::admission)). Moves only while a factor is in
+    /// [`admission`]). Moves only while a factor is in
     /// force.
     pub(super) credit: AtomicI64,
     /// The cost admitted since the entry was created, and the
-    /// operations (a counter word: see [`counter`](super::counter)).
+    /// operations (a counter word: see [`counter`]).
     pub(super) admitted: AtomicU64,
     /// The cost rejected since the entry was created, and the operations.
     pub(super) rejected: AtomicU64,
@@ -499,7 +499,7 @@ impl Entry {
     /// factor applies with one, see [`frozen`](super::frozen); with
     /// `low_noise` off, by an independent draw).
     /// With a `publisher`, its lane leans the draw towards its own share
-    /// (see [`publisher`](super::publisher)).
+    /// (see [`publisher`]).
     #[inline]
     fn admits<R: Rng + ?Sized>(
         &self,
@@ -530,7 +530,7 @@ impl Entry {
     }
 
     /// The `sender`'s lane on this pair, and what it holds the publisher
-    /// to (see [`publisher`](super::publisher)): the pair's share while its
+    /// to (see [`publisher`]): the pair's share while its
     /// credit follows the share, what the pair offers while it is paced or
     /// `frozen` (as it offers it to an operation of the pair's costliest
     /// cost, see [`Share::Offered`]).
@@ -731,7 +731,7 @@ impl Entry {
     /// The local guard's factor (as stored). Once per `local_window` one caller wins
     /// the right to measure this agent's demand over the window that ended
     /// and to set the factor that brings that demand down to the limit,
-    /// when that demand is confidently over it (see [`guard`](super::guard):
+    /// when that demand is confidently over it (see [`guard`]:
     /// `cost`, the operation being decided, stands for what one costs).
     ///
     /// While the master does not suppress the pair (`early`), a window
@@ -882,12 +882,12 @@ impl Entry {
     }
 
     /// Takes the cost of a first check as what one operation costs, until
-    /// the scans learn better ([`Quantum::seeded`]); off the hot path (a
+    /// the scans learn better ([`Quantum::seeded`](super::surge::Quantum::seeded)); off the hot path (a
     /// new entry's first check, or the simulator's batches).
     ///
     /// And begins the pair's youth: for its first [`YOUTH_WINDOWS`] local
     /// guard windows (about four seconds of 250 ms, when it has traffic),
-    /// every check shows the scans its cost ([`Quantum::sample`]), not only
+    /// every check shows the scans its cost ([`Quantum::sample`](super::surge::Quantum::sample)), not only
     /// the one that closes a window. An account whose operations mostly cost 1
     /// and sometimes 51 begins, on most agents, with an operation of 1,
     /// which divides every cost and shows nothing; until an agent saw a 51,

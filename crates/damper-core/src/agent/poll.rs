@@ -1,6 +1,6 @@
 //! Polls: a master that saw several agents hint at once that a pair's
 //! sparse traffic rose (see `hint`) asks every agent holding the pair for
-//! its rate now ([`Reply::polls`], pushed). Each answers with an early
+//! its rate now ([`Reply::polls`](crate::wire::Reply::polls), pushed). Each answers with an early
 //! report of its rate over the last whole sub-window and the part of the
 //! current one, with the operations counted, so the master's surge
 //! estimate sums every agent's share of the flood over a few hundred

@@ -74,16 +74,16 @@ const OP_BITS: u32 = 12;
 pub const MAX_OPS: usize = 1 << OP_BITS;
 
 /// Whether the last verdict had a positive factor: a change is a
-/// [`Transition`].
+/// [`Transition`](super::Transition).
 pub(super) const SUPPRESSED: u64 = 1 << OP_BITS;
 /// Whether the last verdict's demand was near the limit
-/// (`policy.near_limit_share`): a change is a [`Transition`].
+/// (`policy.near_limit_share`): a change is a [`Transition`](super::Transition).
 pub(super) const NEAR: u64 = 2 << OP_BITS;
 /// Whether `[exempt]` covers it, under the config its limit was looked up
 /// under.
 pub(super) const EXEMPT: u64 = 4 << OP_BITS;
 /// Whether the last verdict's limit was in shadow: a change while
-/// suppressed is a [`Transition`].
+/// suppressed is a [`Transition`](super::Transition).
 pub(super) const SHADOW: u64 = 8 << OP_BITS;
 /// Whether [`Entries`] keeps extras for its window.
 const HAS_EXTRAS: u64 = 16 << OP_BITS;

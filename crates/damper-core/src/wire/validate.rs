@@ -1,5 +1,5 @@
 //! What a well-formed message carries: names of 1 to
-//! [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, admitted never above
+//! [`MAX_NAME_LEN`] bytes, admitted never above
 //! attempted, intervals that end after they start, not far in the future
 //! and not absurdly long, and no more entries than a master takes in one
 //! call. Masters refuse what breaks a rule, naming the field; agents never

@@ -2,7 +2,7 @@
 //! Server-Sent Events.
 //!
 //! Each event is sent with its number as the SSE `id`, its kind as the SSE
-//! `event`, and its JSON ([`Event`](crate::events::Event)) as `data`.
+//! `event`, and its JSON ([`Event`]) as `data`.
 //! Filters: `account=PREFIX` (accounts that start with it, as on
 //! `/v1/accounts`), `op=OP`, and `kind=K[,K...]` (of `near_limit`,
 //! `near_limit_ended`, `suppression_started`, `suppression_ended`). A client

@@ -12,7 +12,7 @@ use std::time::Duration;
 use damper_core::time::Nanos;
 use damper_core::wire::{
     AccountCounts, Factor, FactorsQuery, IdCounts, Listed, OpAccounts, OpCounts, OpVerdicts,
-    Override, Reply, Rollup, SurgeRates, Unlisted, millis_u32,
+    Override, Reply, Rollup, SurgeRates, Unlisted, micros_u32, millis_u32,
 };
 
 use crate::v1;
@@ -288,7 +288,10 @@ impl From<FactorsQuery> for v1::FactorsRequest {
                     },
                     // Empty unless a counted rise says it.
                     span_micros: if op.surges.iter().any(|s| s.span.is_some()) {
-                        op.surges.iter().map(|s| span_micros(s.span)).collect()
+                        op.surges
+                            .iter()
+                            .map(|s| s.span.map_or(0, micros_u32))
+                            .collect()
                     } else {
                         Vec::new()
                     },
@@ -345,12 +348,6 @@ fn surges(op: &v1::OpAccounts) -> Vec<SurgeRates> {
                 .map(|&us| Duration::from_micros(u64::from(us))),
         })
         .collect()
-}
-
-/// A report's span on the wire: whole microseconds, 0 for none (and at
-/// most `u32::MAX`, 71 minutes; the master reads no more than a round).
-fn span_micros(span: Option<Duration>) -> u32 {
-    span.map_or(0, |s| s.as_micros().min(u128::from(u32::MAX)) as u32)
 }
 
 /// Why an early report's parallel lists do not line up, naming the field;

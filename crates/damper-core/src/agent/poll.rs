@@ -139,14 +139,13 @@ impl AgentState {
             }
             let span = now.since(pair.start);
             let cost = u64::from(entry.attempted_total().wrapping_sub(pair.base));
-            let mut rates = entry.early_report(
-                (cost as f64 / span.as_secs_f64().max(1e-9)) as f32,
-                (baseline, surged),
-                super::surge::ops_in(cost, entry.op_cost()),
-            );
-            if rates.ops > 0 {
-                rates = rates.with_span(span);
-            }
+            let rates = entry
+                .early_report(
+                    (cost as f64 / span.as_secs_f64().max(1e-9)) as f32,
+                    (baseline, surged),
+                    super::surge::ops_in(cost, entry.op_cost()),
+                )
+                .with_span(span);
             if !report(Pair::new(&pair.account, &pair.op), rates) {
                 return true;
             }

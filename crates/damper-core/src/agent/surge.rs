@@ -888,10 +888,7 @@ impl Entry {
         if rate > f64::from(from) {
             rates.ops = counted_ops(cost, ops, self.quantum());
         }
-        if rates.ops > 0 {
-            rates = rates.with_span(span);
-        }
-        rates
+        rates.with_span(span)
     }
 
     /// The rate the last early report said, of whichever round.

@@ -223,11 +223,15 @@ pub struct SurgeRates {
 
 impl SurgeRates {
     /// The report with its span said, to the microsecond as the wire
-    /// carries it (so the simulator's master reads what a service's does).
+    /// carries it (so the simulator's master reads what a service's does),
+    /// when it counted its operations; a report that counted none says no
+    /// span ([`span`](Self::span)).
     pub fn with_span(self, span: Duration) -> SurgeRates {
-        let micros = span.as_micros().min(u128::from(u32::MAX)) as u64;
+        if self.ops == 0 {
+            return self;
+        }
         SurgeRates {
-            span: Some(Duration::from_micros(micros)),
+            span: Some(Duration::from_micros(u64::from(micros_u32(span)))),
             ..self
         }
     }
@@ -370,6 +374,12 @@ pub(crate) fn whole_millis(t: Nanos) -> Nanos {
 /// A duration as the wire carries it: whole milliseconds that fit a `u32`.
 pub fn millis_u32(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// A duration as the wire carries a span: whole microseconds that fit a
+/// `u32` (71 minutes; a master reads no more than a round).
+pub fn micros_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
 impl Rollup {
